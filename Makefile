@@ -1,0 +1,28 @@
+# Two commands: `make demo` runs the quickstart, `make test` runs the tests.
+# Each creates .venv on first use and installs what it needs (torch pinned to
+# the CPU wheel through constraints.txt, before anything that depends on it).
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/fedsim run scenarios/quickstart.toml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python tools/bench_wire.py
+	$(BIN)/python tools/bench_netem.py
+
+clean:
+	rm -rf $(VENV) runs
