@@ -1,0 +1,44 @@
+"""Process plumbing shared by the client hosts and the torch workers."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import sys
+
+__all__ = ["configure_child_logging", "die_with_parent", "ignore_sigint"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Ask the kernel to SIGTERM this process when its parent dies (Linux).
+
+    A crashed or killed parent then leaves no orphan behind. If the parent
+    is already gone when this runs, exit at once.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if parent_pid is not None and os.getppid() != parent_pid:
+        sys.exit(0)
+
+
+def ignore_sigint() -> None:
+    """Children leave Ctrl-C to the parent, which shuts them down in order."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def configure_child_logging(name: str) -> None:
+    """Log warnings and errors of a child process to stderr with its name."""
+    level = os.environ.get("FEDSIM_LOG", "WARNING").upper()
+    logging.basicConfig(
+        level=getattr(logging, level, logging.WARNING),
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

@@ -1,0 +1,372 @@
+"""The server actor: one ROUTER for clients, one for client hosts.
+
+Every client message passes through that client's uplink on arrival: the
+timer heap holds it until the link delivers it, then the actor's single
+event queue hands it to the strategy (:mod:`.strategies`), one event at a
+time, so updates are applied strictly in delivery order and staleness is
+whatever really happened. Evaluation runs in a torch worker process and
+never blocks the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsim import wire
+from fedsim.actors._setup import build_data, build_model, model_shapes
+from fedsim.actors._workers import WorkerHandle
+from fedsim.actors.host import boot_id
+from fedsim.actors.runstate import RunState
+from fedsim.actors.strategies import Step, make_strategy
+from fedsim.algorithms import ClientResult, flatten, unflatten
+from fedsim.network import make_link
+from fedsim.scenario import Scenario
+from fedsim.transport import Transport, ipc_address
+from netem.clock import Clock, monotonic
+from netem.timers import TimerHeap
+
+__all__ = ["Server"]
+
+log = logging.getLogger(__name__)
+
+
+class Server:
+    """Runs the server side of one federation."""
+
+    def __init__(self, sc: Scenario, run_dir: Path, *, hosts: int, scenario_file: str,
+                 run_id: str, dilation: float, bind_host: str = "127.0.0.1") -> None:
+        self.sc = sc
+        self.run_dir = run_dir
+        self.expected_hosts = hosts
+        self.scenario_file = scenario_file
+        self.run_id = run_id
+        self.dilation = dilation
+        self.bind_host = bind_host
+        self.transport = Transport(max_sockets=64)
+        self.clock = Clock(dilation=dilation)
+        self.timers: TimerHeap | None = None
+        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.clients = set(range(sc.data.num_clients))
+        self.joined: set[int] = set()
+        self.hosts: dict[str, dict[str, Any]] = {}
+        self.task_ids = itertools.count(1)
+        self.seq = itertools.count()
+        self.max_bytes = int(sc.deploy.max_message_mb * 1e6)
+        self.state: RunState | None = None
+        self.stop_reason: str | None = None
+        self.on_progress: Callable[[dict[str, Any]], None] | None = None
+
+    # -- setup ----------------------------------------------------------------
+    def bind(self) -> tuple[str, str]:
+        """Bind the client and host sockets; return (data, control) addresses."""
+        if self.sc.deploy.transport == "ipc":
+            data, control = ipc_address(self.run_id, "data"), ipc_address(self.run_id, "ctl")
+        else:
+            data = control = f"tcp://{self.bind_host}:0"
+        self.data_sock, self.data_address = self.transport.router(data)
+        self.ctl_sock, self.control_address = self.transport.router(control)
+        return self.data_address, self.control_address
+
+    async def run(self, host_exits: asyncio.Queue[tuple[str, int]] | None = None) -> dict[str, Any]:
+        """Run the federation to its end; return the summary."""
+        data = build_data(self.sc)
+        model = build_model(self.sc, tuple(data.input_shape), int(data.num_classes))
+        shapes = model_shapes(model)
+        self.shapes = shapes
+        self.spec = wire.TensorSpec([(s, "float32") for s in shapes])
+        strategy = make_strategy(self.sc, flatten([p for p in model.parameters() if p.requires_grad]))
+        self.strategy = strategy
+        self.state = state = RunState(self.sc, self.run_dir, strategy.kind, data.stats())
+        self.evaluator = WorkerHandle(self.transport, ipc_address(self.run_id, "eval"),
+                                      self.scenario_file, "evaluator")
+        readers: list[asyncio.Task[Any]] = []
+        try:
+            await asyncio.gather(self.evaluator.start(), self._await_hosts(host_exits))
+            self.clock = Clock(dilation=self.dilation, epoch=monotonic() + 0.05)
+            self.timers = TimerHeap(self.clock)
+            state.start(self.clock)
+            for name, info in self.hosts.items():
+                await self._control(name, wire.Control(op="start", args={
+                    "epoch": self.clock.epoch, "dilation": self.dilation,
+                    "boot_id": boot_id(), "offset": info.get("offset", 0.0),
+                    "shapes": [list(s) for s in shapes]}))
+            self.links = {c: make_link(self.sc, c, "up") for c in self.clients}
+            readers = [asyncio.create_task(self._read_data()),
+                       asyncio.create_task(self._read_control())]
+            if host_exits is not None:
+                readers.append(asyncio.create_task(self._watch_hosts(host_exits)))
+            readers.append(asyncio.create_task(self._ticker()))
+            budget = self.sc.run.time_budget
+            if budget is not None:
+                self.timers.call_at(budget, self.queue.put_nowait, ("stop", "time_budget"))
+            if self.sc.eval.every_seconds:
+                self._arm_eval_timer(self.sc.eval.every_seconds)
+            join_wait = 5.0 if strategy.kind == "sync" else None
+            if join_wait is not None:
+                self.timers.call_at(join_wait, self.queue.put_nowait, ("start_rounds", None))
+            state.request_eval(self, 0.0, strategy)
+            await self._loop()
+            state.request_eval(self, self.clock.now(), strategy, final=True)
+            await state.drain_evals()
+        except BaseException as exc:
+            self.stop_reason = self.stop_reason or f"error: {type(exc).__name__}: {exc}"
+            raise
+        finally:
+            await self._shutdown(readers)
+            state.finish(self, self.stop_reason or "completed")
+        return state.summary
+
+    async def _await_hosts(self, host_exits: asyncio.Queue[tuple[str, int]] | None) -> None:
+        ready = 0
+        while ready < self.expected_hosts:
+            ident, msg = await self._recv_control_raw(host_exits)
+            name = ident.decode()
+            if isinstance(msg, wire.HostHello):
+                self.hosts[name] = {"clients": list(msg.clients), "pid": msg.pid,
+                                    "offset": monotonic() - float(msg.info.get("mono", 0.0)),
+                                    "alive": True}
+            elif isinstance(msg, wire.Control) and msg.op == "ready":
+                self.hosts.setdefault(name, {"alive": True})["samples"] = msg.args["samples"]
+                ready += 1
+
+    async def _recv_control_raw(self, host_exits: asyncio.Queue[tuple[str, int]] | None) -> tuple[bytes, Any]:
+        while True:
+            recv = asyncio.ensure_future(self.ctl_sock.recv_multipart(copy=False))
+            waits: set[asyncio.Future[Any]] = {recv}
+            died = None
+            if host_exits is not None:
+                died = asyncio.ensure_future(host_exits.get())
+                waits.add(died)
+            done, _ = await asyncio.wait(waits, timeout=300, return_when=asyncio.FIRST_COMPLETED)
+            if died is not None and died in done:
+                recv.cancel()
+                name, code = died.result()
+                raise RuntimeError(f"client {name} exited with {code} during start-up")
+            if died is not None:
+                died.cancel()
+            if recv not in done:
+                recv.cancel()
+                raise TimeoutError("client hosts did not start within 300 s")
+            frames = recv.result()
+            try:
+                msg, _ = wire.decode(frames[1:], check_finite=False)
+            except wire.WireError as exc:
+                log.warning("rejected a control message: %s", exc)
+                continue
+            return frames[0].bytes, msg
+
+    async def _control(self, host: str, msg: Any) -> None:
+        with contextlib.suppress(Exception):
+            await self.ctl_sock.send_multipart([host.encode(), *wire.encode(msg)], copy=False)
+
+    # -- readers --------------------------------------------------------------
+    async def _read_data(self) -> None:
+        assert self.state is not None and self.timers is not None
+        state = self.state
+        while True:
+            frames = await self.data_sock.recv_multipart(copy=False)
+            ident = frames[0].bytes
+            try:
+                msg, meta = wire.decode(frames[1:], max_bytes=self.max_bytes, spec=self.spec)
+                cid = _client_id(ident)
+                if cid not in self.clients:
+                    raise wire.WireError("bad_field", f"unknown sender {ident!r}")
+                claimed = getattr(msg, "client", getattr(msg, "sender", cid))
+                if claimed != cid:
+                    raise wire.WireError("bad_field", f"sender {ident!r} claims client {claimed}")
+            except wire.WireError as exc:
+                state.rejected(self.clock.now(), ident, exc)
+                continue
+            d = self.links[cid].schedule(meta.sent_at, meta.nbytes)
+            if d.dropped:
+                state.event(self.clock.now(), "drop", client=cid, kind=meta.kind, dir="up",
+                            bytes=meta.nbytes, reason=d.reason)
+                continue
+            self.timers.call_at(d.t_deliver, self._delivered, cid, msg, meta, d.t_deliver)
+
+    def _delivered(self, cid: int, msg: Any, meta: Any, scheduled: float) -> None:
+        assert self.state is not None
+        now = self.clock.now()
+        self.state.lateness.append(now - scheduled)
+        self.state.event(now, "deliver", client=cid, kind=meta.kind, dir="up",
+                         bytes=meta.nbytes, sent_at=meta.sent_at, scheduled=scheduled,
+                         version=getattr(msg, "base_version", None))
+        if isinstance(msg, wire.Update):
+            self.state.bytes_up += meta.nbytes
+        self.queue.put_nowait(("client", (cid, msg)))
+
+    async def _read_control(self) -> None:
+        assert self.state is not None
+        while True:
+            frames = await self.ctl_sock.recv_multipart(copy=False)
+            try:
+                msg, _ = wire.decode(frames[1:], check_finite=False)
+            except wire.WireError as exc:
+                log.warning("rejected a control message: %s", exc)
+                continue
+            name = frames[0].bytes.decode(errors="replace")
+            if isinstance(msg, wire.EventBatch):
+                self.state.host_events(msg.events)
+            elif isinstance(msg, wire.Control) and msg.op == "bye":
+                self.hosts.setdefault(name, {})["bye"] = msg.args
+                self.queue.put_nowait(("host_bye", name))
+
+    async def _watch_hosts(self, host_exits: asyncio.Queue[tuple[str, int]]) -> None:
+        while True:
+            name, code = await host_exits.get()
+            self.queue.put_nowait(("host_exit", (name, code)))
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self.queue.put_nowait(("tick", None))
+
+    def _arm_eval_timer(self, period: float) -> None:
+        assert self.timers is not None
+        self.timers.call_later(period, self.queue.put_nowait, ("eval_timer", period))
+
+    # -- the event loop ---------------------------------------------------------
+    async def _loop(self) -> None:
+        assert self.state is not None and self.timers is not None
+        state, strategy = self.state, self.strategy
+        while self.stop_reason is None:
+            kind, item = await self.queue.get()
+            now = self.clock.now()
+            step: Step | None = None
+            if kind == "client":
+                cid, msg = item
+                step = self._on_client(now, cid, msg)
+            elif kind == "start_rounds" and strategy.kind == "sync" and not strategy.started:
+                step = strategy.start(now)
+            elif kind == "strategy_timer":
+                step = strategy.on_timer(now)
+            elif kind == "eval_timer":
+                state.request_eval(self, now, strategy)
+                self._arm_eval_timer(item)
+            elif kind == "stop":
+                self.stop_reason = item
+            elif kind == "host_exit":
+                step = self._host_lost(now, *item)
+            elif kind == "tick":
+                if self.on_progress is not None:
+                    self.on_progress(state.progress(now, strategy))
+                state.flush()
+            if step is not None:
+                await self._apply(now, step)
+            reason = state.should_stop(strategy)
+            if reason and self.stop_reason is None:
+                self.stop_reason = reason
+
+    def _on_client(self, now: float, cid: int, msg: Any) -> Step | None:
+        assert self.state is not None
+        strategy = self.strategy
+        if isinstance(msg, wire.Register):
+            self.joined.add(cid)
+            self.state.samples[cid] = msg.num_samples
+            step = strategy.on_join(cid, now)
+            if strategy.kind == "sync" and not strategy.started and len(self.joined) == len(self.clients):
+                more = strategy.start(now)
+                step.dispatch.extend(more.dispatch)
+            return step
+        if isinstance(msg, wire.Heartbeat):
+            if msg.status == "ready":
+                return strategy.on_join(cid, now)
+            if msg.status == "suspended":
+                return strategy.on_away(cid, now, "suspend")
+            return None
+        if isinstance(msg, wire.Update):
+            arrays = msg.tensors
+            flat = np.concatenate([np.asarray(a).reshape(-1) for a in arrays]) if arrays else np.zeros(0, np.float32)
+            result = ClientResult(client=cid, base_version=msg.base_version,
+                                  params=torch.from_numpy(flat), num_samples=msg.num_samples,
+                                  steps=int(msg.stats.get("steps", 0)), stats=msg.stats)
+            return strategy.on_update(result, msg.round, now)
+        if isinstance(msg, wire.Bye):
+            return strategy.on_away(cid, now, "lose")
+        return None
+
+    async def _apply(self, now: float, step: Step) -> None:
+        assert self.state is not None and self.timers is not None
+        self.state.applied(self, now, step)
+        for cid in step.dispatch:
+            await self._dispatch(now, cid)
+        nxt = self.strategy.next_timer()
+        if nxt is not None:
+            self.timers.call_at(nxt, self.queue.put_nowait, ("strategy_timer", nxt))
+
+    async def _dispatch(self, now: float, cid: int) -> None:
+        assert self.state is not None
+        strategy = self.strategy
+        tensors = self.state.model_arrays(strategy.version, strategy.x, self.shapes)
+        task = wire.Task(client=cid, version=strategy.version, round=strategy.round,
+                         task_id=next(self.task_ids), tensors=tensors, config={})
+        frames = wire.encode(task, sent_at=now, seq=next(self.seq))
+        nbytes = sum(len(memoryview(f)) for f in frames)
+        try:
+            await self.data_sock.send_multipart([f"c{cid}".encode(), *frames], copy=False)
+        except Exception as exc:  # the client's connection is gone (host crash)
+            self.state.event(now, "send_failed", client=cid, reason=str(exc))
+            self.queue.put_nowait(("client", (cid, wire.Bye(sender=cid, reason="unreachable"))))
+            return
+        self.state.bytes_down += nbytes
+        self.state.event(now, "send", client=cid, kind="task", dir="down", bytes=nbytes,
+                         version=strategy.version, task_id=task.task_id, round=strategy.round)
+
+    def _host_lost(self, now: float, name: str, code: int) -> Step | None:
+        assert self.state is not None
+        info = self.hosts.get(name, {})
+        if not info.get("alive", False) or self.stop_reason is not None:
+            return None
+        info["alive"] = False
+        self.state.host_failures.append({"host": name, "exit": code, "t": now})
+        self.state.event(now, "host_lost", host=name, exit=code)
+        log.error("client host %s exited with %s; its clients are lost", name, code)
+        step = Step()
+        for cid in info.get("clients", []):
+            self.clients.discard(cid)
+            s = self.strategy.on_away(cid, now, "lose")
+            step.dispatch.extend(s.dispatch)
+            step.applied.extend(s.applied)
+        if not any(h.get("alive") for h in self.hosts.values()):
+            self.stop_reason = "failed: all client hosts lost"
+        return step
+
+    async def _shutdown(self, readers: list[asyncio.Task[Any]]) -> None:
+        for name, info in self.hosts.items():
+            if info.get("alive", True):
+                await self._control(name, wire.Control(op="stop", args={}))
+        deadline = monotonic() + 10.0
+        while monotonic() < deadline and any(
+            info.get("alive", True) and "bye" not in info for info in self.hosts.values()
+        ):
+            try:
+                kind, item = await asyncio.wait_for(self.queue.get(), 0.2)
+            except TimeoutError:
+                continue
+            if kind == "host_exit":
+                self.hosts.get(item[0], {})["alive"] = False
+        for task in readers:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(Exception):
+            await self.evaluator.close()
+        if self.timers is not None:
+            self.timers.close()
+        self.transport.close(linger_ms=500)
+
+
+def _client_id(ident: bytes) -> int:
+    if not ident.startswith(b"c") or not ident[1:].isdigit() or len(ident) > 12:
+        raise wire.WireError("bad_field", f"unknown sender {ident!r}")
+    return int(ident[1:])

@@ -1,0 +1,60 @@
+"""Federated-learning algorithms, sans-I/O.
+
+Rules
+-----
+1. Nothing in this package performs I/O, sleeps, awaits or reads a clock: it
+   imports no ``asyncio``, ``zmq`` or ``netem``. Time, when a rule needs it,
+   is passed in as a plain float of emulated seconds.
+2. Server rules map ``(global state, client result(s))`` to a new global
+   state plus a small ``info`` dict for the event log; client rules map
+   ``(model, data, config)`` to a result. The actors in ``fedsim.actors``
+   decide *when* these run; the functions here decide *what* they compute.
+
+Models travel through these functions as flat float32 vectors (one
+contiguous ``torch.Tensor`` of the trainable parameters); norms and inner
+products that drive a decision are accumulated in float64 (ALGORITHMS.md
+§0.1, §8.2).
+"""
+
+from fedsim.algorithms._kernels import (
+    check_finite,
+    flatten,
+    lerp,
+    norm64,
+    unflatten,
+    weighted_average,
+)
+from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
+from fedsim.algorithms.fedasync import FedAsync, fedasync_mix, staleness_weight
+from fedsim.algorithms.fedavg import FedAvg, fedavg_aggregate
+from fedsim.algorithms.local import LocalConfig, local_train
+from fedsim.algorithms.optim import OPTIMIZERS, OptimizerConfig, make_optimizer
+from fedsim.algorithms.scheduling import (
+    AsyncScheduler,
+    RoundScheduler,
+    SchedulerError,
+)
+
+__all__ = [
+    "OPTIMIZERS",
+    "AsyncScheduler",
+    "ClientResult",
+    "FedAsync",
+    "FedAvg",
+    "LocalConfig",
+    "NonFiniteUpdate",
+    "OptimizerConfig",
+    "RoundScheduler",
+    "SchedulerError",
+    "check_finite",
+    "fedasync_mix",
+    "fedavg_aggregate",
+    "flatten",
+    "lerp",
+    "local_train",
+    "make_optimizer",
+    "norm64",
+    "staleness_weight",
+    "unflatten",
+    "weighted_average",
+]

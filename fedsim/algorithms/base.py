@@ -1,0 +1,44 @@
+"""Plain values shared by the algorithm modules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["ClientResult", "NonFiniteUpdate"]
+
+
+class NonFiniteUpdate(ValueError):
+    """An update holds NaN or infinite values and must not be applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientResult:
+    """What a client's local run hands to a server rule.
+
+    Attributes
+    ----------
+    client : int
+        Client id.
+    base_version : int
+        Version ``tau`` of the global model the run started from.
+    params : torch.Tensor
+        Flat float32 vector: the client's local model after its run
+        (``x_{i,K}``), or whatever the algorithm's upload is.
+    num_samples : int
+        The client's number of training samples ``n_i``.
+    steps : int
+        Local steps actually taken.
+    stats : Mapping[str, Any]
+        Extra per-run statistics (loss, step sizes ...), logged as given.
+    """
+
+    client: int
+    base_version: int
+    params: torch.Tensor
+    num_samples: int = 1
+    steps: int = 0
+    stats: Mapping[str, Any] = field(default_factory=dict)

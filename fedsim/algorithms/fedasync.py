@@ -1,0 +1,174 @@
+r"""FedAsync: staleness-weighted asynchronous mixing.
+
+Implementation of Xie, Koyejo and Gupta, "Asynchronous Federated
+Optimization" (https://arxiv.org/abs/1903.03934), as specified in
+ALGORITHMS.md §1 and §10.
+
+Server update for one arriving local model ``x_new`` trained from version
+``tau`` while the server holds version ``t`` (updates already applied)::
+
+    d       = t - tau                       (staleness; 0 for a fresh update, R-FA1)
+    alpha_t = alpha * s(d)
+    x      <- (1 - alpha_t) * x + alpha_t * x_new
+
+with ``s`` one of
+
+* const: ``s(d) = 1``
+* poly:  ``s(d) = (d + 1) ** (-a)``
+* hinge: ``s(d) = 1`` if ``d <= b`` else ``1 / (a * (d - b) + 1)``
+
+(the paper's hinge; FedLab's misplaced parenthesis is *not* ported, §10.F).
+The client side is local SGD on ``f(x) + rho/2 ||x - x_tau||^2``: see
+:func:`fedsim.algorithms.local.local_train` with ``prox_mu = rho``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+
+from fedsim.algorithms._kernels import check_finite, lerp
+from fedsim.algorithms.base import ClientResult
+
+__all__ = ["STALENESS_FUNCTIONS", "FedAsync", "fedasync_mix", "staleness_weight"]
+
+StalenessFn = Literal["const", "poly", "hinge"]
+STALENESS_FUNCTIONS: tuple[str, ...] = ("const", "poly", "hinge")
+
+
+def staleness_weight(fn: str, d: float, a: float = 0.5, b: float = 4.0) -> float:
+    """Return ``s(d)`` for staleness ``d >= 0`` (ALGORITHMS.md §1.3).
+
+    >>> staleness_weight("poly", 3, a=0.5)
+    0.5
+    >>> round(staleness_weight("hinge", 5, a=10, b=4), 4)
+    0.0909
+    """
+    if d < 0:
+        raise ValueError(f"Invalid staleness: {d} (must be >= 0)")
+    if fn == "const":
+        return 1.0
+    if fn == "poly":
+        return float((d + 1.0) ** (-a))
+    if fn == "hinge":
+        return 1.0 if d <= b else 1.0 / (a * (d - b) + 1.0)
+    raise ValueError(
+        f"Invalid staleness function: {fn!r} (allowed: {', '.join(STALENESS_FUNCTIONS)})"
+    )
+
+
+def fedasync_mix(
+    global_: torch.Tensor, local: torch.Tensor, alpha_t: float
+) -> torch.Tensor:
+    """Return ``(1 - alpha_t) * global_ + alpha_t * local`` (Algorithm 1, S9)."""
+    if not 0.0 <= alpha_t <= 1.0:
+        raise ValueError(f"Invalid alpha_t: {alpha_t} (must be in [0, 1])")
+    return lerp(global_, local, alpha_t)
+
+
+class FedAsync:
+    """FedAsync server rule: mix each arriving model into the global one.
+
+    Parameters
+    ----------
+    alpha : float
+        Mixing weight in (0, 1].
+    staleness : {"const", "poly", "hinge"}
+        Staleness function ``s``.
+    a, b : float
+        Parameters of ``poly`` (a) and ``hinge`` (a, b); both > 0 / >= 0.
+    staleness_offset : {0, 1}
+        0 (default) makes a fresh update's staleness 0 (R-FA1); 1 is the
+        literal Algorithm 1 (``t - tau`` counted after the increment).
+    alpha_decay : float
+        Multiply ``alpha`` by this after every applied update (R-FA3; 1.0 =
+        constant alpha, the default).
+    max_staleness : int or None
+        Discard updates with ``d > max_staleness`` (the theory's bounded
+        delay; not in the paper's experiments). ``None`` keeps all.
+    """
+
+    def __init__(
+        self,
+        alpha: float = 0.6,
+        staleness: StalenessFn = "const",
+        a: float = 0.5,
+        b: float = 4.0,
+        staleness_offset: int = 0,
+        alpha_decay: float = 1.0,
+        max_staleness: int | None = None,
+    ) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"Invalid alpha: {alpha} (must be in (0, 1])")
+        if staleness not in STALENESS_FUNCTIONS:
+            raise ValueError(
+                f"Invalid staleness function: {staleness!r} "
+                f"(allowed: {', '.join(STALENESS_FUNCTIONS)})"
+            )
+        if not a > 0:
+            raise ValueError(f"Invalid a: {a} (must be > 0)")
+        if not b >= 0:
+            raise ValueError(f"Invalid b: {b} (must be >= 0)")
+        if staleness_offset not in (0, 1):
+            raise ValueError(f"Invalid staleness_offset: {staleness_offset} (0 or 1)")
+        if not 0.0 < alpha_decay <= 1.0:
+            raise ValueError(f"Invalid alpha_decay: {alpha_decay} (must be in (0, 1])")
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"Invalid max_staleness: {max_staleness} (must be >= 0)")
+        self.alpha = float(alpha)
+        self.staleness = staleness
+        self.a = float(a)
+        self.b = float(b)
+        self.staleness_offset = staleness_offset
+        self.alpha_decay = float(alpha_decay)
+        self.max_staleness = max_staleness
+        self.applied = 0
+
+    def weight(self, d: int) -> float:
+        """Return ``alpha_t`` for staleness ``d`` at the current alpha."""
+        return self.alpha * staleness_weight(
+            self.staleness, d + self.staleness_offset, self.a, self.b
+        )
+
+    def aggregate(
+        self, x: torch.Tensor, version: int, result: ClientResult
+    ) -> tuple[torch.Tensor | None, dict[str, Any]]:
+        """Apply one client result to the global model ``x`` at ``version``.
+
+        Returns the new global vector, or ``None`` when the update is
+        discarded (``max_staleness`` exceeded), plus an info dict with the
+        realized ``staleness`` and ``alpha_t``.
+
+        Raises
+        ------
+        NonFiniteUpdate
+            If the update holds NaN or infinite values.
+        """
+        check_finite(result.params)
+        d = version - result.base_version
+        if d < 0:
+            raise ValueError(
+                f"Invalid base version {result.base_version}: newer than the "
+                f"server's version {version}"
+            )
+        if self.max_staleness is not None and d > self.max_staleness:
+            return None, {"staleness": d, "alpha_t": 0.0, "discarded": True}
+        alpha_t = self.weight(d)
+        new = fedasync_mix(x, result.params, alpha_t)
+        self.applied += 1
+        self.alpha *= self.alpha_decay
+        return new, {"staleness": d, "alpha_t": alpha_t}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the rule's mutable state."""
+        return {"alpha": self.alpha, "applied": self.applied}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore state saved by :meth:`state_dict`."""
+        alpha = float(state["alpha"])
+        if not (0.0 < alpha <= 1.0 and math.isfinite(alpha)):
+            raise ValueError(f"Invalid alpha in state: {alpha}")
+        self.alpha = alpha
+        self.applied = int(state["applied"])

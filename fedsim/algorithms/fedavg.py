@@ -1,0 +1,91 @@
+r"""FedAvg (and FedProx's server): sample-weighted model averaging.
+
+McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data" (https://arxiv.org/abs/1602.05629); ALGORITHMS.md §6::
+
+    x <- x + eta_g * sum_{i in S} w_i (y_i - x),   w_i = n_i / sum_j n_j  (or 1/|S|)
+
+With ``eta_g = 1`` this is plain model averaging. FedProx (Li et al.,
+https://arxiv.org/abs/1812.06127) uses this server with the proximal client
+term ``mu/2 ||y - x||^2`` (``LocalConfig.prox_mu``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+
+from fedsim.algorithms._kernels import check_finite, weighted_average
+from fedsim.algorithms.base import ClientResult
+
+__all__ = ["FedAvg", "fedavg_aggregate"]
+
+WEIGHTINGS = ("samples", "uniform")
+
+
+def fedavg_aggregate(
+    x: torch.Tensor,
+    results: Sequence[ClientResult],
+    server_lr: float = 1.0,
+    weighting: str = "samples",
+) -> torch.Tensor:
+    """Return the FedAvg step of ``x`` over ``results``."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(
+            f"Invalid weighting: {weighting!r} (allowed: {', '.join(WEIGHTINGS)})"
+        )
+    if weighting == "samples":
+        weights = [float(r.num_samples) for r in results]
+    else:
+        weights = [1.0] * len(results)
+    avg = weighted_average([r.params for r in results], weights)
+    if server_lr == 1.0:
+        return avg
+    return x + server_lr * (avg - x)
+
+
+class FedAvg:
+    """FedAvg server rule over one round's results.
+
+    Parameters
+    ----------
+    server_lr : float
+        Server learning rate ``eta_g`` (> 0; 1 = plain averaging).
+    weighting : {"samples", "uniform"}
+        ``samples`` weights by ``n_i`` (R-AF4); ``uniform`` is the plain mean.
+    """
+
+    def __init__(
+        self, server_lr: float = 1.0, weighting: Literal["samples", "uniform"] = "samples"
+    ) -> None:
+        if not server_lr > 0:
+            raise ValueError(f"Invalid server_lr: {server_lr} (must be > 0)")
+        if weighting not in WEIGHTINGS:
+            raise ValueError(
+                f"Invalid weighting: {weighting!r} (allowed: {', '.join(WEIGHTINGS)})"
+            )
+        self.server_lr = float(server_lr)
+        self.weighting = weighting
+        self.rounds = 0
+
+    def aggregate(
+        self, x: torch.Tensor, results: Sequence[ClientResult]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Aggregate one round; non-finite results raise before anything changes."""
+        if not results:
+            raise ValueError("Invalid round: no results to aggregate")
+        for r in results:
+            check_finite(r.params, f"update from client {r.client}")
+        new = fedavg_aggregate(x, results, self.server_lr, self.weighting)
+        self.rounds += 1
+        return new, {"clients": [r.client for r in results]}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the rule's mutable state."""
+        return {"rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore state saved by :meth:`state_dict`."""
+        self.rounds = int(state["rounds"])

@@ -1,0 +1,115 @@
+r"""Local training on one client: the client half of FedAvg, FedProx, FedAsync.
+
+Each local step draws a minibatch (epoch-wise shuffling from the run's own
+``torch.Generator``, no ``drop_last``) and descends
+
+    f_i(y; z) + (mu / 2) ||y - x_anchor||^2
+
+where ``mu`` is FedProx's ``mu`` or FedAsync's ``rho`` (Algorithm 1, W5) and
+``x_anchor`` the model the run started from. The proximal gradient
+``mu (y - x_anchor)`` is added to the parameter gradients directly, which is
+the gradient of the loss term without building it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedsim.algorithms._kernels import flatten
+from fedsim.algorithms.optim import OptimizerConfig, make_optimizer
+
+__all__ = ["LocalConfig", "load_vector", "local_train"]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalConfig:
+    """How one local run trains.
+
+    Exactly one of ``steps`` (local minibatch steps, K) and ``epochs``
+    (passes over the client's data) is used: ``steps`` when it is set.
+    """
+
+    steps: int | None = 10
+    epochs: float | None = None
+    batch_size: int = 32
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    prox_mu: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.steps is None and self.epochs is None:
+            raise ValueError("Invalid local config: set steps or epochs")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"Invalid steps: {self.steps} (must be >= 1)")
+        if self.epochs is not None and not self.epochs > 0:
+            raise ValueError(f"Invalid epochs: {self.epochs} (must be > 0)")
+        if self.batch_size < 1:
+            raise ValueError(f"Invalid batch_size: {self.batch_size} (must be >= 1)")
+        if not self.prox_mu >= 0:
+            raise ValueError(f"Invalid prox_mu: {self.prox_mu} (must be >= 0)")
+
+    def num_steps(self, num_samples: int) -> int:
+        """Local steps this config takes on ``num_samples`` samples."""
+        if self.steps is not None:
+            return self.steps
+        per_epoch = -(-num_samples // self.batch_size)
+        return max(1, round(float(self.epochs or 0) * per_epoch))
+
+
+def load_vector(model: nn.Module, vec: torch.Tensor) -> None:
+    """Copy a flat vector into the model's trainable parameters."""
+    torch.nn.utils.vector_to_parameters(
+        vec.to(torch.float32), [p for p in model.parameters() if p.requires_grad]
+    )
+
+
+def _batches(n: int, batch_size: int, generator: torch.Generator) -> Any:
+    while True:
+        perm = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            yield perm[start : start + batch_size]
+
+
+def local_train(
+    model: nn.Module,
+    x0: torch.Tensor,
+    data_x: torch.Tensor,
+    data_y: torch.Tensor,
+    cfg: LocalConfig,
+    generator: torch.Generator,
+    loss_fn: nn.Module | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Run one local training job from the flat model ``x0``.
+
+    Returns the flat local model after the run and statistics
+    (``steps``, ``loss`` = mean training loss over the run, ``samples``).
+    """
+    n = int(data_x.shape[0])
+    if n == 0:
+        raise ValueError("Invalid client data: no samples")
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    load_vector(model, x0)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    anchor = [p.detach().clone() for p in params] if cfg.prox_mu > 0 else None
+    opt = make_optimizer(cfg.optimizer, params)
+    steps = cfg.num_steps(n)
+    batches = _batches(n, cfg.batch_size, generator)
+    total = 0.0
+    seen = 0
+    for _ in range(steps):
+        idx = next(batches)
+        opt.zero_grad(set_to_none=False)
+        loss = loss_fn(model(data_x[idx]), data_y[idx])
+        loss.backward()
+        if anchor is not None:
+            with torch.no_grad():
+                for p, a in zip(params, anchor, strict=True):
+                    p.grad.add_(p - a, alpha=cfg.prox_mu)  # type: ignore[union-attr]
+        opt.step()
+        total += float(loss.detach()) * len(idx)
+        seen += len(idx)
+    return flatten(params), {"steps": steps, "loss": total / seen, "samples": seen}

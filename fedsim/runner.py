@@ -1,0 +1,200 @@
+"""``fedsim run``: one federation on one host, start to finish.
+
+The runner writes the resolved scenario to a fresh run directory, binds the
+server's sockets, starts the client-host processes (one per core by
+default, each hosting many client actors), runs the server actor on this
+process's event loop, and leaves the summary and plots behind. Ctrl-C ends
+the run cleanly (a second Ctrl-C aborts it); a crashed client host is
+reported and the run goes on with the clients that remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedsim.actors.server import Server
+from fedsim.metrics import write_json_atomic
+from fedsim.scenario import Scenario, resolved, to_toml
+
+__all__ = ["RunResult", "calibrate_dilation", "plan_hosts", "run_scenario"]
+
+log = logging.getLogger(__name__)
+
+
+class RunResult:
+    """Where a run wrote its results, and its summary."""
+
+    def __init__(self, run_dir: Path, summary: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.summary = summary
+
+
+def plan_hosts(sc: Scenario) -> list[list[int]]:
+    """Assign clients to client-host processes (round-robin)."""
+    n = sc.deploy.hosts or len(os.sched_getaffinity(0))
+    n = max(1, min(n, sc.data.num_clients))
+    return [list(range(h, sc.data.num_clients, n)) for h in range(n)]
+
+
+def new_run_dir(sc: Scenario, out: str | Path | None) -> Path:
+    """``out`` if given, else ``runs/<name>-<timestamp>``; created empty."""
+    if out is None:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = Path("runs") / f"{sc.name}-{stamp}"
+        i = 1
+        while path.exists():
+            i += 1
+            path = Path("runs") / f"{sc.name}-{stamp}-{i}"
+    else:
+        path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("events.jsonl", "metrics.csv", "summary.json"):
+        with contextlib.suppress(FileNotFoundError):
+            (path / name).unlink()
+    return path
+
+
+def calibrate_dilation(sc: Scenario, hosts: int) -> float:
+    """Pick a dilation so the host's real compute fits the emulated budget.
+
+    Times a few real local steps of this scenario's model, estimates how many
+    tasks share one torch worker at once, and returns the smallest power of
+    two that keeps that work under half of the emulated compute time.
+    """
+    import torch
+
+    from fedsim.actors._setup import build_data, build_model, local_config
+    from fedsim.algorithms import flatten, local_train
+
+    step_time = sc.devices.step_time
+    if step_time <= 0:
+        return 1.0
+    torch.set_num_threads(1)
+    data = build_data(sc)
+    model = build_model(sc, tuple(data.input_shape), int(data.num_classes))
+    shard = data.clients[0]
+    x, y = torch.as_tensor(shard.x), torch.as_tensor(shard.y)
+    cfg = local_config(sc)
+    x0 = flatten([p for p in model.parameters()])
+    gen = torch.Generator().manual_seed(0)
+    local_train(model, x0, x, y, cfg, gen)
+    t0 = time.perf_counter()
+    _, stats = local_train(model, x0, x, y, cfg, gen)
+    real_step = (time.perf_counter() - t0) / max(1, stats["steps"])
+    alg = sc.algorithm
+    if alg.name == "fedasync":
+        load = alg.concurrency / hosts
+    else:
+        load = math.ceil(alg.fraction * sc.data.num_clients * (1 + alg.over_selection)) / hosts
+    need = 2.0 * max(1.0, load) * real_step / step_time
+    return float(2 ** max(0, math.ceil(math.log2(need)))) if need > 1 else 1.0
+
+
+async def _run(sc: Scenario, run_dir: Path, dilation: float,
+               on_progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    run_id = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+    scenario_file = str((run_dir / "scenario.json").resolve())
+    plan = plan_hosts(sc)
+    server = Server(sc, run_dir, hosts=len(plan), scenario_file=scenario_file,
+                    run_id=run_id, dilation=dilation)
+    server.on_progress = on_progress
+    data_addr, ctl_addr = server.bind()
+    exits: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    stopping = {"flag": False}
+
+    async def watch(name: str, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if code != 0 or not stopping["flag"]:
+            exits.put_nowait((name, code))
+
+    for h, clients in enumerate(plan):
+        name = f"host-{h}"
+        procs[name] = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fedsim.actors.host", "--control", ctl_addr,
+            "--data", data_addr, "--host-id", str(h), "--clients", ",".join(map(str, clients)),
+            "--scenario", scenario_file, "--run-id", run_id, "--parent", str(os.getpid()),
+            stdin=asyncio.subprocess.DEVNULL)
+    watchers = [asyncio.create_task(watch(n, p)) for n, p in procs.items()]
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    interrupts = {"n": 0}
+
+    def on_sigint() -> None:
+        interrupts["n"] += 1
+        if interrupts["n"] == 1:
+            server.queue.put_nowait(("stop", "interrupted"))
+        elif main is not None:
+            main.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        loop.add_signal_handler(signal.SIGTERM, on_sigint)
+    try:
+        summary = await server.run(exits)
+    finally:
+        stopping["flag"] = True
+        for p in procs.values():
+            if p.returncode is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(p.wait(), 10.0)
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+        for w in watchers:
+            w.cancel()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+            loop.remove_signal_handler(signal.SIGTERM)
+    return summary
+
+
+def run_scenario(sc: Scenario, out: str | Path | None = None, *,
+                 dilation: float | str | None = None,
+                 on_progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+    """Run a scenario to its end and return where its results are."""
+    run_dir = new_run_dir(sc, out)
+    data = resolved(sc)
+    choice = dilation if dilation is not None else sc.run.dilation
+    if choice == "auto":
+        choice = calibrate_dilation(sc, len(plan_hosts(sc)))
+        log.info("dilation auto: %s", choice)
+    data["run"]["dilation"] = choice
+    write_json_atomic(run_dir / "scenario.json", data)
+    (run_dir / "scenario.toml").write_text(
+        "# Resolved scenario: every default filled in (keys set to none are omitted).\n"
+        + to_toml(data))
+    coro = _run(sc, run_dir, float(choice), on_progress)
+    if sc.deploy.loop == "uvloop":
+        try:
+            import uvloop
+
+            summary = uvloop.run(coro)
+        except ImportError:
+            summary = asyncio.run(coro)
+    else:
+        summary = asyncio.run(coro)
+    from fedsim.plots import plot_run
+
+    try:
+        plot_run(run_dir)
+    except Exception as exc:  # plots are a convenience; never lose the run for them
+        log.warning("plotting failed: %s", exc)
+    return RunResult(run_dir, summary)
+
+
+def load_summary(run_dir: Path) -> dict[str, Any]:
+    """Read a run directory's summary.json."""
+    return json.loads((Path(run_dir) / "summary.json").read_text())

@@ -1,0 +1,282 @@
+"""Scenario files: schema, loading and validation.
+
+A scenario is a TOML file validated on load into frozen pydantic models:
+an unknown key, a wrong type or an out-of-range value raises
+:class:`ScenarioError` whose message names the key, the value and what is
+allowed (the CLI exits with status 2). ``--set dotted.key=value`` overrides
+go through the same validation. :func:`resolved` gives the scenario with
+every default filled in, which each run writes to its directory.
+
+pydantic does this job better than hand-written checks: it reports every
+bad field at once, with its location, and it fills the defaults we write
+back out.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = ["Scenario", "ScenarioError", "load", "parse", "resolved"]
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message names every bad key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+Pos = Annotated[float, Field(gt=0)]
+NonNeg = Annotated[float, Field(ge=0)]
+Prob = Annotated[float, Field(ge=0, le=1)]
+
+
+class DataConfig(_Model):
+    """Dataset, partition and number of clients."""
+
+    dataset: Literal["synthetic", "digits", "leaf", "mnist", "cifar10"] = "synthetic"
+    num_clients: Annotated[int, Field(ge=1, le=1_000_000)] = 20
+    partition: Literal["natural", "iid", "dirichlet", "shards"] = "natural"
+    synthetic_alpha: NonNeg = 1.0
+    synthetic_beta: NonNeg = 1.0
+    synthetic_iid: bool = False
+    max_samples_per_client: Annotated[int, Field(ge=1)] | None = None
+    dirichlet_alpha: Pos = 0.5
+    dirichlet_recipe: Literal["hsu", "deltasgd_code", "feddyn_sequential"] = "hsu"
+    samples_per_client: Annotated[int, Field(ge=1)] | None = None
+    classes_per_client: Annotated[int, Field(ge=1)] = 2
+    test_fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
+    path: str | None = None
+
+
+class ModelConfig(_Model):
+    """The torch model every client trains."""
+
+    name: Literal["mlp", "cnn", "cnn_mnist", "char_lstm"] = "mlp"
+    hidden: list[Annotated[int, Field(ge=1)]] = [200]
+    lstm_hidden: Annotated[int, Field(ge=1)] = 256
+
+
+class FedAvgConfig(_Model):
+    """Synchronous rounds (FedAvg; FedProx adds ``mu``)."""
+
+    name: Literal["fedavg", "fedprox"]
+    fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    min_clients: Annotated[int, Field(ge=1)] = 1
+    over_selection: NonNeg = 0.0
+    round_deadline: Pos | None = None
+    server_lr: Pos = 1.0
+    weighting: Literal["samples", "uniform"] = "samples"
+    mu: NonNeg = 0.0
+
+    @model_validator(mode="after")
+    def _mu_only_for_fedprox(self) -> FedAvgConfig:
+        if self.name == "fedavg" and self.mu != 0.0:
+            raise ValueError(
+                f"mu={self.mu} is FedProx's proximal weight; use name = \"fedprox\""
+            )
+        return self
+
+
+class FedAsyncConfig(_Model):
+    """FedAsync: staleness-weighted mixing, ``concurrency`` tasks in flight."""
+
+    name: Literal["fedasync"]
+    alpha: Annotated[float, Field(gt=0, le=1)] = 0.6
+    staleness: Literal["const", "poly", "hinge"] = "const"
+    a: Pos = 0.5
+    b: NonNeg = 4.0
+    rho: NonNeg = 0.0
+    staleness_offset: Literal[0, 1] = 0
+    alpha_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    max_staleness: Annotated[int, Field(ge=0)] | None = None
+    concurrency: Annotated[int, Field(ge=1)] = 4
+    task_timeout: Pos | None = None
+
+
+AlgorithmConfig = Annotated[FedAvgConfig | FedAsyncConfig, Field(discriminator="name")]
+
+
+class ClientConfig(_Model):
+    """Client optimizer and local work per task."""
+
+    optimizer: Literal["sgd", "sgdm", "adam"] = "sgd"
+    lr: Pos = 0.05
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
+    weight_decay: NonNeg = 0.0
+    batch_size: Annotated[int, Field(ge=1)] = 32
+    local_steps: Annotated[int, Field(ge=1)] | None = 10
+    local_epochs: Pos | None = None
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> ClientConfig:
+        if self.local_steps is not None and self.local_epochs is not None:
+            raise ValueError(
+                "set either local_steps or local_epochs, not both "
+                f"(got local_steps={self.local_steps}, local_epochs={self.local_epochs})"
+            )
+        if self.local_steps is None and self.local_epochs is None:
+            raise ValueError("set local_steps or local_epochs")
+        return self
+
+
+class RunConfig(_Model):
+    """When a run stops. Durations are emulated seconds."""
+
+    time_budget: Pos | None = 60.0
+    max_updates: Annotated[int, Field(ge=1)] | None = None
+    max_rounds: Annotated[int, Field(ge=1)] | None = None
+    target_accuracy: Prob | None = None
+    stop_at_target: bool = False
+    dilation: Pos | Literal["auto"] = 1.0
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> RunConfig:
+        if self.time_budget is None and self.max_updates is None and self.max_rounds is None:
+            raise ValueError("set at least one of time_budget, max_updates, max_rounds")
+        return self
+
+
+class EvalConfig(_Model):
+    """How often the global model is evaluated on the held-out test set."""
+
+    every_updates: Annotated[int, Field(ge=1)] | None = None
+    every_rounds: Annotated[int, Field(ge=1)] | None = 1
+    every_seconds: Pos | None = None
+
+
+class LinkConfig(_Model):
+    """One direction of every client's link."""
+
+    delay: NonNeg = 0.0
+
+
+class NetworkConfig(_Model):
+    """The emulated network between the server and each client."""
+
+    up: LinkConfig = LinkConfig()
+    down: LinkConfig = LinkConfig()
+
+
+class DevicesConfig(_Model):
+    """Client devices: emulated compute time per local step."""
+
+    step_time: NonNeg = 0.01
+
+
+class DeployConfig(_Model):
+    """Processes and sockets of a one-host run."""
+
+    hosts: Annotated[int, Field(ge=0)] = 0
+    transport: Literal["ipc", "tcp"] = "ipc"
+    loop: Literal["uvloop", "asyncio"] = "uvloop"
+    max_message_mb: Pos = 512.0
+
+
+class Scenario(_Model):
+    """A whole experiment."""
+
+    name: str = "scenario"
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig = FedAsyncConfig(name="fedasync")
+    client: ClientConfig = ClientConfig()
+    run: RunConfig = RunConfig()
+    eval: EvalConfig = EvalConfig()
+    network: NetworkConfig = NetworkConfig()
+    devices: DevicesConfig = DevicesConfig()
+    deploy: DeployConfig = DeployConfig()
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err["loc"] if p not in ("fedavg", "fedasync", "fedprox"))
+    loc = loc.replace("function-after[", "").rstrip("]") or "(top level)"
+    value = err.get("input")
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        return f"{loc}: unknown key (value {value!r})"
+    if err["type"] == "union_tag_invalid":
+        return f"{loc}.name: {msg}"
+    if isinstance(value, dict):
+        return f"{loc}: {msg}"
+    return f"{loc}: {msg} (got {value!r})"
+
+
+def parse(raw: dict[str, Any], source: str = "scenario") -> Scenario:
+    """Validate a raw mapping into a :class:`Scenario`."""
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as exc:
+        lines = [_describe(e) for e in exc.errors(include_url=False)]
+        raise ScenarioError(f"{source}: invalid scenario\n  " + "\n  ".join(lines)) from None
+
+
+def _coerce(text: str) -> Any:
+    """Interpret a ``--set`` value as TOML (numbers, booleans, arrays, strings)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``dotted.key=value`` overrides to a raw scenario mapping."""
+    out = json.loads(json.dumps(raw))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ScenarioError(f"--set {item!r}: expected dotted.key=value")
+        parts = key.strip().split(".")
+        node = out
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ScenarioError(f"--set {item!r}: {part!r} is not a table")
+            node = nxt
+        node[parts[-1]] = _coerce(value.strip())
+    return out
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Load, override and validate a scenario file."""
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"{p}: no such scenario file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{p}: not valid TOML: {exc}") from None
+    return parse(apply_overrides(raw, overrides or []), str(p))
+
+
+def resolved(scenario: Scenario) -> dict[str, Any]:
+    """The scenario with every default filled in, as plain data."""
+    return scenario.model_dump(mode="json")
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """Render a resolved scenario as TOML (tables last, ``None`` omitted)."""
+    lines: list[str] = []
+
+    def emit(table: dict[str, Any], prefix: str) -> None:
+        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        tables = {k: v for k, v in table.items() if isinstance(v, dict)}
+        if prefix and scalars:
+            lines.append(f"\n[{prefix}]")
+        for k, v in scalars.items():
+            if v is not None:
+                lines.append(f"{k} = {json.dumps(v)}")
+        for k, v in tables.items():
+            emit(v, f"{prefix}.{k}" if prefix else k)
+
+    emit(data, "")
+    return "\n".join(lines).lstrip() + "\n"

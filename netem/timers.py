@@ -1,0 +1,206 @@
+"""One timer heap per process, on absolute deadlines.
+
+asyncio's own timers round to whole milliseconds (the epoll timeout is
+rounded up) and fall behind with thousands pending; uvloop's fire up to
+1.3 ms early (MEASUREMENTS.md §2). This heap keeps every pending delivery in
+one ``heapq`` of ``(real_deadline, seq, entry)`` and arms a single Linux
+``timerfd`` (nanosecond resolution, 50 µs timer slack) at the earliest
+deadline; the event loop watches its file descriptor, so a deadline costs
+one heap push and the loop wakes once per due batch. Where timerfd is not
+available the heap falls back to ``loop.call_at`` and re-arms when woken
+early.
+
+Each firing records its lateness (actual minus scheduled real time), which
+feeds the run's fidelity verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import heapq
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from netem.clock import Clock
+
+__all__ = ["TimerHandle", "TimerHeap"]
+
+log = logging.getLogger(__name__)
+
+_TFD_TIMER_ABSTIME = 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+def _load_timerfd() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.timerfd_settime.argtypes = [
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.POINTER(_Itimerspec),
+            ctypes.c_void_p,
+        ]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _load_timerfd()
+
+
+class TimerHandle:
+    """A scheduled callback; :meth:`cancel` stops it from running."""
+
+    __slots__ = ("args", "callback", "cancelled", "deadline", "emulated")
+
+    def __init__(
+        self, deadline: float, emulated: float, callback: Callable[..., Any], args: tuple
+    ) -> None:
+        self.deadline = deadline
+        self.emulated = emulated
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Do not run this callback."""
+        self.cancelled = True
+
+
+class TimerHeap:
+    """Absolute-deadline timers in emulated time, for one event loop.
+
+    Parameters
+    ----------
+    clock : Clock
+        The emulated clock deadlines are expressed in.
+    loop : asyncio.AbstractEventLoop or None
+        The loop to run callbacks on (default: the running loop).
+    use_timerfd : bool
+        Use a Linux timerfd when available (default True).
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        use_timerfd: bool = True,
+    ) -> None:
+        self.clock = clock
+        self.loop = loop or asyncio.get_running_loop()
+        self._heap: list[tuple[float, int, TimerHandle]] = []
+        self._seq = itertools.count()
+        self._armed: float | None = None
+        self._fallback: asyncio.TimerHandle | None = None
+        self._fd = -1
+        self.lateness: list[float] = []  # real seconds, one per fired timer
+        self.fired = 0
+        if use_timerfd and _LIBC is not None:
+            fd = _LIBC.timerfd_create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd >= 0:
+                self._fd = fd
+                self.loop.add_reader(fd, self._on_fd)
+        self.kind = "timerfd" if self._fd >= 0 else "call_at"
+
+    # -- scheduling ---------------------------------------------------------
+    def call_at(self, t: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
+        """Run ``callback(*args)`` at emulated time ``t``."""
+        handle = TimerHandle(self.clock.to_real(t), t, callback, args)
+        heapq.heappush(self._heap, (handle.deadline, next(self._seq), handle))
+        if self._armed is None or handle.deadline < self._armed:
+            self._arm(handle.deadline)
+        return handle
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle:
+        """Run ``callback(*args)`` ``delay`` emulated seconds from now."""
+        return self.call_at(self.clock.now() + delay, callback, *args)
+
+    async def sleep_until(self, t: float) -> None:
+        """Wait until emulated time ``t`` on this heap."""
+        if self.clock.to_real(t) <= self.clock.real():
+            return
+        fut: asyncio.Future[None] = self.loop.create_future()
+        handle = self.call_at(t, _set_result, fut)
+        try:
+            await fut
+        finally:
+            handle.cancel()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    # -- arming -------------------------------------------------------------
+    def _arm(self, deadline: float) -> None:
+        self._armed = deadline
+        if self._fd >= 0:
+            sec = int(deadline)
+            nsec = int((deadline - sec) * 1e9)
+            spec = _Itimerspec(_Timespec(0, 0), _Timespec(sec, max(nsec, 1) if sec == 0 else nsec))
+            if _LIBC.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None):
+                err = ctypes.get_errno()
+                raise OSError(err, f"timerfd_settime failed: {os.strerror(err)}")
+            return
+        if self._fallback is not None:
+            self._fallback.cancel()
+        # loop.time() is the same monotonic clock for the stdlib loop; uvloop's
+        # is millisecond-cached, so convert through a relative delay.
+        delay = max(0.0, deadline - self.clock.real())
+        self._fallback = self.loop.call_later(delay, self._run_due)
+
+    def _on_fd(self) -> None:
+        try:
+            os.read(self._fd, 8)
+        except BlockingIOError:
+            pass
+        self._run_due()
+
+    def _run_due(self) -> None:
+        self._armed = None
+        self._fallback = None
+        now = self.clock.real()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, _, handle = heapq.heappop(heap)
+            if handle.cancelled:
+                continue
+            self.lateness.append(now - handle.deadline)
+            self.fired += 1
+            try:
+                handle.callback(*handle.args)
+            except Exception:  # a faulty callback must not stop the heap
+                log.exception("timer callback %r failed", handle.callback)
+            now = self.clock.real()
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        if heap:
+            self._arm(heap[0][0])
+
+    def close(self) -> None:
+        """Stop watching the timerfd and drop pending timers."""
+        if self._fd >= 0:
+            self.loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        if self._fallback is not None:
+            self._fallback.cancel()
+        self._heap.clear()
+
+
+def _set_result(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
