@@ -114,7 +114,8 @@ def run(scenario: str, out: str | None, sets: tuple[str, ...], dilation: str | N
     st = s.get("staleness") or {}
     fid = s.get("fidelity") or {}
     lat = fid.get("lateness_ms") or {}
-    click.echo(f"{s['algorithm']} on {s['clients']} clients: {s['status']}")
+    why = f" ({s['stop_reason']})" if s.get("stop_reason") else ""
+    click.echo(f"{s['algorithm']} on {s['clients']} clients: {s['status']}{why}")
     click.echo(f"  final accuracy   {_fmt(s.get('final_accuracy'))}  (best {_fmt(s.get('best_accuracy'))})")
     click.echo(f"  updates          {s['updates']} in {s['emulated_seconds']:.1f} emulated s "
                f"({s['real_seconds']:.1f} real s)")

@@ -36,14 +36,20 @@ METRIC_FIELDS = (
 )
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Replace ``path`` with ``data`` as JSON, never leaving a torn file."""
+def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
+    """Replace ``path`` with ``data`` as JSON, never leaving a torn file.
+
+    The rename alone protects against a killed process; ``durable`` adds an
+    fsync (milliseconds, so not on an event loop's hot path) against a crash
+    of the machine.
+    """
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(data, fh, indent=2, sort_keys=False, default=_json_default)
         fh.write("\n")
         fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 

@@ -127,6 +127,10 @@ async def _run(sc: Scenario, run_dir: Path, dilation: float,
             "--data", data_addr, "--host-id", str(h), "--clients", ",".join(map(str, clients)),
             "--scenario", scenario_file, "--run-id", run_id, "--parent", str(os.getpid()),
             stdin=asyncio.subprocess.DEVNULL)
+    write_json_atomic(run_dir / "endpoints.json", {
+        "data": data_addr, "control": ctl_addr, "run_id": run_id, "pid": os.getpid(),
+        "hosts": {n: {"pid": p.pid, "clients": plan[i]} for i, (n, p) in enumerate(procs.items())},
+    })
     watchers = [asyncio.create_task(watch(n, p)) for n, p in procs.items()]
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -165,6 +169,11 @@ def run_scenario(sc: Scenario, out: str | Path | None = None, *,
                  dilation: float | str | None = None,
                  on_progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Run a scenario to its end and return where its results are."""
+    import torch
+
+    # The server's tensor math is small and sequential; torch's intra-op
+    # threads would only spin on the cores the client hosts need.
+    torch.set_num_threads(1)
     run_dir = new_run_dir(sc, out)
     data = resolved(sc)
     choice = dilation if dilation is not None else sc.run.dilation

@@ -50,9 +50,9 @@ def build_model(sc: Scenario, input_shape: tuple[int, ...], num_classes: int) ->
     m = sc.model
     options: dict[str, Any] = {}
     if m.name == "mlp":
-        options["hidden"] = list(m.hidden)
+        options["hidden_sizes"] = list(m.hidden)
     if m.name == "char_lstm":
-        options["hidden"] = m.lstm_hidden
+        options["hidden_size"] = m.lstm_hidden
     return _build(m.name, input_shape, num_classes, seed=sc.seed, **options)
 
 

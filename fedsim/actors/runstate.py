@@ -27,7 +27,10 @@ if TYPE_CHECKING:
     from fedsim.actors.server import Server
     from fedsim.actors.strategies import Step
 
-__all__ = ["RunState", "fidelity_report"]
+__all__ = ["STOP_REASONS", "RunState", "fidelity_report"]
+
+#: Reasons a run ends normally.
+STOP_REASONS = ("time_budget", "max_updates", "max_rounds", "target_accuracy")
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +40,16 @@ def _q(values: list[float] | np.ndarray, q: float) -> float | None:
 
 
 def fidelity_report(lateness_s: list[float], overruns: int, deadlines: int,
-                    dilation: float) -> dict[str, Any]:
-    """Lateness of deliveries (emulated ms) and compute overruns, with a verdict."""
+                    dilation: float, min_delay_s: float = 0.0) -> dict[str, Any]:
+    """Lateness of deliveries (emulated ms) and compute overruns, with a verdict.
+
+    Delivery lateness fails the run when its p99 exceeds 1 ms or 5 % of the
+    smallest configured one-way delay, whichever is larger; compute fails it
+    when more than 1 % of the emulated compute deadlines were overrun.
+    """
     lat = np.asarray(lateness_s, dtype=np.float64) * 1e3
     p50, p99, mx = _q(lat, 50), _q(lat, 99), (float(lat.max()) if lat.size else None)
-    threshold_ms = 1.0
+    threshold_ms = max(1.0, 0.05 * min_delay_s * 1e3)
     overrun_frac = overruns / deadlines if deadlines else 0.0
     reasons = []
     if p99 is not None and p99 > threshold_ms:
@@ -95,6 +103,7 @@ class RunState:
         self._evals: list[asyncio.Task[None]] = []
         self._evals_since = 0
         self.summary: dict[str, Any] = {}
+        self.stopped_at: float | None = None
 
     def start(self, clock: Clock) -> None:
         self.clock = clock
@@ -213,7 +222,7 @@ class RunState:
         }
 
     # -- summary ----------------------------------------------------------------
-    def write_summary(self, server: Server, status: str) -> None:
+    def write_summary(self, server: Server, status: str, durable: bool = False) -> None:
         now = self.clock.now() if self.clock is not None else 0.0
         lateness = list(self.lateness)
         overruns = deadlines = 0
@@ -224,8 +233,11 @@ class RunState:
             overruns += int(bye.get("overruns", 0))
             deadlines += int(bye.get("compute_deadlines", 0))
             host_rejects += int(bye.get("rejected", 0))
+        if self.stopped_at is not None:
+            now = self.stopped_at
         self.summary = {
-            "status": status,
+            "status": "completed" if status in STOP_REASONS else status,
+            "stop_reason": status if status in STOP_REASONS else None,
             "scenario": self.sc.name,
             "algorithm": self.sc.algorithm.name,
             "clients": self.sc.data.num_clients,
@@ -243,12 +255,14 @@ class RunState:
             "staleness": self.staleness.summary(),
             "rejected_messages": {"server": dict(self.rejects), "clients": host_rejects},
             "host_failures": self.host_failures,
-            "fidelity": fidelity_report(lateness, overruns, deadlines, server.dilation),
+            "fidelity": fidelity_report(
+                lateness, overruns, deadlines, server.dilation,
+                min(self.sc.network.up.delay, self.sc.network.down.delay)),
         }
-        write_json_atomic(self.run_dir / "summary.json", self.summary)
+        write_json_atomic(self.run_dir / "summary.json", self.summary, durable=durable)
 
     def finish(self, server: Server, status: str) -> None:
         self.event(self.clock.now() if self.clock else 0.0, "end", status=status)
-        self.write_summary(server, status)
+        self.write_summary(server, status, durable=True)
         self.events.close()
         self.metrics.close()

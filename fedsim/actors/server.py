@@ -116,6 +116,7 @@ class Server:
                 self.timers.call_at(join_wait, self.queue.put_nowait, ("start_rounds", None))
             state.request_eval(self, 0.0, strategy)
             await self._loop()
+            state.stopped_at = self.clock.now()
             state.request_eval(self, self.clock.now(), strategy, final=True)
             await state.drain_evals()
         except BaseException as exc:

@@ -154,7 +154,8 @@ class SyncStrategy:
 
     def _close(self, now: float) -> Step:
         step = Step(round_closed=self.sched.round)
-        results = [r for r in self.results if r.client in self.sched.close(now)]
+        used = set(self.sched.close(now))
+        results = [r for r in self.results if r.client in used]
         good = []
         for r in results:
             if not bool(torch.isfinite(r.params).all()):

@@ -1,0 +1,441 @@
+"""Delay distributions with inverse CDFs, and a marginal-preserving correlated sampler.
+
+Reference: NETEM-REFERENCE.md §1.2 (netem's distribution tables and why its
+delay correlation does nothing), §7 item 1.
+
+Conventions (all values in emulated **seconds**):
+
+* Every distribution is a frozen dataclass with ``ppf(u)`` (inverse CDF),
+  ``cdf(x)``, ``moments() -> (mean, std)`` of what is actually sampled, and
+  ``sample(rng, size)``.
+* The netem-style families are ``mean + jitter * S`` for a standardised
+  variable ``S`` taken from netem's table generators (iproute2 ``netem/*.c``),
+  **clipped** (not renormalised) to the table's range, exactly as netem's s16
+  tables clip, and then clipped at 0 because a delay cannot be negative (netem
+  sends a packet whose time_to_send is in the past at once). So ``mean`` is the
+  centre and ``jitter`` the scale in netem's sense; ``moments()`` gives the true
+  mean and std after clipping. The clip at 0 only matters when ``jitter`` is
+  large compared with ``mean`` (thresholds below); it adds an atom at 0 and
+  raises the mean.
+
+============  ================================================  ==========
+family        S (standardised)                                  clip of S
+============  ================================================  ==========
+constant      0                                                 -
+uniform       U(-1, 1) (netem's default when no table is        [-1, 1]
+              loaded); std = jitter / sqrt(3);
+              no 0-clip if jitter <= mean
+normal        N(0, 1) (``normal.c``); std = jitter (to 1e-4);   [-4, 4]
+              no 0-clip if jitter <= mean / 4
+pareto        (1/(1-u)^(1/3) - 1.5) * 4/3, a = 3                [-2/3, 4]
+              (``pareto.c``); atom of 1.1 % at +4;
+              mean = -0.033 * jitter, std = 0.82 * jitter;
+              no 0-clip if jitter <= 1.5 mean
+paretonormal  0.25 Phi^-1(u) + 0.75 min(pareto(u), 4), the      [-4, 4]
+              comonotone quantile mix of ``paretonormal.c``;
+              mean = -0.025 * jitter, std = 0.83 * jitter;
+              no 0-clip if jitter <= mean / 2.6
+============  ================================================  ==========
+
+Two extra families: :class:`LogNormal` (``mean``/``jitter`` are its exact mean
+and standard deviation; positive, never clipped; useful for long-tailed Wi-Fi
+delay and device step times) and :class:`Empirical` (a table of samples,
+inverse CDF by linear interpolation between order statistics).
+
+Correlation (§1.2 [calc] shows netem's ``get_crandom`` correlation vanishes
+after the table lookup): :class:`DelayProcess` uses a Gaussian-copula AR(1),
+``z_n = rho z_{n-1} + sqrt(1 - rho^2) eps_n``, ``u_n = Phi(z_n)``,
+``delay_n = ppf(u_n)``. Every ``z_n`` is exactly N(0, 1), so every delay has
+exactly the configured marginal whatever ``rho`` is; lag-1 correlation of the
+delays is close to ``rho`` (exactly ``rho`` for the normal family).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from netem import _check
+from netem.empirical import Empirical
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "Constant",
+    "DelayProcess",
+    "Dist",
+    "Empirical",
+    "LogNormal",
+    "Normal",
+    "Pareto",
+    "ParetoNormal",
+    "Uniform",
+    "make_dist",
+    "norm_cdf",
+    "norm_ppf",
+]
+
+FArray = NDArray[np.float64]
+
+# Keeps Phi^-1 finite: |z| <= 8.2, far beyond every clip range used here.
+_U_MIN = 1e-16
+_U_MAX = 1.0 - 1e-16
+_SQRT1_2 = math.sqrt(0.5)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
+_inv_cdf = np.frompyfunc(NormalDist().inv_cdf, 1, 1)
+
+DISTRIBUTIONS = ("constant", "uniform", "normal", "pareto", "paretonormal", "lognormal")
+
+
+def norm_cdf(x: ArrayLike) -> FArray:
+    """Standard normal CDF, vectorised (``math.erfc`` elementwise, exact)."""
+    a = np.asarray(x, dtype=np.float64)
+    return np.asarray(0.5 * _erfc(-a * _SQRT1_2), dtype=np.float64)
+
+
+def norm_ppf(u: ArrayLike) -> FArray:
+    """Standard normal inverse CDF, vectorised (``statistics.NormalDist``, AS241).
+
+    ``u`` is clipped to ``[1e-16, 1 - 1e-16]`` so the result is finite.
+    """
+    a = np.clip(np.asarray(u, dtype=np.float64), _U_MIN, _U_MAX)
+    return np.asarray(_inv_cdf(a), dtype=np.float64)
+
+
+@runtime_checkable
+class Dist(Protocol):
+    """What the link model needs from a delay distribution."""
+
+    def ppf(self, u: ArrayLike) -> FArray:
+        """Inverse CDF at ``u`` in [0, 1] (seconds)."""
+        ...
+
+    def cdf(self, x: ArrayLike) -> FArray:
+        """CDF at ``x`` seconds."""
+        ...
+
+    def moments(self) -> tuple[float, float]:
+        """``(mean, std)`` of the sampled values (after any clipping)."""
+        ...
+
+    def sample(self, rng: np.random.Generator, size: int) -> FArray:
+        """``size`` independent draws."""
+        ...
+
+
+def _numeric_moments(
+    ppf_fn: Callable[[FArray], FArray], n: int = 1 << 15
+) -> tuple[float, float]:
+    # Midpoint rule on the (bounded, monotone) inverse CDF: E[X] = int_0^1 ppf.
+    u = (np.arange(n, dtype=np.float64) + 0.5) / n
+    x = ppf_fn(u)
+    m = float(np.mean(x))
+    return m, float(np.sqrt(max(float(np.mean((x - m) ** 2)), 0.0)))
+
+
+class _Scaled:
+    """``max(0, mean + jitter * clip(S, LO, HI))`` for a standardised ``S``."""
+
+    __slots__ = ()
+    mean: float
+    jitter: float
+    LO: ClassVar[float]
+    HI: ClassVar[float]
+
+    def _validate(self) -> None:
+        name = type(self).__name__
+        _check.nonneg(name, "mean", self.mean, " s")
+        _check.nonneg(name, "jitter", self.jitter, " s")
+
+    def _s_ppf(self, u: FArray) -> FArray:
+        raise NotImplementedError
+
+    def _s_cdf(self, s: FArray) -> FArray:
+        raise NotImplementedError
+
+    def ppf(self, u: ArrayLike) -> FArray:
+        ua = np.asarray(u, dtype=np.float64)
+        if self.jitter == 0.0:
+            return np.full(ua.shape, self.mean)
+        s = np.clip(self._s_ppf(ua), self.LO, self.HI)
+        return np.maximum(self.mean + self.jitter * s, 0.0)
+
+    def cdf(self, x: ArrayLike) -> FArray:
+        xa = np.asarray(x, dtype=np.float64)
+        if self.jitter == 0.0:
+            return np.where(xa >= self.mean, 1.0, 0.0)
+        lower = max(0.0, self.mean + self.jitter * self.LO)
+        upper = self.mean + self.jitter * self.HI
+        s = np.clip((xa - self.mean) / self.jitter, self.LO, self.HI)
+        f = self._s_cdf(s)
+        return np.where(xa < lower, 0.0, np.where(xa >= upper, 1.0, f))
+
+    def moments(self) -> tuple[float, float]:
+        return _cached_moments(self)
+
+    def sample(self, rng: np.random.Generator, size: int) -> FArray:
+        return self.ppf(rng.random(size))
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_moments(d: _Scaled) -> tuple[float, float]:
+    return _numeric_moments(d.ppf)
+
+
+@dataclass(frozen=True, slots=True)
+class Constant(_Scaled):
+    """Always ``mean`` seconds."""
+
+    mean: float
+    jitter: float = 0.0
+    LO: ClassVar[float] = 0.0
+    HI: ClassVar[float] = 0.0
+
+    def __post_init__(self) -> None:
+        self._validate()
+        if self.jitter != 0.0:
+            _check.fail("Constant", "jitter", self.jitter, "must be 0 for a constant")
+
+    def moments(self) -> tuple[float, float]:
+        return (self.mean, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Uniform(_Scaled):
+    """``U(mean - jitter, mean + jitter)``, netem's no-table default (§1.2)."""
+
+    mean: float
+    jitter: float
+    LO: ClassVar[float] = -1.0
+    HI: ClassVar[float] = 1.0
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _s_ppf(self, u: FArray) -> FArray:
+        return 2.0 * u - 1.0
+
+    def _s_cdf(self, s: FArray) -> FArray:
+        return (s + 1.0) / 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Normal(_Scaled):
+    """``N(mean, jitter^2)`` clipped to ``mean +- 4 jitter`` (``normal.c``) and at 0."""
+
+    mean: float
+    jitter: float
+    LO: ClassVar[float] = -4.0
+    HI: ClassVar[float] = 4.0
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _s_ppf(self, u: FArray) -> FArray:
+        return norm_ppf(u)
+
+    def _s_cdf(self, s: FArray) -> FArray:
+        return norm_cdf(s)
+
+
+def _pareto_s_ppf(u: FArray) -> FArray:
+    # pareto.c: (1/v^(1/a) - 1.5) * 4/3 with v = 1 - u, a = 3.
+    with np.errstate(divide="ignore"):
+        v = np.maximum(1.0 - u, 0.0)
+        return (np.power(v, -1.0 / 3.0) - 1.5) * (4.0 / 3.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Pareto(_Scaled):
+    """netem's ``pareto`` table: shape a = 3, shifted to mean 0, clipped at +4."""
+
+    mean: float
+    jitter: float
+    LO: ClassVar[float] = -2.0 / 3.0
+    HI: ClassVar[float] = 4.0
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _s_ppf(self, u: FArray) -> FArray:
+        return _pareto_s_ppf(u)
+
+    def _s_cdf(self, s: FArray) -> FArray:
+        y = np.maximum(1.5 + 0.75 * s, 1.0)
+        return 1.0 - np.power(y, -3.0)
+
+
+@functools.cache
+def _paretonormal_table() -> tuple[FArray, FArray]:
+    u = np.linspace(0.0, 1.0, (1 << 16) + 1)
+    u[0], u[-1] = 1e-15, 1.0 - 1e-15
+    return _paretonormal_s_ppf(u), u
+
+
+def _paretonormal_s_ppf(u: FArray) -> FArray:
+    return 0.25 * norm_ppf(u) + 0.75 * np.minimum(_pareto_s_ppf(u), 4.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ParetoNormal(_Scaled):
+    """netem's ``paretonormal``: ``.25 * normal + .75 * pareto`` quantile-wise.
+
+    ``paretonormal.c`` adds the two tables entry by entry (same u), so the
+    result is the comonotone mix of the quantile functions, not a mixture
+    of distributions. Its CDF is computed by interpolating a 65,537-point
+    table of the (strictly increasing) quantile function.
+    """
+
+    mean: float
+    jitter: float
+    LO: ClassVar[float] = -4.0
+    HI: ClassVar[float] = 4.0
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _s_ppf(self, u: FArray) -> FArray:
+        return _paretonormal_s_ppf(u)
+
+    def _s_cdf(self, s: FArray) -> FArray:
+        xs, us = _paretonormal_table()
+        return np.asarray(np.interp(s, xs, us, left=0.0, right=1.0), dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class LogNormal:
+    """Log-normal with exact mean ``mean`` and standard deviation ``jitter``.
+
+    ``sigma^2 = ln(1 + (jitter/mean)^2)``, ``mu = ln(mean) - sigma^2 / 2``.
+    Not a netem family; useful for long-tailed delays and step times
+    (FedScale's ``get_completion_time_lognormal``, reference §4.1).
+    """
+
+    mean: float
+    jitter: float
+
+    def __post_init__(self) -> None:
+        _check.nonneg("LogNormal", "mean", self.mean, " s")
+        _check.nonneg("LogNormal", "jitter", self.jitter, " s")
+        if self.jitter > 0 and self.mean == 0:
+            _check.fail("LogNormal", "mean", self.mean, "must be > 0 when jitter > 0")
+
+    def _params(self) -> tuple[float, float]:
+        s2 = math.log1p((self.jitter / self.mean) ** 2)
+        return math.log(self.mean) - s2 / 2.0, math.sqrt(s2)
+
+    def ppf(self, u: ArrayLike) -> FArray:
+        ua = np.asarray(u, dtype=np.float64)
+        if self.jitter == 0.0:
+            return np.full(ua.shape, self.mean)
+        mu, sigma = self._params()
+        return np.exp(mu + sigma * norm_ppf(ua))
+
+    def cdf(self, x: ArrayLike) -> FArray:
+        xa = np.asarray(x, dtype=np.float64)
+        if self.jitter == 0.0:
+            return np.where(xa >= self.mean, 1.0, 0.0)
+        mu, sigma = self._params()
+        with np.errstate(divide="ignore"):
+            z = (np.log(np.maximum(xa, 0.0)) - mu) / sigma
+        return norm_cdf(z)
+
+    def moments(self) -> tuple[float, float]:
+        return (self.mean, self.jitter)
+
+    def sample(self, rng: np.random.Generator, size: int) -> FArray:
+        return self.ppf(rng.random(size))
+
+
+def make_dist(
+    name: str, mean: float, jitter: float, table: Empirical | None = None
+) -> Dist:
+    """Build a distribution from netem-style ``(name, mean, jitter)``.
+
+    ``jitter == 0`` always gives :class:`Constant`. ``name == "empirical"``
+    needs ``table`` and rescales it to ``(mean, jitter)``.
+    """
+    if jitter == 0 and name != "empirical":
+        return Constant(mean)
+    families: dict[str, type] = {
+        "constant": Constant,
+        "uniform": Uniform,
+        "normal": Normal,
+        "pareto": Pareto,
+        "paretonormal": ParetoNormal,
+        "lognormal": LogNormal,
+    }
+    if name == "empirical":
+        if table is None:
+            raise ValueError("make_dist.table = None: 'empirical' needs an Empirical")
+        return table.rescaled(mean, jitter)
+    _check.choice("make_dist", "name", name, (*DISTRIBUTIONS, "empirical"))
+    d: Dist = families[name](mean, jitter)
+    return d
+
+
+class DelayProcess:
+    """Correlated delay sampler with an exact marginal (Gaussian-copula AR(1)).
+
+    ``z_0 = eps_0``; ``z_n = rho z_{n-1} + sqrt(1 - rho^2) eps_n``;
+    ``delay_n = dist.ppf(Phi(z_n))``. One standard normal is consumed per
+    draw whatever ``rho`` and ``dist`` are, so changing the distribution
+    mid-run (:meth:`set_dist`) keeps the stream aligned and the correlation
+    state.
+
+    Parameters
+    ----------
+    dist
+        Marginal distribution of each delay.
+    rho
+        Lag-1 correlation of the latent Gaussian, in ``[0, 1)``.
+    rng
+        The process's own stream (see :func:`netem.rng.stream`).
+    """
+
+    __slots__ = ("_c", "_rng", "_z", "dist", "rho")
+
+    def __init__(self, dist: Dist, rho: float, rng: np.random.Generator) -> None:
+        _check.finite("DelayProcess", "rho", rho)
+        if not 0.0 <= rho < 1.0:
+            _check.fail("DelayProcess", "rho", rho, "must be in [0, 1)")
+        self.dist = dist
+        self.rho = float(rho)
+        self._c = math.sqrt(1.0 - self.rho * self.rho)
+        self._rng = rng
+        self._z: float | None = None
+
+    def set_dist(self, dist: Dist, rho: float | None = None) -> None:
+        """Change the marginal (and optionally rho) without resetting the state."""
+        self.dist = dist
+        if rho is not None and rho != self.rho:
+            if not 0.0 <= rho < 1.0:
+                _check.fail("DelayProcess", "rho", rho, "must be in [0, 1)")
+            self.rho = float(rho)
+            self._c = math.sqrt(1.0 - self.rho * self.rho)
+
+    def next(self) -> float:
+        """Draw the next delay (seconds)."""
+        eps = float(self._rng.standard_normal())
+        z = eps if self._z is None else self.rho * self._z + self._c * eps
+        self._z = z
+        u = 0.5 * math.erfc(-z * _SQRT1_2)
+        return float(self.dist.ppf(u))
+
+    def draw(self, n: int) -> FArray:
+        """Draw the next ``n`` delays; same values as ``n`` calls of :meth:`next`."""
+        eps = self._rng.standard_normal(n)
+        z = np.empty(n)
+        prev = self._z
+        rho, c = self.rho, self._c
+        for i, e in enumerate(eps.tolist()):
+            prev = e if prev is None else rho * prev + c * e
+            z[i] = prev
+        self._z = prev
+        return self.dist.ppf(norm_cdf(z))

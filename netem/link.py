@@ -1,0 +1,464 @@
+"""One direction of one client's connection, at message level.
+
+Reference: NETEM-REFERENCE.md §1 (netem's parameter set: delay, jitter,
+correlation, distribution, rate with packet overhead, limit, loss), §1.3 (a
+TCP stream never reorders), §1.6 (rate on a virtual clock), §3 (loss on TCP
+is delay), §7 items 1-3.
+
+``Link.schedule(t_send, nbytes)`` is pure arithmetic on emulated seconds and
+returns a :class:`Delivery`; an emulator turns it into a timer. Stages, in
+order (cf. SimPy's ``Cable`` and FLSim's channel stages):
+
+1. **Shared bottleneck** (optional :class:`Bottleneck`, e.g. a home router
+   shared by several clients): rate + queue on its own virtual clock.
+2. **Own link**: ``start = max(ready, link_free)``; serialisation
+   ``wire_bytes * 8 / rate`` (or a Mahimahi trace's drain,
+   :mod:`netem.trace`); ``link_free`` advances, so serialisation and
+   queueing delay emerge from sizes and load. With a bottleneck the two
+   stages overlap (cut-through): the message is out when both are done.
+   ``wire_bytes = nbytes + ceil(nbytes / mss) * overhead``.
+3. **Loss**, by ``loss_mode``:
+
+   * ``"tcp"`` (default; ZeroMQ runs over TCP): every packet goes through
+     the loss process and :class:`~netem.tcp.TcpConnection` turns losses,
+     slow start after idle and the window into ``slow_start`` + ``recovery``
+     delay; the stream stays busy meanwhile. Never dropped unless a
+     segment is lost ``max_retries`` times in a row (``"tcp-timeout"``). The
+     queue limit does not drop here: TCP's window keeps at most
+     BDP + queue_limit in flight and the rest waits in the sender's buffer,
+     so the limit caps cwnd (no self-inflicted loss is modelled).
+   * ``"drop"`` (datagram-like): the message is lost if *any* of its packets
+     is lost (``"loss"``), and tail-dropped (``"queue"``) if the bytes queued
+     at ``t_send`` plus its own would exceed ``queue_limit`` -- so a message
+     larger than the queue is always dropped in this mode. A lost message
+     still occupied the link.
+   * ``"message"``: one loss draw per message (the loss model applies to
+     messages, not packets), otherwise as ``"drop"``.
+
+4. **Propagation**: one draw of the (correlated) delay process per message.
+5. **route hook** (trio ``FakeNet.route_packet``): ``route(delivery)`` may
+   return it unchanged, ``delivery.dropped_by(reason)`` or
+   ``delivery.delayed_by(seconds)``, to script the fate of given messages.
+6. **FIFO**: ``t_deliver = max(previous t_deliver, computed)``; the wait is
+   reported as ``hol``. A TCP stream never reorders, whatever the jitter.
+
+Invariant for a delivered message: ``t_deliver - t_send = queueing +
+serialization + slow_start + recovery + propagation + scripted + hol``.
+A dropped one has ``t_deliver = inf`` and does not move the FIFO clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from netem import _check
+from netem.dist import DISTRIBUTIONS, DelayProcess, Dist, Empirical, make_dist
+from netem.loss import LossModel, LossProcess, LossStats
+from netem.rng import Key, stream
+from netem.tcp import TcpConnection, TcpParams, segments
+from netem.trace import DeliveryTrace, Schedule, TraceServer
+
+__all__ = ["Bottleneck", "Delivery", "Link", "LinkParams", "Route"]
+
+LOSS_MODES = ("tcp", "drop", "message")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkParams:
+    """Parameters of one link direction (all times in seconds).
+
+    Parameters
+    ----------
+    delay
+        Centre of the one-way propagation delay (netem ``delay TIME``).
+    jitter
+        Scale of the delay variation (netem ``JITTER``); see :mod:`netem.dist`
+        for what it means per distribution.
+    distribution
+        One of ``constant, uniform, normal, pareto, paretonormal, lognormal,
+        empirical``. Default ``uniform``: what netem does when no table is
+        loaded (§1.2).
+    table
+        The :class:`~netem.dist.Empirical` table for ``"empirical"``; it is
+        rescaled to ``delay`` / ``jitter`` (netem ``maketable`` semantics).
+    delay_correlation
+        Lag-1 correlation of the Gaussian copula, ``[0, 1)``.
+    rate
+        Bottleneck rate in bits/s; ``None`` = unlimited.
+    trace
+        Mahimahi delivery trace instead of ``rate`` (exclusive with it).
+    mss
+        Payload bytes per packet (1448: 1500 MTU - 52 B IPv4/TCP/timestamps).
+    overhead
+        Bytes per packet counted against the rate beyond the payload
+        (90 = 52 header + 38 Ethernet framing: 1448/1538 = 94.1 %, §3.1).
+    queue_limit
+        Bottleneck buffer in bytes; ``None`` = unbounded (Mahimahi default).
+    loss
+        Per-packet loss model, or ``None``.
+    loss_mode
+        ``"tcp"``, ``"drop"`` or ``"message"`` (module docstring).
+    reverse_delay
+        One-way delay of the ACK path, for the RTT seen by TCP; ``None``:
+        the mean of this direction's delay (RTT = 2 x one-way mean + the
+        message's own jitter).
+    tcp
+        TCP constants.
+    """
+
+    delay: float = 0.0
+    jitter: float = 0.0
+    distribution: str = "uniform"
+    table: Empirical | None = None
+    delay_correlation: float = 0.0
+    rate: float | None = None
+    trace: DeliveryTrace | None = None
+    mss: int = 1448
+    overhead: int = 90
+    queue_limit: int | None = None
+    loss: LossModel | None = None
+    loss_mode: str = "tcp"
+    reverse_delay: float | None = None
+    tcp: TcpParams = field(default_factory=TcpParams)
+
+    def __post_init__(self) -> None:
+        o = "LinkParams"
+        _check.nonneg(o, "delay", self.delay, " s")
+        _check.nonneg(o, "jitter", self.jitter, " s")
+        _check.choice(
+            o, "distribution", self.distribution, (*DISTRIBUTIONS, "empirical")
+        )
+        if self.distribution == "empirical" and not isinstance(self.table, Empirical):
+            _check.fail(o, "table", self.table, "an Empirical table is required")
+        _check.finite(o, "delay_correlation", self.delay_correlation)
+        if not 0.0 <= self.delay_correlation < 1.0:
+            _check.fail(
+                o, "delay_correlation", self.delay_correlation, "must be in [0, 1)"
+            )
+        if self.rate is not None:
+            _check.positive(o, "rate", self.rate, " bits/s or None")
+        if self.trace is not None and self.rate is not None:
+            _check.fail(o, "trace", self.trace.name or "<trace>", "exclusive with rate")
+        _check.integer(o, "mss", self.mss, 1, 65535)
+        _check.integer(o, "overhead", self.overhead, 0, 65535)
+        if self.queue_limit is not None:
+            _check.integer(o, "queue_limit", self.queue_limit, 1)
+        _check.choice(o, "loss_mode", self.loss_mode, LOSS_MODES)
+        if self.reverse_delay is not None:
+            _check.nonneg(o, "reverse_delay", self.reverse_delay, " s or None")
+        if self.tcp.mss != self.mss:
+            object.__setattr__(self, "tcp", replace(self.tcp, mss=self.mss))
+
+    def delay_dist(self) -> Dist:
+        """The marginal distribution of the propagation delay."""
+        return make_dist(self.distribution, self.delay, self.jitter, self.table)
+
+    def packets(self, nbytes: int) -> int:
+        """Packets for a message of ``nbytes`` (at least 1)."""
+        return segments(nbytes, self.mss)
+
+    def wire_bytes(self, nbytes: int) -> int:
+        """``nbytes + packets * overhead``."""
+        return int(nbytes) + self.packets(nbytes) * self.overhead
+
+    def serialization(self, nbytes: int) -> float:
+        """Seconds to serialise ``nbytes`` at ``rate`` (0 if unlimited)."""
+        return 0.0 if self.rate is None else self.wire_bytes(nbytes) * 8.0 / self.rate
+
+
+class Bottleneck:
+    """A rate + byte queue shared by several links, on its own virtual clock.
+
+    Parameters
+    ----------
+    rate
+        Bits/s.
+    queue_limit
+        Bytes; ``None`` = unbounded. Only drop-mode links are tail-dropped.
+    """
+
+    __slots__ = ("free_at", "name", "queue_limit", "rate")
+
+    def __init__(
+        self, rate: float, queue_limit: int | None = None, name: str = ""
+    ) -> None:
+        _check.positive("Bottleneck", "rate", rate, " bits/s")
+        if queue_limit is not None:
+            _check.integer("Bottleneck", "queue_limit", queue_limit, 1)
+        self.rate = float(rate)
+        self.queue_limit = queue_limit
+        self.name = name
+        self.free_at = -math.inf
+
+    def backlog(self, t: float) -> float:
+        """Bytes still queued at ``t``."""
+        return max(self.free_at - t, 0.0) * self.rate / 8.0
+
+    def fits(self, t: float, wire_bytes: int) -> bool:
+        """Whether ``wire_bytes`` more fit in the queue at ``t``."""
+        return (
+            self.queue_limit is None or self.backlog(t) + wire_bytes <= self.queue_limit
+        )
+
+    def reserve(self, t: float, wire_bytes: int) -> tuple[float, float]:
+        """Occupy the bottleneck; return ``(start, end)`` of service."""
+        start = max(t, self.free_at)
+        end = start + wire_bytes * 8.0 / self.rate
+        self.free_at = end
+        return start, end
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Fate of one message. ``t_deliver`` is ``inf`` when ``dropped``."""
+
+    index: int
+    t_send: float
+    t_deliver: float
+    nbytes: int
+    wire_bytes: int
+    packets: int
+    dropped: bool = False
+    reason: str = ""
+    queueing: float = 0.0
+    serialization: float = 0.0
+    slow_start: float = 0.0
+    recovery: float = 0.0
+    propagation: float = 0.0
+    scripted: float = 0.0
+    hol: float = 0.0
+    n_lost: int = 0
+    tag: object = None
+
+    @property
+    def delay(self) -> float:
+        """``t_deliver - t_send``."""
+        return self.t_deliver - self.t_send
+
+    def dropped_by(self, reason: str) -> Delivery:
+        """This message, dropped with ``reason`` (for route hooks)."""
+        return replace(self, dropped=True, reason=reason, t_deliver=math.inf)
+
+    def delayed_by(self, seconds: float) -> Delivery:
+        """This message, ``seconds`` later (for route hooks)."""
+        _check.nonneg("Delivery.delayed_by", "seconds", seconds, " s")
+        return replace(
+            self, t_deliver=self.t_deliver + seconds, scripted=self.scripted + seconds
+        )
+
+
+Route = Callable[[Delivery], Delivery]
+
+
+class Link:
+    """Stateful model of one link direction; see the module docstring.
+
+    Parameters
+    ----------
+    params
+        Parameters at time 0.
+    seed, key
+        Streams are ``stream(seed, *key, "delay" | "loss-state" | "loss-draw")``,
+        e.g. ``key=("link", client_id, "down")``: the same seed gives the same
+        delays and losses on this link whatever other links do.
+    changes
+        Time-varying parameters (:class:`~netem.trace.Schedule`).
+    bottleneck
+        Shared stage passed before this link's own.
+    route
+        Hook applied to every :class:`Delivery` before the FIFO clamp.
+    """
+
+    __slots__ = (
+        "_delay",
+        "_free",
+        "_index",
+        "_last",
+        "_loss",
+        "_mean",
+        "_params",
+        "_seed",
+        "_server",
+        "_tcp",
+        "_timeline",
+        "_times",
+        "bottleneck",
+        "key",
+        "route",
+    )
+
+    def __init__(
+        self,
+        params: LinkParams,
+        *,
+        seed: int = 0,
+        key: tuple[Key, ...] = ("link",),
+        changes: Schedule | None = None,
+        bottleneck: Bottleneck | None = None,
+        route: Route | None = None,
+    ) -> None:
+        self._seed, self.key = seed, tuple(key)
+        self._timeline = (changes or Schedule(())).timeline(params)
+        self._times = [t for t, _ in self._timeline]
+        self._params = params
+        dist = params.delay_dist()
+        self._delay = DelayProcess(
+            dist, params.delay_correlation, stream(seed, *key, "delay")
+        )
+        self._mean = dist.moments()[0]
+        self._loss: LossProcess | None = None
+        self._server = TraceServer(params.trace) if params.trace is not None else None
+        self._tcp = TcpConnection(params.tcp)
+        self._free = -math.inf
+        self._last = -math.inf
+        self._index = 0
+        self.bottleneck = bottleneck
+        self.route = route
+        self._apply(params)
+
+    # -- parameters ----------------------------------------------------------
+    def params_at(self, t: float) -> LinkParams:
+        """Parameters in force at emulated time ``t``."""
+        return self._timeline[max(bisect.bisect_right(self._times, t) - 1, 0)][1]
+
+    def _apply(self, p: LinkParams) -> None:
+        old, self._params = self._params, p
+        if (p.distribution, p.delay, p.jitter, p.table, p.delay_correlation) != (
+            old.distribution,
+            old.delay,
+            old.jitter,
+            old.table,
+            old.delay_correlation,
+        ):
+            dist = p.delay_dist()
+            self._delay.set_dist(dist, p.delay_correlation)
+            self._mean = dist.moments()[0]
+        if p.loss is not None:
+            if self._loss is None:
+                s, k = self._seed, self.key
+                self._loss = LossProcess(
+                    p.loss, stream(s, *k, "loss-state"), stream(s, *k, "loss-draw")
+                )
+            elif self._loss.model != p.loss:
+                self._loss.set_model(p.loss)
+        if p.trace is not (self._server.trace if self._server else None):
+            self._server = TraceServer(p.trace) if p.trace is not None else None
+        self._tcp.params = p.tcp
+
+    @property
+    def params(self) -> LinkParams:
+        """Parameters used for the last message (initially those at time 0)."""
+        return self._params
+
+    @property
+    def loss_stats(self) -> LossStats:
+        """Packets drawn through the loss process so far (retransmissions included)."""
+        return self._loss.stats if self._loss is not None else LossStats()
+
+    @property
+    def connection(self) -> TcpConnection:
+        """This direction's TCP sender state (srtt, rttvar, cwnd, ...)."""
+        return self._tcp
+
+    @property
+    def busy_until(self) -> float:
+        """When the link's own stage is free again."""
+        return self._free
+
+    @property
+    def last_delivery(self) -> float:
+        """FIFO clock: delivery time of the last delivered message."""
+        return self._last
+
+    # -- the model -----------------------------------------------------------
+    def _backlog(self, t: float, p: LinkParams) -> float:
+        if self._free <= t:
+            return 0.0
+        if self._server is not None:
+            return float(self._server.backlog(t, self._free))
+        return 0.0 if p.rate is None else (self._free - t) * p.rate / 8.0
+
+    def schedule(self, t_send: float, nbytes: int, tag: object = None) -> Delivery:
+        """Schedule one message of ``nbytes`` payload sent at ``t_send``."""
+        _check.finite("Link.schedule", "t_send", t_send)
+        _check.integer("Link.schedule", "nbytes", nbytes, 0)
+        nbytes = int(nbytes)
+        p = self.params_at(t_send)
+        if p is not self._params:
+            self._apply(p)
+        index, self._index = self._index, self._index + 1
+        npk = p.packets(nbytes)
+        wire = nbytes + npk * p.overhead
+        prop = self._delay.next()  # one draw per message, dropped or not
+        base = Delivery(index, t_send, math.inf, nbytes, wire, npk, tag=tag)
+        datagram = p.loss_mode != "tcp"
+        b = self.bottleneck
+        if datagram and b is not None and not b.fits(t_send, wire):
+            return self._finish(base.dropped_by("bottleneck-queue"))
+        if (
+            datagram
+            and p.queue_limit is not None
+            and self._backlog(t_send, p) + wire > p.queue_limit
+        ):
+            return self._finish(base.dropped_by("queue"))
+
+        ready, b_end = t_send, -math.inf
+        if b is not None:
+            ready, b_end = b.reserve(t_send, wire)
+        start = max(ready, self._free)
+        if self._server is not None:
+            end = self._server.serve(start, wire)
+        else:
+            end = start if p.rate is None else start + wire * 8.0 / p.rate
+        end = max(end, b_end)
+        ser = end - start
+
+        slow = rec = 0.0
+        n_lost, reason = 0, ""
+        if p.loss_mode == "tcp":
+            rtt = prop + (
+                p.reverse_delay if p.reverse_delay is not None else self._mean
+            )
+            tau = ser / npk
+            cap = None
+            if tau > 0:
+                qseg = (
+                    math.inf
+                    if p.queue_limit is None
+                    else p.queue_limit / (p.mss + p.overhead)
+                )
+                cap = rtt / tau + qseg
+                cap = None if math.isinf(cap) else cap
+            loss = self._loss if p.loss is not None else None
+            tr = self._tcp.transfer(start, npk, tau, rtt, loss, cap)
+            slow, rec, n_lost = tr.slow_start, tr.recovery, tr.n_lost
+            reason = "tcp-timeout" if tr.failed else ""
+        elif self._loss is not None and p.loss is not None:
+            lost = self._loss.draw(npk if p.loss_mode == "drop" else 1)
+            n_lost = int(lost.sum())
+            reason = "loss" if n_lost else ""
+        self._free = end + slow + rec
+        d = replace(
+            base,
+            t_deliver=self._free + prop,
+            queueing=start - t_send,
+            serialization=ser,
+            slow_start=slow,
+            recovery=rec,
+            propagation=prop,
+            n_lost=n_lost,
+        )
+        return self._finish(d.dropped_by(reason) if reason else d)
+
+    def _finish(self, d: Delivery) -> Delivery:
+        if self.route is not None:
+            d = self.route(d)
+        if d.dropped:
+            return d
+        if d.t_deliver < self._last:
+            d = replace(d, hol=d.hol + self._last - d.t_deliver, t_deliver=self._last)
+        self._last = d.t_deliver
+        return d
