@@ -100,6 +100,8 @@ class FedAsyncConfig(_Model):
     task_timeout: Pos | None = None
 
 
+DEFAULT_ALGORITHM = "fedasync"
+
 AlgorithmConfig = Annotated[FedAvgConfig | FedAsyncConfig, Field(discriminator="name")]
 
 
@@ -213,6 +215,9 @@ def _describe(err: dict[str, Any]) -> str:
 
 def parse(raw: dict[str, Any], source: str = "scenario") -> Scenario:
     """Validate a raw mapping into a :class:`Scenario`."""
+    alg = raw.get("algorithm")
+    if isinstance(alg, dict) and "name" not in alg:
+        raw = {**raw, "algorithm": {"name": DEFAULT_ALGORITHM, **alg}}
     try:
         return Scenario.model_validate(raw)
     except ValidationError as exc:

@@ -1,0 +1,302 @@
+"""The algorithm registry that drives the contract tests (STYLE.md practice 4).
+
+Modeled on torch's ``OptimizerInfo`` / ``optim_db``: one :class:`AlgoInfo` per
+server rule (or config class), listing valid constructions
+(:class:`AlgoInput`) and invalid ones (``error_inputs``: kwargs, the
+exception, and a regex the message must match, naming the bad value).
+
+Tests ask for these through fixture names, and :func:`pytest_generate_tests`
+parametrizes them over the table:
+
+* ``algo_case``  -- ``(AlgoInfo, AlgoInput)`` for every server rule input
+* ``valid_case`` -- ``(AlgoInfo, AlgoInput)`` for every entry, configs included
+* ``error_case`` -- ``(AlgoInfo, ErrorInput)`` for every entry
+
+A new algorithm is one table entry here plus its reference in
+``tests/reference/``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fedsim.algorithms import (
+    ClientResult,
+    FedAsync,
+    FedAvg,
+    LocalConfig,
+    OptimizerConfig,
+)
+
+# tests/reference holds the paper-shaped reference modules; put the folder
+# itself (not tests/, whose netem/ folder would shadow the real netem) on
+# the path so tests can ``import fedasync_reference``.
+_REFERENCE = Path(__file__).resolve().parents[1] / "reference"
+if str(_REFERENCE) not in sys.path:
+    sys.path.insert(0, str(_REFERENCE))
+
+Draw = Callable[[torch.Generator, torch.Tensor, int], list[ClientResult]]
+Apply = Callable[
+    [Any, torch.Tensor, int, list[ClientResult]],
+    tuple["torch.Tensor | None", dict[str, Any]],
+]
+
+
+@dataclass(frozen=True)
+class AlgoInput:
+    """One valid construction.
+
+    ``fresh_is_sync``: with zero staleness and a unit step (``sync_kwargs``
+    of the entry) the rule returns the single client's model exactly.
+    """
+
+    kwargs: dict[str, Any]
+    desc: str
+    fresh_is_sync: bool = True
+
+
+@dataclass(frozen=True)
+class ErrorInput:
+    kwargs: dict[str, Any]
+    error: type[Exception]
+    match: str
+
+
+@dataclass(frozen=True)
+class AlgoInfo:
+    """A registry entry.
+
+    ``draw(gen, x, version)`` makes one step's client results from the
+    generator; ``apply(rule, x, version, results)`` runs the rule and returns
+    ``(new x or None, info)``. Config classes leave both ``None`` and only
+    take part in the construction tests.
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    inputs: list[AlgoInput]
+    error_inputs: list[ErrorInput]
+    draw: Draw | None = None
+    apply: Apply | None = None
+    sync_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def run(
+        self,
+        rule: Any,
+        x: torch.Tensor,
+        version: int,
+        gen: torch.Generator,
+        steps: int,
+    ) -> tuple[list[tuple[torch.Tensor | None, dict[str, Any]]], torch.Tensor, int]:
+        """Drive ``rule`` for ``steps`` steps, as a server would."""
+        assert self.draw is not None and self.apply is not None
+        trace = []
+        for _ in range(steps):
+            results = self.draw(gen, x, version)
+            new, info = self.apply(rule, x, version, results)
+            trace.append((new, info))
+            if new is not None:
+                x, version = new, version + 1
+        return trace, x, version
+
+
+def _randint(gen: torch.Generator, low: int, high: int) -> int:
+    """Uniform integer in [low, high] from ``gen``."""
+    return int(torch.randint(low, high + 1, (), generator=gen))
+
+
+def _perturbed(gen: torch.Generator, x: torch.Tensor) -> torch.Tensor:
+    noise = torch.randn(x.shape, generator=gen, dtype=x.dtype)
+    return x + 0.5 * noise
+
+
+def _draw_async(gen: torch.Generator, x: torch.Tensor, version: int) -> list[ClientResult]:
+    """One pushed model with staleness uniform in [0, min(version, 5)]."""
+    d = _randint(gen, 0, min(version, 5))
+    return [
+        ClientResult(
+            client=_randint(gen, 0, 9),
+            base_version=version - d,
+            params=_perturbed(gen, x),
+            num_samples=_randint(gen, 1, 50),
+        )
+    ]
+
+
+def _apply_async(rule: FedAsync, x: torch.Tensor, version: int, results: list[ClientResult]):
+    (result,) = results
+    return rule.aggregate(x, version, result)
+
+
+def _draw_round(gen: torch.Generator, x: torch.Tensor, version: int) -> list[ClientResult]:
+    """One round: 1-5 distinct clients, each with 1-50 samples."""
+    k = _randint(gen, 1, 5)
+    clients = torch.randperm(10, generator=gen)[:k].tolist()
+    return [
+        ClientResult(
+            client=c,
+            base_version=version,
+            params=_perturbed(gen, x),
+            num_samples=_randint(gen, 1, 50),
+        )
+        for c in clients
+    ]
+
+
+def _apply_round(rule: FedAvg, x: torch.Tensor, version: int, results: list[ClientResult]):
+    return rule.aggregate(x, results)
+
+
+def _err(kwargs: dict[str, Any], match: str, error: type[Exception] = ValueError) -> ErrorInput:
+    return ErrorInput(kwargs, error, match)
+
+
+ALGO_DB: list[AlgoInfo] = [
+    AlgoInfo(
+        name="FedAsync",
+        factory=FedAsync,
+        draw=_draw_async,
+        apply=_apply_async,
+        sync_kwargs={"alpha": 1.0},
+        inputs=[
+            AlgoInput({}, "defaults"),
+            AlgoInput({"alpha": 0.6, "staleness": "const"}, "const"),
+            AlgoInput({"alpha": 0.9, "staleness": "poly", "a": 0.5}, "poly-a0.5"),
+            AlgoInput({"alpha": 0.9, "staleness": "hinge", "a": 10, "b": 4}, "hinge-a10-b4"),
+            AlgoInput({"alpha": 0.8, "staleness": "hinge", "a": 10, "b": 0}, "hinge-b0"),
+            AlgoInput(
+                {"alpha": 0.9, "staleness": "hinge", "a": 10, "b": 2, "staleness_offset": 1},
+                "hinge-literal-offset",
+            ),
+            # Literal Algorithm 1: a fresh update is weighted by s(1) = 2^-a < 1.
+            AlgoInput(
+                {"alpha": 0.9, "staleness": "poly", "a": 0.5, "staleness_offset": 1},
+                "poly-literal-offset",
+                fresh_is_sync=False,
+            ),
+            AlgoInput({"alpha": 0.9, "alpha_decay": 0.9}, "const-alpha-decay"),
+            AlgoInput(
+                {"alpha": 0.7, "staleness": "poly", "a": 1.0, "max_staleness": 2},
+                "poly-max-staleness",
+            ),
+            AlgoInput(
+                {
+                    "alpha": 1.0,
+                    "staleness": "hinge",
+                    "a": 2.0,
+                    "b": 1.0,
+                    "staleness_offset": 1,
+                    "alpha_decay": 0.95,
+                    "max_staleness": 3,
+                },
+                "hinge-everything",
+            ),
+        ],
+        error_inputs=[
+            _err({"alpha": 0.0}, r"Invalid alpha: 0\.0"),
+            _err({"alpha": 1.5}, r"Invalid alpha: 1\.5"),
+            _err({"alpha": -0.1}, r"Invalid alpha: -0\.1"),
+            _err({"alpha": float("nan")}, r"Invalid alpha: nan"),
+            _err({"staleness": "linear"}, r"Invalid staleness function: 'linear'"),
+            _err({"staleness": "poly", "a": 0.0}, r"Invalid a: 0\.0"),
+            _err({"staleness": "poly", "a": -1.0}, r"Invalid a: -1\.0"),
+            _err({"staleness": "hinge", "b": -1.0}, r"Invalid b: -1\.0"),
+            _err({"staleness": "hinge", "b": float("nan")}, r"Invalid b: nan"),
+            _err({"staleness_offset": 2}, r"Invalid staleness_offset: 2"),
+            _err({"staleness_offset": -1}, r"Invalid staleness_offset: -1"),
+            _err({"alpha_decay": 0.0}, r"Invalid alpha_decay: 0\.0"),
+            _err({"alpha_decay": 1.1}, r"Invalid alpha_decay: 1\.1"),
+            _err({"max_staleness": -1}, r"Invalid max_staleness: -1"),
+        ],
+    ),
+    AlgoInfo(
+        name="FedAvg",
+        factory=FedAvg,
+        draw=_draw_round,
+        apply=_apply_round,
+        sync_kwargs={"server_lr": 1.0},
+        inputs=[
+            AlgoInput({}, "defaults"),
+            AlgoInput({"weighting": "samples"}, "samples"),
+            AlgoInput({"weighting": "uniform"}, "uniform"),
+            AlgoInput({"weighting": "samples", "server_lr": 0.5}, "samples-lr0.5"),
+            AlgoInput({"weighting": "uniform", "server_lr": 1.5}, "uniform-lr1.5"),
+        ],
+        error_inputs=[
+            _err({"server_lr": 0.0}, r"Invalid server_lr: 0\.0"),
+            _err({"server_lr": -1.0}, r"Invalid server_lr: -1\.0"),
+            _err({"server_lr": float("nan")}, r"Invalid server_lr: nan"),
+            _err({"weighting": "median"}, r"Invalid weighting: 'median'"),
+        ],
+    ),
+    AlgoInfo(
+        name="OptimizerConfig",
+        factory=OptimizerConfig,
+        inputs=[
+            AlgoInput({}, "defaults"),
+            AlgoInput({"name": "sgdm", "lr": 0.1, "momentum": 0.0}, "sgdm-momentum0"),
+            AlgoInput({"name": "adam", "lr": 1e-3, "beta1": 0.0, "beta2": 0.0}, "adam-betas0"),
+            AlgoInput({"name": "sgd", "weight_decay": 1e-4}, "sgd-wd"),
+        ],
+        error_inputs=[
+            _err({"name": "rmsprop"}, r"Invalid optimizer: 'rmsprop'"),
+            _err({"lr": 0.0}, r"Invalid lr: 0\.0"),
+            _err({"lr": -0.1}, r"Invalid lr: -0\.1"),
+            _err({"lr": float("nan")}, r"Invalid lr: nan"),
+            _err({"momentum": 1.0}, r"Invalid momentum: 1\.0"),
+            _err({"momentum": -0.5}, r"Invalid momentum: -0\.5"),
+            _err({"beta1": 1.0}, r"Invalid beta1: 1\.0"),
+            _err({"beta2": -0.1}, r"Invalid beta2: -0\.1"),
+            _err({"eps": 0.0}, r"Invalid eps: 0\.0"),
+            _err({"weight_decay": -1e-4}, r"Invalid weight_decay: -0\.0001"),
+        ],
+    ),
+    AlgoInfo(
+        name="LocalConfig",
+        factory=LocalConfig,
+        inputs=[
+            AlgoInput({}, "defaults"),
+            AlgoInput({"steps": 1, "batch_size": 1}, "one-step"),
+            AlgoInput({"steps": None, "epochs": 0.5}, "half-epoch"),
+            AlgoInput({"steps": 5, "prox_mu": 0.01}, "prox"),
+        ],
+        error_inputs=[
+            _err({"steps": None, "epochs": None}, r"set steps or epochs"),
+            _err({"steps": 0}, r"Invalid steps: 0"),
+            _err({"steps": -3}, r"Invalid steps: -3"),
+            _err({"steps": None, "epochs": 0.0}, r"Invalid epochs: 0\.0"),
+            _err({"steps": None, "epochs": float("nan")}, r"Invalid epochs: nan"),
+            _err({"batch_size": 0}, r"Invalid batch_size: 0"),
+            _err({"prox_mu": -0.1}, r"Invalid prox_mu: -0\.1"),
+            _err({"prox_mu": float("nan")}, r"Invalid prox_mu: nan"),
+        ],
+    ),
+]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    names = metafunc.fixturenames
+    if "algo_case" in names:
+        cases = [(i, c) for i in ALGO_DB if i.apply is not None for c in i.inputs]
+        metafunc.parametrize(
+            "algo_case", cases, ids=[f"{i.name}-{c.desc}" for i, c in cases]
+        )
+    if "valid_case" in names:
+        cases = [(i, c) for i in ALGO_DB for c in i.inputs]
+        metafunc.parametrize(
+            "valid_case", cases, ids=[f"{i.name}-{c.desc}" for i, c in cases]
+        )
+    if "error_case" in names:
+        cases = [(i, e) for i in ALGO_DB for e in i.error_inputs]
+        metafunc.parametrize(
+            "error_case",
+            cases,
+            ids=[f"{i.name}-{'-'.join(f'{k}={v}' for k, v in e.kwargs.items())}" for i, e in cases],
+        )

@@ -1,0 +1,140 @@
+"""FedAvg: parity with x + eta_g sum_i w_i (y_i - x), order independence, validation."""
+
+from __future__ import annotations
+
+import itertools
+
+import fedavg_reference as ref
+import pytest
+import torch
+
+from fedsim.algorithms import ClientResult, FedAvg, fedavg_aggregate, weighted_average
+
+
+def _results(gen: torch.Generator, x: torch.Tensor, counts: list[int]) -> list[ClientResult]:
+    return [
+        ClientResult(
+            client=i,
+            base_version=0,
+            params=x + torch.randn(x.shape, generator=gen),
+            num_samples=n,
+        )
+        for i, n in enumerate(counts)
+    ]
+
+
+def _reference(x, results, server_lr, weighting):
+    out = ref.fedavg(
+        x.tolist(),
+        [r.params.tolist() for r in results],
+        [r.num_samples for r in results],
+        server_lr=server_lr,
+        weighting=weighting,
+    )
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("weighting", ["samples", "uniform"])
+@pytest.mark.parametrize("server_lr", [1.0, 0.5, 1.7])
+def test_parity_with_reference_over_rounds(weighting, server_lr):
+    gen = torch.Generator().manual_seed(0)
+    rule = FedAvg(server_lr=server_lr, weighting=weighting)
+    x = torch.randn(9, generator=gen)
+    for rnd in range(20):
+        k = int(torch.randint(1, 7, (), generator=gen))
+        counts = torch.randint(1, 200, (k,), generator=gen).tolist()
+        results = _results(gen, x, counts)
+        expected = _reference(x, results, server_lr, weighting)
+        new, info = rule.aggregate(x, results)
+        assert torch.allclose(new.double(), expected, rtol=1e-5, atol=1e-6), f"round {rnd}"
+        assert info == {"clients": list(range(k))}
+        # The functional core gives the same vector as the class.
+        assert torch.equal(fedavg_aggregate(x, results, server_lr, weighting), new)
+        x = new
+    assert rule.state_dict() == {"rounds": 20}
+
+
+def test_samples_weighting_uses_n_i():
+    x = torch.zeros(2)
+    results = [
+        ClientResult(0, 0, torch.tensor([1.0, 0.0]), num_samples=1),
+        ClientResult(1, 0, torch.tensor([4.0, 8.0]), num_samples=3),
+    ]
+    new, _ = FedAvg(weighting="samples").aggregate(x, results)
+    assert torch.allclose(new, torch.tensor([3.25, 6.0]))
+    new, _ = FedAvg(weighting="uniform").aggregate(x, results)
+    assert torch.allclose(new, torch.tensor([2.5, 4.0]))
+
+
+def test_server_lr_scales_the_pseudo_gradient():
+    x = torch.tensor([1.0, 1.0])
+    results = [ClientResult(0, 0, torch.tensor([3.0, -1.0]), num_samples=5)]
+    new, _ = FedAvg(server_lr=0.5).aggregate(x, results)
+    assert torch.allclose(new, torch.tensor([2.0, 0.0]))
+    new, _ = FedAvg(server_lr=2.0).aggregate(x, results)
+    assert torch.allclose(new, torch.tensor([5.0, -3.0]))
+
+
+def test_zero_sample_client_has_no_weight():
+    x = torch.zeros(2)
+    results = [
+        ClientResult(0, 0, torch.tensor([1.0, 1.0]), num_samples=4),
+        ClientResult(1, 0, torch.tensor([100.0, -100.0]), num_samples=0),
+    ]
+    new, _ = FedAvg().aggregate(x, results)
+    assert torch.equal(new, torch.tensor([1.0, 1.0]))
+
+
+@pytest.mark.parametrize("weighting", ["samples", "uniform"])
+@pytest.mark.parametrize("server_lr", [1.0, 0.3])
+def test_order_independence(weighting, server_lr):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(50, generator=gen)
+    results = _results(gen, x, [3, 17, 1, 40, 8])
+    base, _ = FedAvg(server_lr, weighting).aggregate(x, results)
+    for perm in itertools.permutations(results):
+        new, _ = FedAvg(server_lr, weighting).aggregate(x, list(perm))
+        assert torch.allclose(new, base, rtol=1e-6, atol=1e-7)
+
+
+def test_empty_round_rejected():
+    rule = FedAvg()
+    with pytest.raises(ValueError, match="no results"):
+        rule.aggregate(torch.zeros(2), [])
+    assert rule.state_dict() == {"rounds": 0}
+
+
+def test_fedavg_aggregate_rejects_unknown_weighting():
+    r = [ClientResult(0, 0, torch.ones(2), num_samples=1)]
+    with pytest.raises(ValueError, match=r"Invalid weighting: 'mean'"):
+        fedavg_aggregate(torch.zeros(2), r, weighting="mean")
+
+
+@pytest.mark.parametrize(
+    ("counts", "match"),
+    [([0, 0], r"need w >= 0, sum > 0"), ([5, -1], r"\[5\.0, -1\.0\]")],
+)
+def test_invalid_sample_counts_rejected(counts, match):
+    results = [ClientResult(i, 0, torch.ones(2), num_samples=n) for i, n in enumerate(counts)]
+    rule = FedAvg()
+    with pytest.raises(ValueError, match=match):
+        rule.aggregate(torch.zeros(2), results)
+    assert rule.state_dict() == {"rounds": 0}
+
+
+def test_one_non_finite_result_rejects_the_whole_round_naming_the_client():
+    results = [
+        ClientResult(0, 0, torch.ones(3), num_samples=1),
+        ClientResult(7, 0, torch.tensor([1.0, float("nan"), 2.0]), num_samples=1),
+    ]
+    rule = FedAvg()
+    with pytest.raises(ValueError, match="update from client 7"):
+        rule.aggregate(torch.zeros(3), results)
+    assert rule.state_dict() == {"rounds": 0}
+
+
+def test_weighted_average_validates_lengths():
+    with pytest.raises(ValueError, match="2 weights for 1 vectors"):
+        weighted_average([torch.ones(2)], [1.0, 2.0])
+    with pytest.raises(ValueError, match="zero vectors"):
+        weighted_average([], [])
