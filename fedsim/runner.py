@@ -98,7 +98,7 @@ def calibrate_dilation(sc: Scenario, hosts: int) -> float:
         load = alg.concurrency / hosts
     else:
         load = math.ceil(alg.fraction * sc.data.num_clients * (1 + alg.over_selection)) / hosts
-    need = 2.0 * max(1.0, load) * real_step / step_time
+    need = 4.0 * max(1.0, load) * real_step / step_time
     return float(2 ** max(0, math.ceil(math.log2(need)))) if need > 1 else 1.0
 
 

@@ -115,8 +115,15 @@ class ClientConfig(_Model):
     beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
     weight_decay: NonNeg = 0.0
     batch_size: Annotated[int, Field(ge=1)] = 32
-    local_steps: Annotated[int, Field(ge=1)] | None = 10
+    local_steps: Annotated[int, Field(ge=1)] | None = None
     local_epochs: Pos | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_steps(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("local_epochs") is None and "local_steps" not in data:
+            return {**data, "local_steps": 10}
+        return data
 
     @model_validator(mode="after")
     def _one_budget(self) -> ClientConfig:

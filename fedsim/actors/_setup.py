@@ -35,6 +35,11 @@ def build_data(sc: Scenario) -> Any:
     if d.partition == "shards":
         options["classes_per_client"] = d.classes_per_client
     if d.test_fraction is not None:
+        if d.dataset in ("mnist", "cifar10"):
+            raise ValueError(
+                f"data.test_fraction={d.test_fraction}: {d.dataset} has its own fixed "
+                "test split; remove test_fraction"
+            )
         options["test_fraction"] = d.test_fraction
     if d.path is not None:
         options["path"] = d.path

@@ -96,7 +96,8 @@ class AlgoInfo:
         steps: int,
     ) -> tuple[list[tuple[torch.Tensor | None, dict[str, Any]]], torch.Tensor, int]:
         """Drive ``rule`` for ``steps`` steps, as a server would."""
-        assert self.draw is not None and self.apply is not None
+        if self.draw is None or self.apply is None:
+            raise TypeError(f"{self.name} is a config entry, not a server rule")
         trace = []
         for _ in range(steps):
             results = self.draw(gen, x, version)
@@ -117,7 +118,9 @@ def _perturbed(gen: torch.Generator, x: torch.Tensor) -> torch.Tensor:
     return x + 0.5 * noise
 
 
-def _draw_async(gen: torch.Generator, x: torch.Tensor, version: int) -> list[ClientResult]:
+def _draw_async(
+    gen: torch.Generator, x: torch.Tensor, version: int
+) -> list[ClientResult]:
     """One pushed model with staleness uniform in [0, min(version, 5)]."""
     d = _randint(gen, 0, min(version, 5))
     return [
@@ -130,12 +133,16 @@ def _draw_async(gen: torch.Generator, x: torch.Tensor, version: int) -> list[Cli
     ]
 
 
-def _apply_async(rule: FedAsync, x: torch.Tensor, version: int, results: list[ClientResult]):
+def _apply_async(
+    rule: FedAsync, x: torch.Tensor, version: int, results: list[ClientResult]
+):
     (result,) = results
     return rule.aggregate(x, version, result)
 
 
-def _draw_round(gen: torch.Generator, x: torch.Tensor, version: int) -> list[ClientResult]:
+def _draw_round(
+    gen: torch.Generator, x: torch.Tensor, version: int
+) -> list[ClientResult]:
     """One round: 1-5 distinct clients, each with 1-50 samples."""
     k = _randint(gen, 1, 5)
     clients = torch.randperm(10, generator=gen)[:k].tolist()
@@ -150,11 +157,15 @@ def _draw_round(gen: torch.Generator, x: torch.Tensor, version: int) -> list[Cli
     ]
 
 
-def _apply_round(rule: FedAvg, x: torch.Tensor, version: int, results: list[ClientResult]):
+def _apply_round(
+    rule: FedAvg, x: torch.Tensor, version: int, results: list[ClientResult]
+):
     return rule.aggregate(x, results)
 
 
-def _err(kwargs: dict[str, Any], match: str, error: type[Exception] = ValueError) -> ErrorInput:
+def _err(
+    kwargs: dict[str, Any], match: str, error: type[Exception] = ValueError
+) -> ErrorInput:
     return ErrorInput(kwargs, error, match)
 
 
@@ -169,10 +180,20 @@ ALGO_DB: list[AlgoInfo] = [
             AlgoInput({}, "defaults"),
             AlgoInput({"alpha": 0.6, "staleness": "const"}, "const"),
             AlgoInput({"alpha": 0.9, "staleness": "poly", "a": 0.5}, "poly-a0.5"),
-            AlgoInput({"alpha": 0.9, "staleness": "hinge", "a": 10, "b": 4}, "hinge-a10-b4"),
-            AlgoInput({"alpha": 0.8, "staleness": "hinge", "a": 10, "b": 0}, "hinge-b0"),
             AlgoInput(
-                {"alpha": 0.9, "staleness": "hinge", "a": 10, "b": 2, "staleness_offset": 1},
+                {"alpha": 0.9, "staleness": "hinge", "a": 10, "b": 4}, "hinge-a10-b4"
+            ),
+            AlgoInput(
+                {"alpha": 0.8, "staleness": "hinge", "a": 10, "b": 0}, "hinge-b0"
+            ),
+            AlgoInput(
+                {
+                    "alpha": 0.9,
+                    "staleness": "hinge",
+                    "a": 10,
+                    "b": 2,
+                    "staleness_offset": 1,
+                },
                 "hinge-literal-offset",
             ),
             # Literal Algorithm 1: a fresh update is weighted by s(1) = 2^-a < 1.
@@ -242,7 +263,9 @@ ALGO_DB: list[AlgoInfo] = [
         inputs=[
             AlgoInput({}, "defaults"),
             AlgoInput({"name": "sgdm", "lr": 0.1, "momentum": 0.0}, "sgdm-momentum0"),
-            AlgoInput({"name": "adam", "lr": 1e-3, "beta1": 0.0, "beta2": 0.0}, "adam-betas0"),
+            AlgoInput(
+                {"name": "adam", "lr": 1e-3, "beta1": 0.0, "beta2": 0.0}, "adam-betas0"
+            ),
             AlgoInput({"name": "sgd", "weight_decay": 1e-4}, "sgd-wd"),
         ],
         error_inputs=[
@@ -298,5 +321,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(
             "error_case",
             cases,
-            ids=[f"{i.name}-{'-'.join(f'{k}={v}' for k, v in e.kwargs.items())}" for i, e in cases],
+            ids=[
+                f"{i.name}-{'-'.join(f'{k}={v}' for k, v in e.kwargs.items())}"
+                for i, e in cases
+            ],
         )

@@ -71,6 +71,7 @@ def test_state_dict_round_trip(algo_case):
     gen.set_state(gen_state)
     t_fresh, x_fresh, v_fresh = info.run(fresh, x, version, gen, 6)
     _assert_same_trace(t_orig, t_fresh)
+    assert torch.equal(x_orig, x_fresh)
     assert v_orig == v_fresh
     assert fresh.state_dict() == original.state_dict()
 
@@ -160,5 +161,5 @@ def test_wrong_length_update_rejected(algo_case):
     rule = info.factory(**inp.kwargs)
     x = torch.zeros(DIM)
     short = ClientResult(client=0, base_version=0, params=torch.ones(1), num_samples=3)
-    with pytest.raises(ValueError, match="shape|length|size"):
+    with pytest.raises(ValueError, match=r"shape|length|size"):
         info.apply(rule, x, 0, [short])

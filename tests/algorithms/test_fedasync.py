@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import fedasync_reference as ref
@@ -50,7 +51,7 @@ def test_const_is_one(d):
 @pytest.mark.parametrize("fn", ["poly", "hinge"])
 def test_staleness_weights_are_non_increasing_in_d(fn):
     w = [staleness_weight(fn, d, a=0.5, b=2) for d in range(30)]
-    assert all(0 < later <= earlier <= 1 for earlier, later in zip(w, w[1:]))
+    assert all(0 < later <= earlier <= 1 for earlier, later in itertools.pairwise(w))
 
 
 def test_staleness_weight_rejects_negative_and_unknown():
@@ -66,15 +67,13 @@ def test_hinge_with_b_at_max_staleness_equals_const():
     hinge = FedAsync(alpha=0.7, staleness="hinge", a=10, b=4)
     const = FedAsync(alpha=0.7, staleness="const")
     x_h = x_c = torch.randn(8, generator=gen)
-    version = 0
-    for _ in range(40):
+    for version in range(40):
         d = int(torch.randint(0, min(version, 4) + 1, (), generator=gen))
         y = torch.randn(8, generator=gen)
         x_h, info_h = hinge.aggregate(x_h, version, _result(y, version - d))
         x_c, info_c = const.aggregate(x_c, version, _result(y, version - d))
         assert info_h == info_c
         assert torch.equal(x_h, x_c)
-        version += 1
 
 
 # -- fedasync_mix ---------------------------------------------------------------
@@ -230,7 +229,9 @@ def _reference_server(x0: torch.Tensor, cfg: dict) -> ref.FedAsyncServer:
     )
 
 
-@pytest.mark.parametrize("cfg", PARITY_CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize(
+    "cfg", PARITY_CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items())
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_parity_with_reference_every_step(cfg, seed):
     """50 pushes with random staleness through FedAsync and through Algorithm 1."""
@@ -258,7 +259,9 @@ def test_parity_with_reference_every_step(cfg, seed):
         x, version = new, version + 1
         assert version == server.version
         expected = torch.tensor(server.x, dtype=torch.float64)
-        assert torch.allclose(x.double(), expected, rtol=1e-5, atol=1e-6), f"step {step}"
+        assert torch.allclose(x.double(), expected, rtol=1e-5, atol=1e-6), (
+            f"step {step}"
+        )
     assert rule.state_dict()["applied"] == version
     assert rule.state_dict()["alpha"] == pytest.approx(server.alpha, rel=1e-12)
     # The configs with a bound do exercise the discard path, the others never do.

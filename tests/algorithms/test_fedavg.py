@@ -11,7 +11,9 @@ import torch
 from fedsim.algorithms import ClientResult, FedAvg, fedavg_aggregate, weighted_average
 
 
-def _results(gen: torch.Generator, x: torch.Tensor, counts: list[int]) -> list[ClientResult]:
+def _results(
+    gen: torch.Generator, x: torch.Tensor, counts: list[int]
+) -> list[ClientResult]:
     return [
         ClientResult(
             client=i,
@@ -46,7 +48,9 @@ def test_parity_with_reference_over_rounds(weighting, server_lr):
         results = _results(gen, x, counts)
         expected = _reference(x, results, server_lr, weighting)
         new, info = rule.aggregate(x, results)
-        assert torch.allclose(new.double(), expected, rtol=1e-5, atol=1e-6), f"round {rnd}"
+        assert torch.allclose(new.double(), expected, rtol=1e-5, atol=1e-6), (
+            f"round {rnd}"
+        )
         assert info == {"clients": list(range(k))}
         # The functional core gives the same vector as the class.
         assert torch.equal(fedavg_aggregate(x, results, server_lr, weighting), new)
@@ -115,7 +119,9 @@ def test_fedavg_aggregate_rejects_unknown_weighting():
     [([0, 0], r"need w >= 0, sum > 0"), ([5, -1], r"\[5\.0, -1\.0\]")],
 )
 def test_invalid_sample_counts_rejected(counts, match):
-    results = [ClientResult(i, 0, torch.ones(2), num_samples=n) for i, n in enumerate(counts)]
+    results = [
+        ClientResult(i, 0, torch.ones(2), num_samples=n) for i, n in enumerate(counts)
+    ]
     rule = FedAvg()
     with pytest.raises(ValueError, match=match):
         rule.aggregate(torch.zeros(2), results)

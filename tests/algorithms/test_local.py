@@ -56,7 +56,9 @@ OPTIMIZERS = {
 }
 
 
-def _reference_trajectory(opt: OptimizerConfig, prox_mu: float, steps: int, batch: int = BATCH):
+def _reference_trajectory(
+    opt: OptimizerConfig, prox_mu: float, steps: int, batch: int = BATCH
+):
     batches = mirrored_batches(len(XS), batch, steps, SEED)
     optimizer = ref.make_optimizer(
         opt.name, opt.lr, opt.momentum, opt.beta1, opt.beta2, opt.eps, opt.weight_decay
@@ -75,10 +77,14 @@ def test_parity_with_reference_after_k_steps(opt_name, prox_mu, k):
 
     expected, _ = trajectory[k - 1]
     assert vec.dtype == torch.float32
-    assert torch.allclose(vec.double(), torch.tensor(expected, dtype=torch.float64),
-                          rtol=1e-4, atol=1e-6)
+    assert torch.allclose(
+        vec.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-4, atol=1e-6
+    )
     seen = sum(len(b) for b in batches)
-    mean_loss = sum(loss * len(b) for (_, loss), b in zip(trajectory, batches)) / seen
+    mean_loss = (
+        sum(loss * len(b) for (_, loss), b in zip(trajectory, batches, strict=True))
+        / seen
+    )
     assert stats["steps"] == k
     assert stats["samples"] == seen
     assert stats["loss"] == pytest.approx(mean_loss, rel=1e-5)
@@ -137,15 +143,21 @@ def test_epoch_config_parity_and_one_pass_per_epoch():
     vec, stats = local_train(_model(), torch.tensor(W0), DATA_X, DATA_Y, cfg, _gen())
     assert stats["steps"] == steps == 6
     assert stats["samples"] == 2 * len(XS)
-    assert torch.allclose(vec.double(), torch.tensor(trajectory[-1][0], dtype=torch.float64),
-                          rtol=1e-4, atol=1e-6)
+    assert torch.allclose(
+        vec.double(),
+        torch.tensor(trajectory[-1][0], dtype=torch.float64),
+        rtol=1e-4,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "sgdm", "adam"])
 def test_fresh_optimizer_per_call(opt_name):
     """Same model object, same x0, same seed: no optimizer state carries over."""
     model = _model()
-    cfg = LocalConfig(steps=5, batch_size=BATCH, optimizer=OPTIMIZERS[opt_name], prox_mu=0.1)
+    cfg = LocalConfig(
+        steps=5, batch_size=BATCH, optimizer=OPTIMIZERS[opt_name], prox_mu=0.1
+    )
     x0 = torch.tensor(W0)
     first, s1 = local_train(model, x0.clone(), DATA_X, DATA_Y, cfg, _gen())
     second, s2 = local_train(model, x0.clone(), DATA_X, DATA_Y, cfg, _gen())
