@@ -290,7 +290,8 @@ class Server:
             flat = np.concatenate([np.asarray(a).reshape(-1) for a in arrays]) if arrays else np.zeros(0, np.float32)
             result = ClientResult(client=cid, base_version=msg.base_version,
                                   params=torch.from_numpy(flat), num_samples=msg.num_samples,
-                                  steps=int(msg.stats.get("steps", 0)), stats=msg.stats)
+                                  steps=int(msg.stats.get("steps", 0)), stats=msg.stats,
+                                  task_id=msg.task_id)
             return strategy.on_update(result, msg.round, now)
         if isinstance(msg, wire.Bye):
             return strategy.on_away(cid, now, "lose")
@@ -311,6 +312,7 @@ class Server:
         tensors = self.state.model_arrays(strategy.version, strategy.x, self.shapes)
         task = wire.Task(client=cid, version=strategy.version, round=strategy.round,
                          task_id=next(self.task_ids), tensors=tensors, config={})
+        strategy.bind(cid, task.task_id)
         frames = wire.encode(task, sent_at=now, seq=next(self.seq))
         nbytes = sum(len(memoryview(f)) for f in frames)
         try:

@@ -62,7 +62,7 @@ class AsyncStrategy:
 
     def on_update(self, result: ClientResult, round_: int, now: float) -> Step:
         step = Step()
-        self.sched.on_result(result.client)
+        self.sched.on_result(result.client, result.task_id)
         try:
             new, info = self.rule.aggregate(self.x, self.version, result)
         except (NonFiniteUpdate, ValueError) as exc:
@@ -78,6 +78,9 @@ class AsyncStrategy:
             step.rejected.append((result.client, f"discarded: staleness {info['staleness']}"))
         step.dispatch = self.sched.fill(now)
         return step
+
+    def bind(self, client: int, task_id: int) -> None:
+        self.sched.bind(client, task_id)
 
     def on_timer(self, now: float) -> Step:
         self.sched.expire(now)
@@ -176,6 +179,9 @@ class SyncStrategy:
         if self.sched.state == "closed" and self.started:
             return Step(dispatch=self._open(now))
         return Step()
+
+    def bind(self, client: int, task_id: int) -> None:
+        """Synchronous rounds do not track task ids."""
 
     def next_timer(self) -> float | None:
         cur = self.sched.current

@@ -15,6 +15,7 @@ from fedsim.algorithms.base import NonFiniteUpdate
 
 __all__ = [
     "check_finite",
+    "check_shape",
     "flatten",
     "lerp",
     "norm64",
@@ -32,18 +33,27 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def unflatten(vec: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
     """Split a flat vector into views with the given shapes (no copy)."""
+    need = sum(math.prod(shape) for shape in shapes)
+    if need != vec.numel():
+        raise ValueError(
+            f"Invalid vector length {vec.numel()}: the shapes {list(shapes)} "
+            f"need {need} elements"
+        )
     out: list[torch.Tensor] = []
     offset = 0
     for shape in shapes:
         n = math.prod(shape)
         out.append(vec[offset : offset + n].view(shape))
         offset += n
-    if offset != vec.numel():
-        raise ValueError(
-            f"Invalid vector length {vec.numel()}: the shapes {list(shapes)} "
-            f"need {offset} elements"
-        )
     return out
+
+
+def check_shape(x: torch.Tensor, update: torch.Tensor, what: str = "update") -> None:
+    """Raise ValueError unless ``update`` has the global model's shape."""
+    if update.shape != x.shape:
+        raise ValueError(
+            f"Invalid {what}: shape {tuple(update.shape)}, the model has {tuple(x.shape)}"
+        )
 
 
 def norm64(vec: torch.Tensor) -> float:

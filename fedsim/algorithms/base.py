@@ -34,6 +34,8 @@ class ClientResult:
         Local steps actually taken.
     stats : Mapping[str, Any]
         Extra per-run statistics (loss, step sizes ...), logged as given.
+    task_id : int or None
+        Id of the task this result answers (None when not tracked).
     """
 
     client: int
@@ -42,3 +44,4 @@ class ClientResult:
     num_samples: int = 1
     steps: int = 0
     stats: Mapping[str, Any] = field(default_factory=dict)
+    task_id: int | None = None

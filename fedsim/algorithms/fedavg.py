@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from fedsim.algorithms._kernels import check_finite, weighted_average
+from fedsim.algorithms._kernels import check_finite, check_shape, weighted_average
 from fedsim.algorithms.base import ClientResult
 
 __all__ = ["FedAvg", "fedavg_aggregate"]
@@ -77,6 +77,7 @@ class FedAvg:
         if not results:
             raise ValueError("Invalid round: no results to aggregate")
         for r in results:
+            check_shape(x, r.params, f"update from client {r.client}")
             check_finite(r.params, f"update from client {r.client}")
         new = fedavg_aggregate(x, results, self.server_lr, self.weighting)
         self.rounds += 1

@@ -30,10 +30,10 @@ class LocalConfig:
     """How one local run trains.
 
     Exactly one of ``steps`` (local minibatch steps, K) and ``epochs``
-    (passes over the client's data) is used: ``steps`` when it is set.
+    (passes over the client's data) may be set; with neither, ``steps = 10``.
     """
 
-    steps: int | None = 10
+    steps: int | None = None
     epochs: float | None = None
     batch_size: int = 32
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -41,7 +41,11 @@ class LocalConfig:
 
     def __post_init__(self) -> None:
         if self.steps is None and self.epochs is None:
-            raise ValueError("Invalid local config: set steps or epochs")
+            object.__setattr__(self, "steps", 10)
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError(
+                f"Invalid local config: steps={self.steps} and epochs={self.epochs}; set one"
+            )
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"Invalid steps: {self.steps} (must be >= 1)")
         if self.epochs is not None and not self.epochs > 0:
@@ -60,10 +64,21 @@ class LocalConfig:
 
 
 def load_vector(model: nn.Module, vec: torch.Tensor) -> None:
-    """Copy a flat vector into the model's trainable parameters."""
-    torch.nn.utils.vector_to_parameters(
-        vec.to(torch.float32), [p for p in model.parameters() if p.requires_grad]
-    )
+    """Copy a flat vector into the model's trainable parameters.
+
+    The values are copied: the parameters never alias ``vec``, so training
+    cannot change the caller's tensor.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = sum(p.numel() for p in params)
+    if vec.numel() != total:
+        raise ValueError(f"Invalid vector length {vec.numel()}: the model has {total} parameters")
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(vec[offset : offset + n].view_as(p))
+            offset += n
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> Any:

@@ -125,7 +125,7 @@ class RoundScheduler:
     ) -> None:
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"Invalid fraction: {fraction} (must be in (0, 1])")
-        if over_selection < 0:
+        if not over_selection >= 0:
             raise ValueError(f"Invalid over_selection: {over_selection} (must be >= 0)")
         if deadline is not None and not deadline > 0:
             raise ValueError(f"Invalid deadline: {deadline} (must be > 0 or None)")
@@ -154,8 +154,9 @@ class RoundScheduler:
             raise SchedulerError(f"can't open round {self.round + 1}: no client available")
         self._fire("open")
         self.round += 1
-        m = max(self.min_clients, math.ceil(self.fraction * total))
-        ask = min(len(pool), math.ceil(m * (1.0 + self.over_selection)))
+        # ceil with a tolerance: 0.07 * 100 is 7.000000000000001 in floats
+        m = max(self.min_clients, math.ceil(self.fraction * total - 1e-9))
+        ask = min(len(pool), math.ceil(m * (1.0 + self.over_selection) - 1e-9))
         selected = tuple(sorted(self.rng.sample(pool, ask)))
         deadline_at = None if self.deadline is None else now + self.deadline
         plan = RoundPlan(self.round, selected, min(m, ask), deadline_at)
@@ -236,6 +237,11 @@ class AsyncScheduler:
         self.rng = random.Random(seed)
         self.clients = ClientTable()
         self.started: dict[int, float] = {}
+        self.task_of: dict[int, int] = {}
+
+    def bind(self, client: int, task_id: int) -> None:
+        """Record the id of the task just dispatched to ``client``."""
+        self.task_of[client] = task_id
 
     def add(self, client: int) -> None:
         """A client registered or announced it is ready."""
@@ -267,8 +273,15 @@ class AsyncScheduler:
             self.started[c] = now
         return picked
 
-    def on_result(self, client: int) -> bool:
-        """A result arrived; True if the client had a task in flight."""
+    def on_result(self, client: int, task_id: int | None = None) -> bool:
+        """A result arrived; True if it answers the client's task in flight.
+
+        A late result of a task that timed out (its id differs from the
+        client's current task) leaves the client training its new task.
+        """
+        current = self.task_of.get(client)
+        if task_id is not None and current is not None and task_id != current:
+            return False
         if self.clients.state.get(client) == "training":
             self.clients.fire(client, "result")
             self.started.pop(client, None)

@@ -291,7 +291,7 @@ ALGO_DB: list[AlgoInfo] = [
             AlgoInput({"steps": 5, "prox_mu": 0.01}, "prox"),
         ],
         error_inputs=[
-            _err({"steps": None, "epochs": None}, r"set steps or epochs"),
+            _err({"steps": 3, "epochs": 1.0}, r"steps=3 and epochs=1\.0"),
             _err({"steps": 0}, r"Invalid steps: 0"),
             _err({"steps": -3}, r"Invalid steps: -3"),
             _err({"steps": None, "epochs": 0.0}, r"Invalid epochs: 0\.0"),

@@ -150,12 +150,6 @@ def test_non_finite_update_is_a_value_error():
     assert issubclass(NonFiniteUpdate, ValueError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: no rule checks that a client's vector has the global model's "
-    "shape; FedAsync broadcasts a length-1 vector (torch.lerp) and FedAvg "
-    "returns the client's shape (weighted_average uses zeros_like(vectors[0])).",
-)
 def test_wrong_length_update_rejected(algo_case):
     info, inp = algo_case
     rule = info.factory(**inp.kwargs)

@@ -43,12 +43,6 @@ def test_unflatten_rejects_too_long_vector():
         unflatten(torch.zeros(7), [(2, 3)])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: unflatten slices and .view()s before its length check, so a short "
-    "vector raises torch's RuntimeError (shape '[2, 3]' is invalid for input of "
-    "size 5) instead of the documented ValueError",
-)
 def test_unflatten_rejects_too_short_vector():
     with pytest.raises(ValueError, match=r"Invalid vector length 5.*need 6"):
         unflatten(torch.zeros(5), [(2, 3)])

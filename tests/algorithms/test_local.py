@@ -123,11 +123,12 @@ def test_num_steps_for_epoch_configs(n, batch, epochs, expected):
     assert cfg.num_steps(n) == expected
 
 
-def test_num_steps_prefers_steps_when_set():
-    # Documented: steps wins when set, and it defaults to 10. A config that
-    # means "epochs" must pass steps=None explicitly.
-    assert LocalConfig(steps=4, epochs=3.0, batch_size=2).num_steps(100) == 4
-    assert LocalConfig(epochs=3.0, batch_size=2).num_steps(100) == 10
+def test_steps_and_epochs_are_exclusive():
+    # steps defaults to 10 only when epochs is not set; setting both is an error.
+    with pytest.raises(ValueError, match="steps=4 and epochs=3.0"):
+        LocalConfig(steps=4, epochs=3.0, batch_size=2)
+    assert LocalConfig(epochs=3.0, batch_size=2).num_steps(100) == 150
+    assert LocalConfig(batch_size=2).num_steps(100) == 10
 
 
 def test_epoch_config_parity_and_one_pass_per_epoch():
@@ -165,12 +166,6 @@ def test_fresh_optimizer_per_call(opt_name):
     assert s1 == s2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: load_vector uses torch.nn.utils.vector_to_parameters, which makes "
-    "the parameters views of x0 (param.data = vec[...].view_as(param)), so the "
-    "optimizer trains the caller's float32 x0 in place.",
-)
 def test_local_train_leaves_x0_untouched():
     x0 = torch.tensor(W0)
     cfg = LocalConfig(steps=3, batch_size=BATCH, optimizer=OPTIMIZERS["sgd"])

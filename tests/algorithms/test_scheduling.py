@@ -123,11 +123,6 @@ def test_round_arithmetic(fraction, total, min_clients, over, pool, asked, neede
     assert set(plan.selected) <= set(range(pool))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: math.ceil on a float product: 0.07 * 100 = 7.000000000000001 "
-    "asks for m = 8, and 50 * (1 + 0.1) = 55.00000000000001 over-selects 56.",
-)
 @pytest.mark.parametrize(
     ("fraction", "total", "over", "asked", "needed"),
     [(0.07, 100, 0.0, 7, 7), (0.55, 100, 0.0, 55, 55), (0.5, 100, 0.1, 55, 50)],
@@ -301,11 +296,6 @@ def test_round_selection_is_seeded():
         pytest.param(
             {"over_selection": float("nan")},
             r"Invalid over_selection: nan",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: `over_selection < 0` is False for NaN, so NaN is "
-                "accepted and open_round later fails in math.ceil",
-            ),
         ),
     ],
 )
@@ -485,19 +475,17 @@ def test_async_fill_is_seeded():
     assert picks(5) != picks(6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: on_result takes no task id, so the late result of an expired "
-    "task frees the client while its re-dispatched task is still in flight; "
-    "fill can then give that client a second concurrent task.",
-)
 def test_late_result_of_expired_task_does_not_free_the_new_task():
     sched = _async(1, clients=1, task_timeout=5.0)
-    assert sched.fill(0.0) == [0]  # task 1
+    assert sched.fill(0.0) == [0]
+    sched.bind(0, 1)  # task 1
     assert sched.expire(5.0) == [0]
-    assert sched.fill(5.0) == [0]  # task 2
-    sched.on_result(0)  # task 1's result, arriving late
+    assert sched.fill(5.0) == [0]
+    sched.bind(0, 2)  # task 2
+    assert not sched.on_result(0, 1)  # task 1's result, arriving late
     assert sched.training() == [0], "task 2 is still in flight"
+    assert sched.on_result(0, 2)
+    assert sched.training() == []
 
 
 @pytest.mark.parametrize(
