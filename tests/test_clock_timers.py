@@ -1,0 +1,52 @@
+"""netem's clock and timer heap: dilation, ordering, lateness, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from netem.clock import Clock, ManualClock
+from netem.timers import TimerHeap
+
+
+def test_dilation_scales_real_time_and_rebases_without_jumps() -> None:
+    clock = ManualClock(dilation=4.0)
+    clock.advance(2.0)
+    assert clock.now() == pytest.approx(0.5)
+    assert clock.to_real(1.0) == pytest.approx(4.0)
+    clock.set_dilation(2.0)
+    assert clock.now() == pytest.approx(0.5)  # no jump
+    clock.advance(1.0)
+    assert clock.now() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="Invalid dilation: 0"):
+        Clock(dilation=0)
+
+
+@pytest.mark.parametrize("use_timerfd", [True, False])
+async def test_timers_fire_in_deadline_order_and_on_time(use_timerfd: bool) -> None:
+    clock = Clock()
+    heap = TimerHeap(clock, use_timerfd=use_timerfd)
+    fired: list[int] = []
+    done = asyncio.get_running_loop().create_future()
+    deadlines = [0.030, 0.010, 0.020, 0.010, 0.040]
+    for i, d in enumerate(deadlines):
+        heap.call_at(clock.now() + d, fired.append, i)
+    cancelled = heap.call_at(clock.now() + 0.015, fired.append, 99)
+    cancelled.cancel()
+    heap.call_at(clock.now() + 0.045, done.set_result, None)
+    await asyncio.wait_for(done, 2.0)
+    assert fired == [1, 3, 2, 0, 4]
+    assert all(x >= 0 for x in heap.lateness)  # never early
+    assert max(heap.lateness) < 0.05
+    heap.close()
+
+
+async def test_dilated_sleep_takes_dilated_real_time() -> None:
+    clock = Clock(dilation=5.0)
+    heap = TimerHeap(clock)
+    t0 = clock.real()
+    await heap.sleep_until(clock.now() + 0.02)  # 20 ms emulated = 100 ms real
+    elapsed = clock.real() - t0
+    assert 0.099 <= elapsed < 0.2
+    heap.close()
