@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
-import json
 import logging
 import math
 import os
@@ -203,7 +202,3 @@ def run_scenario(sc: Scenario, out: str | Path | None = None, *,
         log.warning("plotting failed: %s", exc)
     return RunResult(run_dir, summary)
 
-
-def load_summary(run_dir: Path) -> dict[str, Any]:
-    """Read a run directory's summary.json."""
-    return json.loads((Path(run_dir) / "summary.json").read_text())

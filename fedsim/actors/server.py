@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from fedsim.actors._workers import WorkerHandle
 from fedsim.actors.host import boot_id
 from fedsim.actors.runstate import RunState
 from fedsim.actors.strategies import Step, make_strategy
-from fedsim.algorithms import ClientResult, flatten, unflatten
+from fedsim.algorithms import ClientResult, flatten
 from fedsim.network import make_link
 from fedsim.scenario import Scenario
 from fedsim.transport import Transport, ipc_address

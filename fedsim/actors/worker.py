@@ -14,7 +14,6 @@ Run as ``python -m fedsim.actors.worker --scenario FILE --endpoint ADDR
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
