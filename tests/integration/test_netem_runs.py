@@ -91,7 +91,7 @@ delay = 0.02
     assert discarded
 
 
-@pytest.mark.parametrize("policy", ["held", "dropped"])
+@pytest.mark.parametrize("policy", ["held", "dropped", "reset"])
 def test_onoff_clients_are_away_and_back(tmp_path: Path, policy: str) -> None:
     summary, events = _run(tmp_path, f"""
 [algorithm]
@@ -114,15 +114,31 @@ delay = 0.02
     for c in range(8):
         for t_away, t_back in _windows(events, c):
             total += 1
-            starts = [x for x in events if x.get("client") == c and x["ev"] == "train_start"
-                      and t_away < x["t"] < t_back]
-            assert starts == [], f"client {c} trained while away"
+            inside = [x for x in events if x.get("client") == c and t_away < x["t"] < t_back]
+            assert [x for x in inside if x["ev"] == "train_start"] == [], \
+                f"client {c} trained while away"
+            assert [x for x in inside if x["ev"] == "send" and x["dir"] == "up"] == [], \
+                f"client {c} sent while away"
+            if policy != "held":  # nothing reaches an away client
+                assert [x for x in inside if x["ev"] == "deliver" and x["dir"] == "down"] == []
     assert total >= 3
-    if policy == "dropped":
-        lost = [e for e in events if e["ev"] == "drop" and "away" in e.get("reason", "")]
-        held = [e for e in events if e["ev"] == "back" and e.get("held")]
-        assert held == []
-        assert isinstance(lost, list)
+    backs = [e for e in events if e["ev"] == "back"]
+    sent = [e for e in events if e["ev"] == "send" and e["dir"] == "up"]
+    registers = [e for e in sent if e["kind"] == "register"]
+    readies = [e for e in sent if e["kind"] == "heartbeat"]
+    if policy == "held":
+        assert len(registers) == 8
+    else:
+        assert all(e["held"] == 0 for e in backs)
+        lost = [e for e in events if e["ev"] == "drop" and "away" in e.get("reason", "")
+                or e.get("reason") == "connection reset"]
+        assert all(e["ev"] == "drop" for e in lost)
+    if policy == "reset":  # a reset connection re-registers; the others say "ready"
+        assert len(registers) > 8
+        assert readies == []
+    else:
+        assert len(registers) == 8
+        assert readies
 
 
 def test_round_times_follow_a_100ms_profile_and_dilation(tmp_path: Path) -> None:
