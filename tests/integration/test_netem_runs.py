@@ -130,9 +130,6 @@ delay = 0.02
         assert len(registers) == 8
     else:
         assert all(e["held"] == 0 for e in backs)
-        lost = [e for e in events if e["ev"] == "drop" and "away" in e.get("reason", "")
-                or e.get("reason") == "connection reset"]
-        assert all(e["ev"] == "drop" for e in lost)
     if policy == "reset":  # a reset connection re-registers; the others say "ready"
         assert len(registers) > 8
         assert readies == []
