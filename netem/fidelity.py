@@ -238,9 +238,7 @@ class FidelityMonitor:
         """Add a link's final :class:`LossStats` (call once per link)."""
         k = self._kind(kind)
         s = k.loss_stats
-        k.loss_stats = LossStats(
-            s.packets + stats.packets, s.lost + stats.lost, s.bursts + stats.bursts
-        )
+        k.loss_stats = s + stats
 
     def record_compute(self, budget: float, actual: float) -> None:
         """A compute run: emulated budget and the emulated time it really took."""
@@ -269,7 +267,8 @@ class FidelityMonitor:
         kinds = {
             name: {"n": k.n, "m": k.m, "m2": k.m2, "bytes": k.bytes_, "ser": k.ser,
                    "ser_actual": k.ser_actual, "packets": k.loss_stats.packets,
-                   "lost": k.loss_stats.lost, "bursts": k.loss_stats.bursts}
+                   "lost": k.loss_stats.lost, "bursts": k.loss_stats.bursts,
+                   "cut": k.loss_stats.cut}
             for name, k in self._kinds.items()
         }
         return {"lateness": res(self._late), "ratio": res(self._ratio),
@@ -303,8 +302,8 @@ class FidelityMonitor:
             k.ser += float(o["ser"])
             k.ser_actual += float(o["ser_actual"])
             s = k.loss_stats
-            k.loss_stats = LossStats(s.packets + int(o["packets"]), s.lost + int(o["lost"]),
-                                     s.bursts + int(o["bursts"]))
+            k.loss_stats = s + LossStats(int(o["packets"]), int(o["lost"]), int(o["bursts"]),
+                                         int(o.get("cut", 0)))
 
     # -- verdict -------------------------------------------------------------
     def allowed_lateness(self) -> float:
@@ -408,9 +407,9 @@ class FidelityMonitor:
                         f"{mu:.6g} +- {tol:.3g}",
                         abs(ls.rate - mu) <= tol,
                     )
-                if ls.bursts >= th.min_samples and math.isfinite(b):
+                if ls.ended >= th.min_samples and math.isfinite(b):
                     tol = (
-                        z * math.sqrt(max(b * (b - 1), 0.0) / ls.bursts)
+                        z * math.sqrt(max(b * (b - 1), 0.0) / ls.ended)
                         + th.burst_rel * b
                     )
                     check(

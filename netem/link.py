@@ -64,6 +64,9 @@ from netem.trace import DeliveryTrace, Schedule, TraceServer
 __all__ = ["Bottleneck", "Delivery", "Link", "LinkParams", "Route"]
 
 LOSS_MODES = ("tcp", "drop", "message")
+# The loss chain's clock is the packet slot: one segment's serialisation
+# time; on an unlimited link, a 1,500-byte packet at 1 Gbit/s.
+_NOMINAL_SLOT = 1500 * 8 / 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +281,7 @@ class Link:
         "_index",
         "_last",
         "_loss",
+        "_loss_clock",
         "_mean",
         "_params",
         "_seed",
@@ -313,6 +317,7 @@ class Link:
         self._server = TraceServer(params.trace) if params.trace is not None else None
         self._tcp = TcpConnection(params.tcp)
         self._free = -math.inf
+        self._loss_clock = math.inf  # no silence before the first message
         self._last = -math.inf
         self._index = 0
         self.bottleneck = bottleneck
@@ -418,6 +423,10 @@ class Link:
 
         slow = rec = 0.0
         n_lost, reason = 0, ""
+        if self._loss is not None and p.loss is not None:
+            # the loss chain runs through the silence since this direction last sent
+            slot = ser / npk if ser > 0 else _NOMINAL_SLOT
+            self._loss.idle((start - self._loss_clock) / slot)
         if p.loss_mode == "tcp":
             rtt = prop + (
                 p.reverse_delay if p.reverse_delay is not None else self._mean
@@ -440,7 +449,7 @@ class Link:
             lost = self._loss.draw(npk if p.loss_mode == "drop" else 1)
             n_lost = int(lost.sum())
             reason = "loss" if n_lost else ""
-        self._free = end + slow + rec
+        self._free = self._loss_clock = end + slow + rec
         d = replace(
             base,
             t_deliver=self._free + prop,

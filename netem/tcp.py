@@ -249,6 +249,7 @@ def _walk(
             pto = 2.0 * srtt + (p.delayed_ack if w == 1 else 0.0)
             t_det = end_send + min(pto, rto)
             out.n_tlp += 1
+        _idle(loss, t_det - end_send, tau)  # the retransmission waits for its trigger
         t_r = t_det
         rto_fired = False
         for _ in range(k):
@@ -264,6 +265,7 @@ def _walk(
                     out.time, out.cwnd, out.ssthresh = t_r, 1.0, max(cwnd * p.beta, 2.0)
                     return out
                 t_r += backoff + tau
+                _idle(loss, backoff, tau)  # the burst may end during the backoff
                 out.n_retx += 1
                 backoff = min(2.0 * backoff, p.rto_max)
                 rto_fired = True
@@ -283,6 +285,12 @@ def _walk(
         sent += w
     out.time, out.cwnd, out.ssthresh = finish, cwnd, ssthresh
     return out
+
+
+def _idle(loss: PacketLoss | None, seconds: float, tau: float) -> None:
+    """Silence on the direction: the loss chain runs through ``seconds / tau`` slots."""
+    if loss is not None:
+        loss.idle(seconds / tau if tau > 0 else math.inf)
 
 
 class TcpConnection:

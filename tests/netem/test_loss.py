@@ -130,3 +130,41 @@ def test_scripted_loss_counts_bursts_across_calls():
 def test_validation(ctor, match):
     with pytest.raises(ValueError, match=match):
         ctor()
+
+
+def test_idle_runs_the_chain_through_the_silence():
+    """From the bad state, k idle slots give row 'bad' of T^k; long silences the stationary law."""
+    g = GilbertElliott(0.05, 0.2)
+    t = g.transition_matrix()
+    for k, expect in ((3, np.linalg.matrix_power(t, 3)[1, 1]), (10_000, g.stationary()[1])):
+        p = proc(g, seed=k)
+        bad = 0
+        for _ in range(20_000):
+            p._s = 1  # start each trial in the bad state
+            p.idle(k)
+            bad += p._s
+        se = math.sqrt(expect * (1 - expect) / 20_000)
+        assert abs(bad / 20_000 - expect) < 4 * se
+
+
+def test_idle_preserves_the_loss_rate_and_censors_bursts():
+    g = GilbertElliott.from_durations(good=50, bad=4)
+    p = proc(g, seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(20_000):
+        p.draw(int(rng.integers(1, 20)))
+        p.idle(float(rng.exponential(5.0)))
+    s = p.stats
+    assert ci_ok(g, s)
+    assert s.cut > 0
+    b = g.mean_burst_length()  # censored-geometric estimate stays unbiased
+    assert abs(s.mean_burst - b) < 4 * math.sqrt(b * (b - 1) / s.ended) + 0.02 * b
+
+
+def test_idle_is_a_no_op_below_one_slot_and_for_bernoulli():
+    a, b = proc(Bernoulli(0.1), seed=5), proc(Bernoulli(0.1), seed=5)
+    a.idle(1e9)
+    assert (a.draw(1000) == b.draw(1000)).all()
+    g1, g2 = proc(GilbertElliott(0.1, 0.3), seed=6), proc(GilbertElliott(0.1, 0.3), seed=6)
+    g1.idle(0.5)
+    assert (g1.draw(1000) == g2.draw(1000)).all()

@@ -158,3 +158,23 @@ def test_params_validation():
         ValueError, match=r"TcpParams.rto_max = 0.1: must be >= rto_min"
     ):
         TcpParams(rto_max=0.1)
+
+
+def test_a_burst_does_not_outlive_the_rto_backoff():
+    """Bursts last packet slots, not silences: after a 200+ ms RTO on a 20 Mbit/s
+    link (some 300 slots) a 2-packet-burst channel has forgotten its state, so a
+    retransmission is lost at the mean rate, not at the bad state's 50 %."""
+    from netem.loss import GilbertElliott
+
+    g = GilbertElliott.from_durations(good=100, bad=2)
+    loss = g.process(stream(1, "l", "loss-state"), stream(1, "l", "loss-draw"))
+    conn = TcpConnection()
+    tau = 1500 * 8 / 20e6
+    rtos = retx = 0
+    for i in range(4000):
+        r = conn.transfer(i * 5.0, 14, tau, 0.132, loss)
+        rtos += r.n_rto
+        retx += r.n_retransmits
+    assert retx > 300
+    # a retransmission is lost again at about the mean loss rate, not the bad state's 50 %
+    assert rtos / retx < 2 * g.mean_loss_rate() + 0.01
