@@ -307,7 +307,7 @@ class Bye(_MessageBase):
 @_register
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Error(_MessageBase):
-    """``sender`` reports a failure (e.g. it rejected a message: the WireError code)."""
+    """``sender`` reports a fatal failure (its training failed); the server drops it."""
 
     sender: int
     reason: str

@@ -295,12 +295,36 @@ class Scenario(_Model):
     availability: AvailabilityConfig = AvailabilityConfig()
     deploy: DeployConfig = DeployConfig()
 
+    @model_validator(mode="after")
+    def _optimizer_fits_algorithm(self) -> Scenario:
+        allowed = _OPTIMIZERS_FOR.get(self.algorithm.name)
+        if allowed is not None and self.client.optimizer not in allowed:
+            raise ValueError(
+                f"client.optimizer = {self.client.optimizer!r} does not run under "
+                f"algorithm {self.algorithm.name!r}: allowed {', '.join(allowed)}")
+        return self
+
+
+# Server rules whose local training drives the optimizer with a direction of
+# its own (DGA's corrected step, FedSpeed's quasi-gradient, SCAFFOLD's
+# corrected gradient) and so cannot run the closure-based step-size rules
+# (Delta-SGD, SPS), which evaluate the loss themselves.
+_OPTIMIZERS_FOR: dict[str, tuple[str, ...]] = {
+    "dga": ("sgd", "sgdm"),
+    "fedspeed": ("sgd", "sgdm", "adam", "adagrad"),
+    "scaffold": ("sgd", "sgdm", "adam", "adagrad"),
+}
+
 
 def _describe(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if p not in ALGORITHMS)
     loc = loc.replace("function-after[", "").rstrip("]") or "(top level)"
     value = err.get("input")
     msg = err["msg"]
+    if err["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        if loc == "(top level)":  # a cross-section rule names its own keys
+            return msg
     if err["type"] == "extra_forbidden":
         return f"{loc}: unknown key (value {value!r})"
     if err["type"] == "union_tag_invalid":

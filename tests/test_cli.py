@@ -29,6 +29,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         ("", ["nokey"], ["expected dotted.key=value"]),
         ("[algorithm]\nname = \"fedavg\"\nmu = 0.1\n", [], ["mu=0.1", "fedprox"]),
         ("this is = = not toml", [], ["not valid TOML"]),
+        ("[algorithm]\nname = \"dga\"\n", ["client.optimizer=\"adam\""],
+         ["client.optimizer", "'adam'", "'dga'", "sgd, sgdm"]),
+        ("[algorithm]\nname = \"fedspeed\"\n[client]\noptimizer = \"deltasgd\"\n", [],
+         ["client.optimizer", "'deltasgd'", "'fedspeed'", "adagrad"]),
     ],
 )
 def test_bad_scenarios_exit_2_naming_the_key(tmp_path: Path, toml: str, sets: list[str],

@@ -224,8 +224,10 @@ class ClientActor:
         reply = await host.trainer.request(task)
         if not isinstance(reply, wire.Update):
             log.error("client %d: trainer failed: %s", self.cid, reply)
-            host.emit("train_error", client=self.cid, task_id=task.task_id,
-                      reason=getattr(reply, "reason", repr(reply)))
+            reason = getattr(reply, "reason", repr(reply))
+            host.emit("train_error", client=self.cid, task_id=task.task_id, reason=reason)
+            # a device whose training fails is out: say so, so the server does not wait on it
+            await self.send(wire.Error(sender=self.cid, reason=f"training failed: {reason}"))
             return
         steps = int(reply.stats.get("steps", 0))
         budget = host.compute_time(self, steps, run_index)

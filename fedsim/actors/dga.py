@@ -67,6 +67,10 @@ class DGAStrategy:
 
     def __init__(self, sc: Scenario, x0: torch.Tensor) -> None:
         self.cfg = dga_config(sc)
+        if self.cfg.momentum > 0 and self.cfg.c_beta == "paper" and self.cfg.delay > 1:
+            log.warning("DGA: c_beta = 'paper' with momentum over-corrects (v already carries "
+                        "the momentum) and clients drift apart; algorithm.c_beta = 1 is the "
+                        "exact correction")
         self.server = DGAServer()
         self.x = x0
         self.version = 0

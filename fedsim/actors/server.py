@@ -325,7 +325,22 @@ class Server:
             return strategy.on_update(result, msg.round, now)
         if isinstance(msg, wire.Bye):
             return strategy.on_away(cid, now, "lose")
+        if isinstance(msg, wire.Error):
+            return self._client_failed(cid, now, msg.reason)
         return None
+
+    def _client_failed(self, cid: int, now: float, reason: str) -> Step | None:
+        """A client reported a fatal failure: it is out; with no client left, so is the run."""
+        assert self.state is not None
+        if cid not in self.clients:
+            return None
+        log.error("client %d failed: %s", cid, reason)
+        self.state.event(now, "client_failed", client=cid, reason=reason)
+        self.clients.discard(cid)
+        step = self.strategy.on_away(cid, now, "lose")
+        if not self.clients:
+            self.stop_reason = f"failed: every client failed (last: {reason})"
+        return step
 
     def _back(self, cid: int, now: float) -> Step:
         """A client that was away is ready again: its old task is abandoned."""

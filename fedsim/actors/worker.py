@@ -39,6 +39,17 @@ from fedsim.scenario import Scenario, parse
 
 __all__ = ["evaluate", "main", "run_seed"]
 
+# Fault injection (tests, and users checking how their setup behaves when
+# devices fail): FEDSIM_FAIL_TRAIN = "all" or a comma-separated list of client
+# ids whose every local run raises, as a crashing on-device trainer would.
+_FAIL_TRAIN = os.environ.get("FEDSIM_FAIL_TRAIN", "").strip()
+
+
+def _injected_failure(client: int) -> bool:
+    if not _FAIL_TRAIN:
+        return False
+    return _FAIL_TRAIN == "all" or str(client) in _FAIL_TRAIN.replace(" ", "").split(",")
+
 log = logging.getLogger(__name__)
 
 
@@ -122,6 +133,8 @@ class Worker:
         alg = self.sc.algorithm
         local = self.local_for(msg)
         c = msg.client
+        if _injected_failure(c):
+            raise RuntimeError(f"injected training failure of client {c} (FEDSIM_FAIL_TRAIN)")
         if alg.name == "fedspeed":
             cfg = FedSpeedConfig(
                 prox_lambda=alg.prox_lambda, perturb_alpha=alg.perturb_alpha,

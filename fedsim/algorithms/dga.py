@@ -168,7 +168,12 @@ class DGAConfig:
     c_beta : "paper" or float
         ``"paper"``: :func:`dga_c_beta` at the configured ``D``, also in auto
         mode (a per-correction delay would differ between clients and break
-        the cancellation); a float > 0 overrides it (R-DG3).
+        the cancellation); a float > 0 overrides it (R-DG3). Measured
+        here: with momentum the printed factor over-corrects, because ``v``
+        already carries the momentum; clients' deviations from the mean grow
+        by about ``c_beta - 1`` per correction at any learning rate.
+        ``c_beta = 1`` is the exact replacement of a round's displacement
+        ``eta v`` by the average (the shipped DGA scenario uses it).
     max_pending : int or None
         Auto mode: block (``Wait``) while more than this many sent rounds
         await their average (§3.9). Default ``4 (s + 1)``.

@@ -374,6 +374,38 @@ def test_c_beta_override_and_fedavg_mode(c_beta, D, want):
         assert rec.c_beta == pytest.approx(dga_c_beta(0.9, D) if want is None else want)
 
 
+def test_momentum_with_c_beta_one_shares_everything_older_than_d_steps():
+    """v_t = sum of the round's u is the round's whole displacement / eta, so
+    c_beta = 1 replaces it exactly by the average: right after a correction the
+    clients differ only in their last D momentum steps (§3.2 with d = u)."""
+    n, K, D = 3, 3, 4
+    cfg = DGAConfig(local_steps=K, delay=D, lr=0.1, momentum=0.9, c_beta=1.0)
+    _, trace, dirs = lockstep(cfg, n, K * 5)
+    step = 3 * K
+    shared = [
+        trace[step][i] + 0.1 * sum(d[i] for d in dirs[step + 1 - D : step + 1]) for i in range(n)
+    ]
+    for i in range(1, n):
+        assert torch.allclose(shared[i], shared[0], atol=1e-12)
+
+
+@pytest.mark.parametrize("D", [5, 20])
+def test_printed_c_beta_over_corrects_momentum_and_clients_drift_apart(D):
+    """R-DG3 as printed multiplies v (which already carries the momentum) by
+    (1 - beta^D) / (1 - beta): each correction flips a client's deviation from
+    the mean and scales it by c_beta - 1, so the spread grows geometrically at
+    any learning rate, while c_beta = 1 keeps it bounded (Lemma 2.2)."""
+
+    def spread(c_beta):
+        cfg = DGAConfig(local_steps=5, delay=D, lr=0.005, momentum=0.9, c_beta=c_beta)
+        _, trace, _ = lockstep(cfg, 5, 5 * 60, lr=lambda t, k: 0.005)
+        ws = trace[-1]
+        return max(float((w - sum(ws) / 5).norm()) for w in ws)
+
+    assert spread(1.0) < 2.0
+    assert spread("paper") > 1e4
+
+
 # ---------------------------------------------------------------- raw vs displacement
 
 
