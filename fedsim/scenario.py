@@ -186,6 +186,9 @@ class DGAScenarioConfig(_Model):
     correction: Literal["full", "none", "overwrite"] = "full"
     c_beta: Literal["paper"] | Pos = "paper"
     chunk_steps: Annotated[int, Field(ge=1)] = 1
+    # auto mode: block while more sent rounds than this await their average
+    # (§3.9); default 4 (s + 1) with s = (delay - 1) // local_steps
+    max_pending: Annotated[int, Field(ge=1)] | None = None
 
 
 DEFAULT_ALGORITHM = "fedasync"

@@ -57,6 +57,7 @@ def dga_config(sc: Scenario) -> DGAConfig:
         local_steps=alg.local_steps, delay=alg.delay, lr=c.lr,
         momentum=c.momentum if c.optimizer == "sgdm" else 0.0, mode=alg.mode,
         accumulate=alg.accumulate, correction=alg.correction, c_beta=alg.c_beta,
+        max_pending=alg.max_pending,
     )
 
 
