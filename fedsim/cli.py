@@ -88,7 +88,8 @@ def _load(path: str, sets: tuple[str, ...]) -> Any:
 
 @cli.command()
 @click.argument("scenario", type=click.Path(dir_okay=False))
-@click.option("--out", type=click.Path(file_okay=False), help="Run directory (default runs/NAME-TIME).")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Run directory (default runs/NAME-TIME).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a scenario key, e.g. --set algorithm.alpha=0.3 (repeatable).")
 @click.option("--dilation", help="Real seconds per emulated second, or 'auto'.")
@@ -120,15 +121,18 @@ def run(scenario: str, out: str | None, sets: tuple[str, ...], dilation: str | N
     lat = fid.get("lateness_ms") or {}
     why = f" ({s['stop_reason']})" if s.get("stop_reason") else ""
     click.echo(f"{s['algorithm']} on {s['clients']} clients: {s['status']}{why}")
-    click.echo(f"  final accuracy   {_fmt(s.get('final_accuracy'))}  (best {_fmt(s.get('best_accuracy'))})")
+    click.echo(f"  final accuracy   {_fmt(s.get('final_accuracy'))}  "
+               f"(best {_fmt(s.get('best_accuracy'))})")
     click.echo(f"  updates          {s['updates']} in {s['emulated_seconds']:.1f} emulated s "
                f"({s['real_seconds']:.1f} real s)")
     if st.get("count"):
         click.echo(f"  staleness        mean {st['mean']:.2f}  p50 {st['p50']:.0f}  "
                    f"p99 {st['p99']:.0f}  max {st['max']}  (as it really occurred)")
     if s.get("time_to_target_s") is not None:
-        click.echo(f"  time to target   {s['time_to_target_s']:.2f} s (accuracy {s['target_accuracy']})")
-    click.echo(f"  fidelity         {fid.get('verdict')}: lateness p50 {_fmt(lat.get('p50'), '.3f')} ms, "
+        click.echo(f"  time to target   {s['time_to_target_s']:.2f} s "
+                   f"(accuracy {s['target_accuracy']})")
+    click.echo(f"  fidelity         {fid.get('verdict')}: "
+               f"lateness p50 {_fmt(lat.get('p50'), '.3f')} ms, "
                f"p99 {_fmt(lat.get('p99'), '.3f')} ms; "
                f"{(fid.get('compute') or {}).get('overruns', 0)} compute overruns")
     for reason in fid.get("reasons", []):

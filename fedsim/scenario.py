@@ -232,7 +232,8 @@ class ClientConfig(_Model):
     @model_validator(mode="before")
     @classmethod
     def _default_steps(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("local_epochs") is None and "local_steps" not in data:
+        if (isinstance(data, dict) and data.get("local_epochs") is None
+                and "local_steps" not in data):
             return {**data, "local_steps": 10}
         return data
 

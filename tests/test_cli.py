@@ -20,7 +20,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     ("toml", "sets", "needles"),
     [
         ("[data]\nbogus = 1\n", [], ["data.bogus", "unknown key"]),
-        ("[algorithm]\nname = \"fedasync\"\nalpha = 1.5\n", [], ["algorithm.alpha", "1.5", "less than or equal to 1"]),
+        ("[algorithm]\nname = \"fedasync\"\nalpha = 1.5\n", [],
+         ["algorithm.alpha", "1.5", "less than or equal to 1"]),
         ("[data]\ndataset = \"imagenet\"\n", [], ["data.dataset", "imagenet", "'synthetic'"]),
         ("[client]\nlocal_steps = \"ten\"\n", [], ["client.local_steps", "ten", "integer"]),
         ("[algorithm]\nname = \"nope\"\n", [], ["algorithm.name", "nope", "fedasync"]),
@@ -59,7 +60,8 @@ def test_run_validates_before_starting(tmp_path: Path) -> None:
 
 def test_missing_file_exits_2(tmp_path: Path) -> None:
     res = run_cli("check", str(tmp_path / "nope.toml"))
-    assert res.returncode == 2 and "no such scenario file" in res.stderr
+    assert res.returncode == 2
+    assert "no such scenario file" in res.stderr
 
 
 def test_check_prints_resolved_defaults(tmp_path: Path) -> None:
@@ -67,7 +69,8 @@ def test_check_prints_resolved_defaults(tmp_path: Path) -> None:
     path.write_text("[algorithm]\nname = \"fedprox\"\nmu = 0.01\n")
     res = run_cli("check", str(path), "--set", "client.lr=0.1")
     assert res.returncode == 0, res.stderr
-    assert "mu = 0.01" in res.stdout and "lr = 0.1" in res.stdout
+    assert "mu = 0.01" in res.stdout
+    assert "lr = 0.1" in res.stdout
     assert "batch_size = 32" in res.stdout
 
 

@@ -48,7 +48,8 @@ async def bench_fedsim(tensors: tuple[np.ndarray, ...], iters: int) -> list[floa
             frames = await router.recv_multipart(copy=False)
             out, _ = wire.decode(frames[1:], spec=spec, max_bytes=1 << 30)
             dt = time.perf_counter() - t0
-            assert isinstance(out, wire.Update) and out.task_id == i
+            assert isinstance(out, wire.Update)
+            assert out.task_id == i
             if i >= 5:
                 times.append(dt)
     finally:
@@ -81,7 +82,8 @@ def bench_raw(tensors: tuple[np.ndarray, ...], iters: int) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3, help="alternate fedsim/raw this many times")
     args = ap.parse_args()

@@ -60,7 +60,7 @@ class WorkerHandle:
         self.died = asyncio.Event()
         self.closing = False
 
-    async def start(self, timeout: float = 120.0) -> wire.Control:
+    async def start(self, ready_within: float = 120.0) -> wire.Control:
         """Start the process and wait for its hello (dataset built, model ready)."""
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "fedsim.actors.worker",
@@ -72,7 +72,7 @@ class WorkerHandle:
         self._watch = asyncio.create_task(self._watch_exit())
         hello_task = asyncio.ensure_future(self.sock.recv_multipart(copy=False))
         died = asyncio.ensure_future(self.died.wait())
-        done, _ = await asyncio.wait({hello_task, died}, timeout=timeout,
+        done, _ = await asyncio.wait({hello_task, died}, timeout=ready_within,
                                      return_when=asyncio.FIRST_COMPLETED)
         died.cancel()
         if hello_task not in done:
@@ -125,7 +125,7 @@ class WorkerHandle:
         """Requests sent and not yet answered."""
         return len(self._pending)
 
-    async def close(self, timeout: float = 5.0) -> None:
+    async def close(self, grace: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not."""
         self.closing = True
         if self.proc is not None and self.proc.returncode is None:
@@ -135,7 +135,7 @@ class WorkerHandle:
                     0.5,
                 )
             try:
-                await asyncio.wait_for(self.proc.wait(), timeout)
+                await asyncio.wait_for(self.proc.wait(), grace)
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()

@@ -118,7 +118,8 @@ class RunState:
     def flush(self) -> None:
         self.events.flush()
 
-    def model_arrays(self, version: int, x: torch.Tensor, shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
+    def model_arrays(self, version: int, x: torch.Tensor,
+                     shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
         """The global model as wire tensors, built once per version (zero-copy views)."""
         if self._arrays is None or self._arrays[0] != version:
             self._arrays = (version, tuple(t.numpy() for t in unflatten(x.contiguous(), shapes)))

@@ -89,7 +89,8 @@ class Server:
         self.spec = wire.TensorSpec([(s, "float32") for s in shapes])
         if self.sc.algorithm.name == "scaffold":  # model + control variate both ways
             self.spec = self.spec.repeated(2)
-        strategy = make_strategy(self.sc, flatten([p for p in model.parameters() if p.requires_grad]))
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        strategy = make_strategy(self.sc, flatten(trainable))
         self.strategy = strategy
         self.state = state = RunState(self.sc, self.run_dir, strategy.kind, data.stats())
         self.evaluator = WorkerHandle(self.transport, ipc_address(self.run_id, "eval"),
@@ -152,7 +153,9 @@ class Server:
                 self.hosts.setdefault(name, {"alive": True})["samples"] = msg.args["samples"]
                 ready += 1
 
-    async def _recv_control_raw(self, host_exits: asyncio.Queue[tuple[str, int]] | None) -> tuple[bytes, Any]:
+    async def _recv_control_raw(
+        self, host_exits: asyncio.Queue[tuple[str, int]] | None
+    ) -> tuple[bytes, Any]:
         while True:
             recv = asyncio.ensure_future(self.ctl_sock.recv_multipart(copy=False))
             waits: set[asyncio.Future[Any]] = {recv}
@@ -184,7 +187,8 @@ class Server:
 
     # -- readers --------------------------------------------------------------
     async def _read_data(self) -> None:
-        assert self.state is not None and self.timers is not None
+        assert self.state is not None
+        assert self.timers is not None
         state = self.state
         while True:
             frames = await self.data_sock.recv_multipart(copy=False)
@@ -266,7 +270,8 @@ class Server:
 
     # -- the event loop ---------------------------------------------------------
     async def _loop(self) -> None:
-        assert self.state is not None and self.timers is not None
+        assert self.state is not None
+        assert self.timers is not None
         state, strategy = self.state, self.strategy
         while self.stop_reason is None:
             kind, item = await self.queue.get()
@@ -305,7 +310,8 @@ class Server:
             self.joined.add(cid)
             self.state.samples[cid] = msg.num_samples
             step = strategy.on_join(cid, now)
-            if strategy.kind == "sync" and not strategy.started and len(self.joined) == len(self.clients):
+            everyone = len(self.joined) == len(self.clients)
+            if strategy.kind == "sync" and not strategy.started and everyone:
                 more = strategy.start(now)
                 step.dispatch.extend(more.dispatch)
             return step
@@ -317,7 +323,8 @@ class Server:
             return None
         if isinstance(msg, wire.Update):
             arrays = msg.tensors
-            flat = np.concatenate([np.asarray(a).reshape(-1) for a in arrays]) if arrays else np.zeros(0, np.float32)
+            flat = (np.concatenate([np.asarray(a).reshape(-1) for a in arrays]) if arrays
+                    else np.zeros(0, np.float32))
             result = ClientResult(client=cid, base_version=msg.base_version,
                                   params=torch.from_numpy(flat), num_samples=msg.num_samples,
                                   steps=int(msg.stats.get("steps", 0)), stats=msg.stats,
@@ -354,7 +361,8 @@ class Server:
         return step
 
     async def _apply(self, now: float, step: Step) -> None:
-        assert self.state is not None and self.timers is not None
+        assert self.state is not None
+        assert self.timers is not None
         self.state.applied(self, now, step)
         for cid in step.dispatch:
             await self._dispatch(now, cid)

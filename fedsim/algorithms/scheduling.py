@@ -183,9 +183,9 @@ class RoundScheduler:
     def on_dropped(self, client: int) -> None:
         """A selected client will not deliver (suspended, lost, discarded)."""
         cur = self.current
-        if cur is not None and self.state == "collecting" and client in cur.plan.selected:
-            if client not in cur.results:
-                cur.dropped.add(client)
+        if (cur is not None and self.state == "collecting" and client in cur.plan.selected
+                and client not in cur.results):
+            cur.dropped.add(client)
 
     def complete(self) -> bool:
         """True when the open round has all the results it can still get."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -47,10 +48,12 @@ every_updates = 8
 """)
     result = run_scenario(load(path), tmp_path / "run")
     s = _check_run_dir(result.run_dir)
-    assert s["status"] == "completed" and s["stop_reason"] == "time_budget"
+    assert s["status"] == "completed"
+    assert s["stop_reason"] == "time_budget"
     assert s["final_accuracy"] > 0.5, s  # 10 classes: chance is ~0.1-0.3 with label skew
     assert s["updates"] >= 30
-    assert s["staleness"]["max"] >= 1 and s["staleness"]["mean"] > 0.5
+    assert s["staleness"]["max"] >= 1
+    assert s["staleness"]["mean"] > 0.5
     events = list(read_events(result.run_dir / "events.jsonl"))
     aggregates = [e for e in events if e["ev"] == "aggregate"]
     assert any(e["staleness"] > 0 for e in aggregates)
@@ -61,13 +64,16 @@ every_updates = 8
     kinds = {e["ev"] for e in events}
     assert {"send", "deliver", "train_start", "train_end", "aggregate", "evaluate"} <= kinds
     for e in events:
-        assert "t" in e and "real" in e
+        assert "t" in e
+        assert "real" in e
     # the constant 20 ms latency is honoured in both directions
     delivers = [e for e in events if e["ev"] == "deliver"]
-    assert delivers and all(e["scheduled"] - e["sent_at"] >= 0.02 - 1e-9 for e in delivers)
+    assert delivers
+    assert all(e["scheduled"] - e["sent_at"] >= 0.02 - 1e-9 for e in delivers)
     assert all(e["t"] >= e["scheduled"] for e in delivers)
     rows = read_metrics(result.run_dir / "metrics.csv")
-    assert len(rows) >= 3 and not math.isnan(rows[-1]["accuracy"])
+    assert len(rows) >= 3
+    assert not math.isnan(rows[-1]["accuracy"])
 
 
 def test_fedavg_rounds_learn(tmp_path: Path) -> None:
@@ -79,7 +85,8 @@ fraction = 0.5
     sc = load(path, ["run.time_budget=60.0", "run.max_rounds=12"])
     result = run_scenario(sc, tmp_path / "run")
     s = _check_run_dir(result.run_dir)
-    assert s["stop_reason"] == "max_rounds" and s["rounds"] == 12
+    assert s["stop_reason"] == "max_rounds"
+    assert s["rounds"] == 12
     assert s["final_accuracy"] > 0.5, s
     events = list(read_events(result.run_dir / "events.jsonl"))
     aggregates = [e for e in events if e["ev"] == "aggregate"]
@@ -87,7 +94,7 @@ fraction = 0.5
     assert all(len(e["clients"]) == 4 for e in aggregates)  # ceil(0.5 * 8)
     # a round takes at least down + compute + up = 0.02 + 10 * 0.004 + 0.02
     times = [e["t"] for e in aggregates]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert min(gaps) >= 0.08 - 1e-3
 
 

@@ -35,7 +35,8 @@ def test_normal_end_leaves_no_process(tmp_path: Path) -> None:
                   "--set", "run.time_budget=2")
     code, stdout, stderr = finish(proc)
     assert code == 0, stderr[-2000:]
-    assert "final accuracy" in stdout and str(out) in stdout
+    assert "final accuracy" in stdout
+    assert str(out) in stdout
     endpoints = json.loads((out / "endpoints.json").read_text())
     assert_no_orphans(endpoints["run_id"])
     summary = json.loads((out / "summary.json").read_text())
