@@ -27,8 +27,8 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def row(name: str, s: dict) -> str:
-    """One markdown row from a summary.json."""
+def row(name: str, s: dict, sc: dict) -> str:
+    """One markdown row from a run's summary.json and resolved scenario.json."""
     st = s.get("staleness") or {}
     stale = "-" if st.get("mean") is None else (
         f"{st['mean']:.2f} / {st['p99']:.0f} / {st['max']:.0f}")
@@ -40,11 +40,13 @@ def row(name: str, s: dict) -> str:
     fid = s.get("fidelity") or {}
     lat = fid.get("lateness_ms") or {}
     over = (fid.get("compute") or {}).get("overruns", 0)
-    verdict = f"{fid.get('verdict', '?')} (p99 {_fmt(lat.get('p99'), '.2f')} ms, {over} overruns)"
+    verdict = f"{fid.get('verdict', '?')} (p99 {_fmt(lat.get('p99'), '.2f')} ms, overruns {over})"
     if fid.get("verdict") == "fail":
         verdict += f"; suggests dilation {fid.get('suggested_dilation')}"
     status = "" if s["status"] == "completed" else f" **{s['status']}**"
-    return (f"| {name} | {s['algorithm']}{status} | {_fmt(s.get('final_accuracy'))} | "
+    opt = sc.get("client", {}).get("optimizer", "sgd")
+    alg = s["algorithm"] + ("" if opt in ("sgd", "sgdm") else f" + {opt}")
+    return (f"| {name} | {alg}{status} | {_fmt(s.get('final_accuracy'))} | "
             f"{_fmt(s.get('best_accuracy'))} | {ttt} | {s['updates']}{rounds} | {stale} | "
             f"{s['emulated_seconds']:.1f} / {s['real_seconds']:.1f} | {verdict} |")
 
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: no summary (exit {proc.returncode})\n{proc.stderr[-2000:]}",
                   file=sys.stderr)
             continue
-        rows.append(row(name, json.loads(summary.read_text())))
+        sc = json.loads((run_dir / "scenario.json").read_text())
+        rows.append(row(name, json.loads(summary.read_text()), sc))
         print(f"{name}: exit {proc.returncode}, {took:.0f} s wall", file=sys.stderr, flush=True)
     print(HEADER)
     print("\n".join(rows))
