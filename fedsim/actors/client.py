@@ -84,6 +84,8 @@ class ClientActor:
                     await self.on_task(msg)
                 elif isinstance(msg, _Back):
                     await self._announce(msg.reset)
+                elif isinstance(msg, wire.Aggregate):  # an average after its DGA run ended
+                    log.debug("client %d: late %s", self.cid, type(msg).__name__)
                 else:
                     log.warning("client %d ignores %s", self.cid, type(msg).__name__)
         finally:
