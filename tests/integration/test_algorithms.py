@@ -54,6 +54,13 @@ name = "fedavg"
 name = "fedasync"
 concurrency = 4
 """,
+    "deltasgd-asyncfeded": """
+[algorithm]
+name = "asyncfeded"
+k_initial = 1
+lam = 1.0
+epsilon = 1.0
+""",
     "dga-auto": """
 [algorithm]
 name = "dga"
