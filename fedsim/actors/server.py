@@ -1,4 +1,4 @@
-"""The server actor: one ROUTER for clients, one for client hosts.
+"""The server actor: one ROUTER for clients, one for client hosts (:mod:`._hostctl`).
 
 Every client message passes through that client's uplink on arrival: the
 timer heap holds it until the link delivers it, then the actor's single
@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from fedsim import wire
+from fedsim.actors._hostctl import HostControl
 from fedsim.actors._setup import build_data, build_model, model_shapes
 from fedsim.actors._workers import WorkerHandle
-from fedsim.actors.host import boot_id
 from fedsim.actors.runstate import RunState
 from fedsim.actors.strategies import Step, make_strategy
 from fedsim.algorithms import ClientResult, flatten, unflatten
@@ -47,7 +47,6 @@ class Server:
                  run_id: str, dilation: float, bind_host: str = "127.0.0.1") -> None:
         self.sc = sc
         self.run_dir = run_dir
-        self.expected_hosts = hosts
         self.scenario_file = scenario_file
         self.run_id = run_id
         self.dilation = dilation
@@ -58,7 +57,7 @@ class Server:
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.clients = set(range(sc.data.num_clients))
         self.joined: set[int] = set()
-        self.hosts: dict[str, dict[str, Any]] = {}
+        self.hostctl = HostControl(hosts, self.queue)
         self.task_ids = itertools.count(1)
         self.seq = itertools.count()
         self.max_bytes = int(sc.deploy.max_message_mb * 1e6)
@@ -69,6 +68,11 @@ class Server:
         self._sends: set[asyncio.Future[None]] = set()
         self.monitor: FidelityMonitor | None = None
 
+    @property
+    def hosts(self) -> dict[str, dict[str, Any]]:
+        """The client hosts' bookkeeping (see :attr:`HostControl.hosts`)."""
+        return self.hostctl.hosts
+
     # -- setup ----------------------------------------------------------------
     def bind(self) -> tuple[str, str]:
         """Bind the client and host sockets; return (data, control) addresses."""
@@ -77,7 +81,7 @@ class Server:
         else:
             data = control = f"tcp://{self.bind_host}:0"
         self.data_sock, self.data_address = self.transport.router(data)
-        self.ctl_sock, self.control_address = self.transport.router(control)
+        self.control_address = self.hostctl.bind(self.transport, control)
         return self.data_address, self.control_address
 
     async def run(self, host_exits: asyncio.Queue[tuple[str, int]] | None = None) -> dict[str, Any]:
@@ -97,15 +101,11 @@ class Server:
                                       self.scenario_file, "evaluator")
         readers: list[asyncio.Task[Any]] = []
         try:
-            await asyncio.gather(self.evaluator.start(), self._await_hosts(host_exits))
+            await asyncio.gather(self.evaluator.start(), self.hostctl.wait_ready(host_exits))
             self.clock = Clock(dilation=self.dilation, epoch=monotonic() + 0.05)
             self.timers = TimerHeap(self.clock)
             state.start(self.clock)
-            for name, info in self.hosts.items():
-                await self._control(name, wire.Control(op="start", args={
-                    "epoch": self.clock.epoch, "dilation": self.dilation,
-                    "boot_id": boot_id(), "offset": info.get("offset", 0.0),
-                    "shapes": [list(s) for s in shapes]}))
+            await self.hostctl.start(self.clock.epoch, self.dilation, shapes)
             self.plan = plan = NetPlan(self.sc, host_step_time=self.sc.devices.host_step_time)
             self.monitor = FidelityMonitor(dilation=self.dilation)
             for kind, params in plan.expectations().items():
@@ -115,10 +115,8 @@ class Server:
             self.links = {c: plan.make_link(c, "up", shared_up) for c in self.clients}
             self.availability = {c: plan.availability(c) for c in self.clients}
             readers = [asyncio.create_task(self._read_data()),
-                       asyncio.create_task(self._read_control())]
-            if host_exits is not None:
-                readers.append(asyncio.create_task(self._watch_hosts(host_exits)))
-            readers.append(asyncio.create_task(self._ticker()))
+                       *self.hostctl.readers(state, host_exits),
+                       asyncio.create_task(self._ticker())]
             budget = self.sc.run.time_budget
             if budget is not None:
                 self.timers.call_at(budget, self.queue.put_nowait, ("stop", "time_budget"))
@@ -139,51 +137,6 @@ class Server:
             await self._shutdown(readers)
             state.finish(self, self.stop_reason or "completed")
         return state.summary
-
-    async def _await_hosts(self, host_exits: asyncio.Queue[tuple[str, int]] | None) -> None:
-        ready = 0
-        while ready < self.expected_hosts:
-            ident, msg = await self._recv_control_raw(host_exits)
-            name = ident.decode()
-            if isinstance(msg, wire.HostHello):
-                self.hosts[name] = {"clients": list(msg.clients), "pid": msg.pid,
-                                    "offset": monotonic() - float(msg.info.get("mono", 0.0)),
-                                    "alive": True}
-            elif isinstance(msg, wire.Control) and msg.op == "ready":
-                self.hosts.setdefault(name, {"alive": True})["samples"] = msg.args["samples"]
-                ready += 1
-
-    async def _recv_control_raw(
-        self, host_exits: asyncio.Queue[tuple[str, int]] | None
-    ) -> tuple[bytes, Any]:
-        while True:
-            recv = asyncio.ensure_future(self.ctl_sock.recv_multipart(copy=False))
-            waits: set[asyncio.Future[Any]] = {recv}
-            died = None
-            if host_exits is not None:
-                died = asyncio.ensure_future(host_exits.get())
-                waits.add(died)
-            done, _ = await asyncio.wait(waits, timeout=300, return_when=asyncio.FIRST_COMPLETED)
-            if died is not None and died in done:
-                recv.cancel()
-                name, code = died.result()
-                raise RuntimeError(f"client {name} exited with {code} during start-up")
-            if died is not None:
-                died.cancel()
-            if recv not in done:
-                recv.cancel()
-                raise TimeoutError("client hosts did not start within 300 s")
-            frames = recv.result()
-            try:
-                msg, _ = wire.decode(frames[1:], check_finite=False)
-            except wire.WireError as exc:
-                log.warning("rejected a control message: %s", exc)
-                continue
-            return frames[0].bytes, msg
-
-    async def _control(self, host: str, msg: Any) -> None:
-        with contextlib.suppress(Exception):
-            await self.ctl_sock.send_multipart([host.encode(), *wire.encode(msg)], copy=False)
 
     # -- readers --------------------------------------------------------------
     async def _read_data(self) -> None:
@@ -237,27 +190,6 @@ class Server:
         if isinstance(msg, wire.Update):
             self.state.bytes_up += meta.nbytes
         self.queue.put_nowait(("client", (cid, msg)))
-
-    async def _read_control(self) -> None:
-        assert self.state is not None
-        while True:
-            frames = await self.ctl_sock.recv_multipart(copy=False)
-            try:
-                msg, _ = wire.decode(frames[1:], check_finite=False)
-            except wire.WireError as exc:
-                log.warning("rejected a control message: %s", exc)
-                continue
-            name = frames[0].bytes.decode(errors="replace")
-            if isinstance(msg, wire.EventBatch):
-                self.state.host_events(msg.events)
-            elif isinstance(msg, wire.Control) and msg.op == "bye":
-                self.hosts.setdefault(name, {})["bye"] = msg.args
-                self.queue.put_nowait(("host_bye", name))
-
-    async def _watch_hosts(self, host_exits: asyncio.Queue[tuple[str, int]]) -> None:
-        while True:
-            name, code = await host_exits.get()
-            self.queue.put_nowait(("host_exit", (name, code)))
 
     async def _ticker(self) -> None:
         while True:
@@ -432,38 +364,25 @@ class Server:
         return True
 
     def _host_lost(self, now: float, name: str, code: int) -> Step | None:
+        """A client host exited: its clients are lost; with no host left, so is the run."""
         assert self.state is not None
-        info = self.hosts.get(name, {})
-        if not info.get("alive", False) or self.stop_reason is not None:
+        if self.stop_reason is not None:
             return None
-        info["alive"] = False
-        self.state.host_failures.append({"host": name, "exit": code, "t": now})
-        self.state.event(now, "host_lost", host=name, exit=code)
-        log.error("client host %s exited with %s; its clients are lost", name, code)
+        lost = self.hostctl.lose(now, name, code, self.state)
+        if lost is None:
+            return None
         step = Step()
-        for cid in info.get("clients", []):
+        for cid in lost:
             self.clients.discard(cid)
             s = self.strategy.on_away(cid, now, "lose")
             step.dispatch.extend(s.dispatch)
             step.applied.extend(s.applied)
-        if not any(h.get("alive") for h in self.hosts.values()):
+        if not self.hostctl.any_alive:
             self.stop_reason = "failed: all client hosts lost"
         return step
 
     async def _shutdown(self, readers: list[asyncio.Task[Any]]) -> None:
-        for name, info in self.hosts.items():
-            if info.get("alive", True):
-                await self._control(name, wire.Control(op="stop", args={}))
-        deadline = monotonic() + 10.0
-        while monotonic() < deadline and any(
-            info.get("alive", True) and "bye" not in info for info in self.hosts.values()
-        ):
-            try:
-                kind, item = await asyncio.wait_for(self.queue.get(), 0.2)
-            except TimeoutError:
-                continue
-            if kind == "host_exit":
-                self.hosts.get(item[0], {})["alive"] = False
+        await self.hostctl.stop()
         for task in readers:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
