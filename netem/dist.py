@@ -1,7 +1,6 @@
-"""Delay distributions with inverse CDFs, and a marginal-preserving correlated sampler.
+"""Marginal delay distributions with inverse CDFs.
 
-Reference: NETEM-REFERENCE.md §1.2 (netem's distribution tables and why its
-delay correlation does nothing), §7 item 1.
+Reference: NETEM-REFERENCE.md §1.2 (netem's distribution tables), §7 item 1.
 
 Conventions (all values in emulated **seconds**):
 
@@ -42,12 +41,10 @@ and standard deviation; positive, never clipped; useful for long-tailed Wi-Fi
 delay and device step times) and :class:`Empirical` (a table of samples,
 inverse CDF by linear interpolation between order statistics).
 
-Correlation (§1.2 [calc] shows netem's ``get_crandom`` correlation vanishes
-after the table lookup): :class:`DelayProcess` uses a Gaussian-copula AR(1),
-``z_n = rho z_{n-1} + sqrt(1 - rho^2) eps_n``, ``u_n = Phi(z_n)``,
-``delay_n = ppf(u_n)``. Every ``z_n`` is exactly N(0, 1), so every delay has
-exactly the configured marginal whatever ``rho`` is; lag-1 correlation of the
-delays is close to ``rho`` (exactly ``rho`` for the normal family).
+The correlated sampler that keeps these marginals while correlating successive
+draws is :class:`~netem.delayprocess.DelayProcess` (re-exported here); the
+standard normal helpers :func:`norm_cdf` and :func:`norm_ppf` live in
+:mod:`netem.stdnormal` (also re-exported).
 """
 
 from __future__ import annotations
@@ -56,14 +53,15 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from netem import _check
+from netem.delayprocess import DelayProcess
 from netem.empirical import Empirical
+from netem.stdnormal import norm_cdf, norm_ppf
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -83,29 +81,7 @@ __all__ = [
 
 FArray = NDArray[np.float64]
 
-# Keeps Phi^-1 finite: |z| <= 8.2, far beyond every clip range used here.
-_U_MIN = 1e-16
-_U_MAX = 1.0 - 1e-16
-_SQRT1_2 = math.sqrt(0.5)
-_erfc = np.frompyfunc(math.erfc, 1, 1)
-_inv_cdf = np.frompyfunc(NormalDist().inv_cdf, 1, 1)
-
 DISTRIBUTIONS = ("constant", "uniform", "normal", "pareto", "paretonormal", "lognormal")
-
-
-def norm_cdf(x: ArrayLike) -> FArray:
-    """Standard normal CDF, vectorised (``math.erfc`` elementwise, exact)."""
-    a = np.asarray(x, dtype=np.float64)
-    return np.asarray(0.5 * _erfc(-a * _SQRT1_2), dtype=np.float64)
-
-
-def norm_ppf(u: ArrayLike) -> FArray:
-    """Standard normal inverse CDF, vectorised (``statistics.NormalDist``, AS241).
-
-    ``u`` is clipped to ``[1e-16, 1 - 1e-16]`` so the result is finite.
-    """
-    a = np.clip(np.asarray(u, dtype=np.float64), _U_MIN, _U_MAX)
-    return np.asarray(_inv_cdf(a), dtype=np.float64)
 
 
 @runtime_checkable
@@ -379,63 +355,3 @@ def make_dist(
     d: Dist = families[name](mean, jitter)
     return d
 
-
-class DelayProcess:
-    """Correlated delay sampler with an exact marginal (Gaussian-copula AR(1)).
-
-    ``z_0 = eps_0``; ``z_n = rho z_{n-1} + sqrt(1 - rho^2) eps_n``;
-    ``delay_n = dist.ppf(Phi(z_n))``. One standard normal is consumed per
-    draw whatever ``rho`` and ``dist`` are, so changing the distribution
-    mid-run (:meth:`set_dist`) keeps the stream aligned and the correlation
-    state.
-
-    Parameters
-    ----------
-    dist
-        Marginal distribution of each delay.
-    rho
-        Lag-1 correlation of the latent Gaussian, in ``[0, 1)``.
-    rng
-        The process's own stream (see :func:`netem.rng.stream`).
-    """
-
-    __slots__ = ("_c", "_rng", "_z", "dist", "rho")
-
-    def __init__(self, dist: Dist, rho: float, rng: np.random.Generator) -> None:
-        _check.finite("DelayProcess", "rho", rho)
-        if not 0.0 <= rho < 1.0:
-            _check.fail("DelayProcess", "rho", rho, "must be in [0, 1)")
-        self.dist = dist
-        self.rho = float(rho)
-        self._c = math.sqrt(1.0 - self.rho * self.rho)
-        self._rng = rng
-        self._z: float | None = None
-
-    def set_dist(self, dist: Dist, rho: float | None = None) -> None:
-        """Change the marginal (and optionally rho) without resetting the state."""
-        self.dist = dist
-        if rho is not None and rho != self.rho:
-            if not 0.0 <= rho < 1.0:
-                _check.fail("DelayProcess", "rho", rho, "must be in [0, 1)")
-            self.rho = float(rho)
-            self._c = math.sqrt(1.0 - self.rho * self.rho)
-
-    def next(self) -> float:
-        """Draw the next delay (seconds)."""
-        eps = float(self._rng.standard_normal())
-        z = eps if self._z is None else self.rho * self._z + self._c * eps
-        self._z = z
-        u = 0.5 * math.erfc(-z * _SQRT1_2)
-        return float(self.dist.ppf(u))
-
-    def draw(self, n: int) -> FArray:
-        """Draw the next ``n`` delays; same values as ``n`` calls of :meth:`next`."""
-        eps = self._rng.standard_normal(n)
-        z = np.empty(n)
-        prev = self._z
-        rho, c = self.rho, self._c
-        for i, e in enumerate(eps.tolist()):
-            prev = e if prev is None else rho * prev + c * e
-            z[i] = prev
-        self._z = prev
-        return self.dist.ppf(norm_cdf(z))

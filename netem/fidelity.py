@@ -8,10 +8,10 @@ lateness on this box: ~0.2-0.4 ms typical, several ms at 2,000 timers),
 emulated time).
 
 All inputs are in **emulated** seconds (the emulator divides real lateness by
-the dilation before recording it). Cheap by construction: scalars go into
-preallocated numpy buffers that turn into a reservoir sample (Algorithm R,
-own seeded generator) when full, with exact count, mean and max kept aside;
-delay moments are streamed (Welford).
+the dilation before recording it). The bounded accumulators that hold the
+observations (reservoir sample, streamed delay moments), :class:`Thresholds`
+and :func:`nice_ceiling` are in :mod:`netem.fidelitystats` and re-exported
+here; this module records observations and judges them.
 
 Checks and their default thresholds (:class:`Thresholds`), each failing one
 adds a reason and makes the verdict ``"fail"``:
@@ -43,120 +43,19 @@ everything passes.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from statistics import NormalDist
 from typing import Any
 
-import numpy as np
-
 from netem import _check
+from netem.fidelitystats import Thresholds, _Kind, _Reservoir, nice_ceiling
 from netem.link import Delivery
 from netem.loss import LossModel, LossStats
 
 __all__ = ["FidelityMonitor", "Thresholds", "nice_ceiling"]
 
-
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    """Pass/fail limits; see the module docstring."""
-
-    lateness_floor: float = 1e-3
-    lateness_fraction: float = 0.05
-    overrun_fraction: float = 0.01
-    delay_mean_rel: float = 0.02
-    delay_std_rel: float = 0.10
-    rate_rel: float = 0.05
-    loss_confidence: float = 0.99
-    burst_rel: float = 0.05
-    min_samples: int = 30
-
-    def __post_init__(self) -> None:
-        for name in (
-            "lateness_floor",
-            "lateness_fraction",
-            "overrun_fraction",
-            "delay_mean_rel",
-            "delay_std_rel",
-            "rate_rel",
-            "burst_rel",
-        ):
-            _check.nonneg("Thresholds", name, getattr(self, name))
-        _check.finite("Thresholds", "loss_confidence", self.loss_confidence)
-        if not 0.5 < self.loss_confidence < 1.0:
-            _check.fail(
-                "Thresholds",
-                "loss_confidence",
-                self.loss_confidence,
-                "must be in (0.5, 1)",
-            )
-        _check.integer("Thresholds", "min_samples", self.min_samples, 1)
-
-
-_NICE = (1.0, 1.5, 2.0, 3.0, 5.0)
-
-
-def nice_ceiling(x: float) -> float:
-    """Smallest of 1, 1.5, 2, 3, 5, 10, 15, 20, 30, 50, 100, ... that is >= x."""
-    if not math.isfinite(x) or x <= 1.0:
-        return 1.0
-    decade = 10.0 ** math.floor(math.log10(x))
-    for m in (*_NICE, 10.0):
-        if m * decade >= x * (1 - 1e-12):
-            return m * decade
-    return 10.0 * decade
-
-
-class _Reservoir:
-    """Up to ``cap`` samples (uniform reservoir beyond), exact count/sum/max."""
-
-    __slots__ = ("_buf", "_rng", "count", "max", "sum")
-
-    def __init__(self, cap: int, seed: int) -> None:
-        self._buf = np.empty(cap)
-        self._rng = np.random.default_rng(seed)
-        self.count, self.sum, self.max = 0, 0.0, -math.inf
-
-    def add(self, x: float) -> None:
-        n, cap = self.count, self._buf.size
-        if n < cap:
-            self._buf[n] = x
-        else:
-            j = int(self._rng.integers(0, n + 1))
-            if j < cap:
-                self._buf[j] = x
-        self.count = n + 1
-        self.sum += x
-        if x > self.max:
-            self.max = x
-
-    def values(self) -> np.ndarray:
-        return self._buf[: min(self.count, self._buf.size)]
-
-    def quantile(self, q: float) -> float:
-        v = self.values()
-        return float(np.quantile(v, q)) if v.size else 0.0
-
-
-@dataclass(slots=True)
-class _Kind:
-    """Per link kind: configuration and streamed observations."""
-
-    mean: float | None = None
-    std: float | None = None
-    loss: LossModel | None = None
-    n: int = 0
-    m: float = 0.0
-    m2: float = 0.0
-    bytes_: float = 0.0
-    ser: float = 0.0
-    ser_actual: float = 0.0
-    loss_stats: LossStats = field(default_factory=LossStats)
-
-    def add_delay(self, x: float) -> None:
-        self.n += 1
-        d = x - self.m
-        self.m += d / self.n
-        self.m2 += d * (x - self.m)
+# One shared default, as before (Thresholds is frozen, so sharing is safe).
+_DEFAULT_THRESHOLDS = Thresholds()
 
 
 class FidelityMonitor:
@@ -176,7 +75,7 @@ class FidelityMonitor:
 
     def __init__(
         self,
-        thresholds: Thresholds = Thresholds(),
+        thresholds: Thresholds = _DEFAULT_THRESHOLDS,
         dilation: float = 1.0,
         capacity: int = 1 << 17,
         seed: int = 0,
@@ -256,22 +155,9 @@ class FidelityMonitor:
         most ``max_samples`` values each (uniformly thinned); counts, sums and
         maxima stay exact.
         """
-
-        def res(r: _Reservoir) -> dict[str, Any]:
-            v = r.values()
-            if v.size > max_samples:
-                v = v[:: -(-v.size // max_samples)]
-            return {"values": [float(x) for x in v], "count": r.count, "sum": r.sum,
-                    "max": r.max if r.count else 0.0}
-
-        kinds = {
-            name: {"n": k.n, "m": k.m, "m2": k.m2, "bytes": k.bytes_, "ser": k.ser,
-                   "ser_actual": k.ser_actual, "packets": k.loss_stats.packets,
-                   "lost": k.loss_stats.lost, "bursts": k.loss_stats.bursts,
-                   "cut": k.loss_stats.cut}
-            for name, k in self._kinds.items()
-        }
-        return {"lateness": res(self._late), "ratio": res(self._ratio),
+        kinds = {name: k.export() for name, k in self._kinds.items()}
+        return {"lateness": self._late.export(max_samples),
+                "ratio": self._ratio.export(max_samples),
                 "overruns": self._overruns, "kinds": kinds}
 
     def merge(self, data: dict[str, Any]) -> None:
@@ -281,29 +167,11 @@ class FidelityMonitor:
         samples, its quantiles weigh less than its count (count, mean and max
         remain exact).
         """
-        for mine, theirs in ((self._late, data["lateness"]), (self._ratio, data["ratio"])):
-            before = mine.count
-            for x in theirs["values"]:
-                mine.add(float(x))
-            mine.count = before + int(theirs["count"])
-            mine.sum += float(theirs["sum"]) - float(sum(theirs["values"]))
-            if int(theirs["count"]):
-                mine.max = max(mine.max, float(theirs["max"]))
+        self._late.merge(data["lateness"])
+        self._ratio.merge(data["ratio"])
         self._overruns += int(data["overruns"])
         for name, o in data["kinds"].items():
-            k = self._kind(name)
-            n = k.n + int(o["n"])
-            if n:
-                delta = float(o["m"]) - k.m
-                k.m2 += float(o["m2"]) + delta * delta * k.n * int(o["n"]) / n
-                k.m += delta * int(o["n"]) / n
-                k.n = n
-            k.bytes_ += float(o["bytes"])
-            k.ser += float(o["ser"])
-            k.ser_actual += float(o["ser_actual"])
-            s = k.loss_stats
-            k.loss_stats = s + LossStats(int(o["packets"]), int(o["lost"]), int(o["bursts"]),
-                                         int(o.get("cut", 0)))
+            self._kind(name).merge(o)
 
     # -- verdict -------------------------------------------------------------
     def allowed_lateness(self) -> float:

@@ -1,0 +1,169 @@
+"""Building blocks of the fidelity monitor: limits and bounded accumulators.
+
+Reference: NETEM-REFERENCE.md §5.1 (what to record), §5.3 (dilation). The
+checks and the verdict that use these pieces are in :mod:`netem.fidelity`
+(which re-exports :class:`Thresholds` and :func:`nice_ceiling`).
+
+All values are in **emulated** seconds. Cheap by construction: scalars go into
+preallocated numpy buffers that turn into a reservoir sample (Algorithm R,
+own seeded generator) when full, with exact count, mean and max kept aside
+(:class:`_Reservoir`); delay moments are streamed (Welford, :class:`_Kind`).
+Both export themselves as plain data (msgpack/JSON-able) and merge such an
+export into themselves, so monitors of several processes can be combined.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from netem import _check
+from netem.loss import LossModel, LossStats
+
+__all__ = ["Thresholds", "nice_ceiling"]
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Pass/fail limits; see :mod:`netem.fidelity`."""
+
+    lateness_floor: float = 1e-3
+    lateness_fraction: float = 0.05
+    overrun_fraction: float = 0.01
+    delay_mean_rel: float = 0.02
+    delay_std_rel: float = 0.10
+    rate_rel: float = 0.05
+    loss_confidence: float = 0.99
+    burst_rel: float = 0.05
+    min_samples: int = 30
+
+    def __post_init__(self) -> None:
+        for name in (
+            "lateness_floor",
+            "lateness_fraction",
+            "overrun_fraction",
+            "delay_mean_rel",
+            "delay_std_rel",
+            "rate_rel",
+            "burst_rel",
+        ):
+            _check.nonneg("Thresholds", name, getattr(self, name))
+        _check.finite("Thresholds", "loss_confidence", self.loss_confidence)
+        if not 0.5 < self.loss_confidence < 1.0:
+            _check.fail(
+                "Thresholds",
+                "loss_confidence",
+                self.loss_confidence,
+                "must be in (0.5, 1)",
+            )
+        _check.integer("Thresholds", "min_samples", self.min_samples, 1)
+
+
+_NICE = (1.0, 1.5, 2.0, 3.0, 5.0)
+
+
+def nice_ceiling(x: float) -> float:
+    """Smallest of 1, 1.5, 2, 3, 5, 10, 15, 20, 30, 50, 100, ... that is >= x."""
+    if not math.isfinite(x) or x <= 1.0:
+        return 1.0
+    decade = 10.0 ** math.floor(math.log10(x))
+    for m in (*_NICE, 10.0):
+        if m * decade >= x * (1 - 1e-12):
+            return m * decade
+    return 10.0 * decade
+
+
+class _Reservoir:
+    """Up to ``cap`` samples (uniform reservoir beyond), exact count/sum/max."""
+
+    __slots__ = ("_buf", "_rng", "count", "max", "sum")
+
+    def __init__(self, cap: int, seed: int) -> None:
+        self._buf = np.empty(cap)
+        self._rng = np.random.default_rng(seed)
+        self.count, self.sum, self.max = 0, 0.0, -math.inf
+
+    def add(self, x: float) -> None:
+        n, cap = self.count, self._buf.size
+        if n < cap:
+            self._buf[n] = x
+        else:
+            j = int(self._rng.integers(0, n + 1))
+            if j < cap:
+                self._buf[j] = x
+        self.count = n + 1
+        self.sum += x
+        if x > self.max:
+            self.max = x
+
+    def values(self) -> np.ndarray:
+        return self._buf[: min(self.count, self._buf.size)]
+
+    def quantile(self, q: float) -> float:
+        v = self.values()
+        return float(np.quantile(v, q)) if v.size else 0.0
+
+    def export(self, max_samples: int) -> dict[str, Any]:
+        """Plain data; at most ``max_samples`` values (uniformly thinned)."""
+        v = self.values()
+        if v.size > max_samples:
+            v = v[:: -(-v.size // max_samples)]
+        return {"values": [float(x) for x in v], "count": self.count, "sum": self.sum,
+                "max": self.max if self.count else 0.0}
+
+    def merge(self, theirs: dict[str, Any]) -> None:
+        """Add another reservoir's :meth:`export` (count, sum and max stay exact)."""
+        before = self.count
+        for x in theirs["values"]:
+            self.add(float(x))
+        self.count = before + int(theirs["count"])
+        self.sum += float(theirs["sum"]) - float(sum(theirs["values"]))
+        if int(theirs["count"]):
+            self.max = max(self.max, float(theirs["max"]))
+
+
+@dataclass(slots=True)
+class _Kind:
+    """Per link kind: configuration and streamed observations."""
+
+    mean: float | None = None
+    std: float | None = None
+    loss: LossModel | None = None
+    n: int = 0
+    m: float = 0.0
+    m2: float = 0.0
+    bytes_: float = 0.0
+    ser: float = 0.0
+    ser_actual: float = 0.0
+    loss_stats: LossStats = field(default_factory=LossStats)
+
+    def add_delay(self, x: float) -> None:
+        self.n += 1
+        d = x - self.m
+        self.m += d / self.n
+        self.m2 += d * (x - self.m)
+
+    def export(self) -> dict[str, Any]:
+        """Observations as plain data (the configuration is not exported)."""
+        return {"n": self.n, "m": self.m, "m2": self.m2, "bytes": self.bytes_,
+                "ser": self.ser, "ser_actual": self.ser_actual,
+                "packets": self.loss_stats.packets, "lost": self.loss_stats.lost,
+                "bursts": self.loss_stats.bursts, "cut": self.loss_stats.cut}
+
+    def merge(self, o: dict[str, Any]) -> None:
+        """Add another accumulator's :meth:`export` (pooled Welford moments)."""
+        n = self.n + int(o["n"])
+        if n:
+            delta = float(o["m"]) - self.m
+            self.m2 += float(o["m2"]) + delta * delta * self.n * int(o["n"]) / n
+            self.m += delta * int(o["n"]) / n
+            self.n = n
+        self.bytes_ += float(o["bytes"])
+        self.ser += float(o["ser"])
+        self.ser_actual += float(o["ser_actual"])
+        s = self.loss_stats
+        self.loss_stats = s + LossStats(int(o["packets"]), int(o["lost"]), int(o["bursts"]),
+                                        int(o.get("cut", 0)))
