@@ -77,30 +77,52 @@ def nice_ceiling(x: float) -> float:
 
 
 class _Reservoir:
-    """Up to ``cap`` samples (uniform reservoir beyond), exact count/sum/max."""
+    """Up to ``cap`` samples (uniform reservoir beyond), exact count/sum/max.
 
-    __slots__ = ("_buf", "_rng", "count", "max", "sum")
+    ``count`` is every sample recorded, merged ones included; the buffer holds
+    a uniform sample of them (``_seen`` counts what was offered to it). A
+    merged export stands for ``count`` samples with fewer values, so each of
+    its values is offered ``count / len(values)`` times (stochastically
+    rounded): the quantiles of a merge weigh every source by its real count.
+    """
+
+    __slots__ = ("_buf", "_rng", "_seen", "count", "max", "sum")
 
     def __init__(self, cap: int, seed: int) -> None:
         self._buf = np.empty(cap)
         self._rng = np.random.default_rng(seed)
+        self._seen = 0
         self.count, self.sum, self.max = 0, 0.0, -math.inf
 
     def add(self, x: float) -> None:
-        n, cap = self.count, self._buf.size
+        n, cap = self._seen, self._buf.size
         if n < cap:
             self._buf[n] = x
         else:
             j = int(self._rng.integers(0, n + 1))
             if j < cap:
                 self._buf[j] = x
-        self.count = n + 1
+        self._seen = n + 1
+        self.count += 1
         self.sum += x
         if x > self.max:
             self.max = x
 
+    def _offer(self, xs: np.ndarray) -> None:
+        """Offer ``xs`` to the reservoir in order (vectorised :meth:`add` of the buffer)."""
+        n, cap = self._seen, self._buf.size
+        k = max(0, min(cap - n, xs.size))
+        self._buf[n : n + k] = xs[:k]
+        rest = xs[k:]
+        if rest.size:
+            seen = np.arange(n + k, n + k + rest.size)
+            j = np.floor(self._rng.random(rest.size) * (seen + 1)).astype(np.int64)
+            keep = j < cap
+            self._buf[j[keep]] = rest[keep]  # repeated slots: the later value wins, as in add()
+        self._seen = n + xs.size
+
     def values(self) -> np.ndarray:
-        return self._buf[: min(self.count, self._buf.size)]
+        return self._buf[: min(self._seen, self._buf.size)]
 
     def quantile(self, q: float) -> float:
         v = self.values()
@@ -116,12 +138,15 @@ class _Reservoir:
 
     def merge(self, theirs: dict[str, Any]) -> None:
         """Add another reservoir's :meth:`export` (count, sum and max stay exact)."""
-        before = self.count
-        for x in theirs["values"]:
-            self.add(float(x))
-        self.count = before + int(theirs["count"])
-        self.sum += float(theirs["sum"]) - float(sum(theirs["values"]))
-        if int(theirs["count"]):
+        vals = np.asarray(theirs["values"], dtype=np.float64)
+        n = int(theirs["count"])
+        if vals.size and n:
+            w = n / vals.size
+            reps = int(w) + (self._rng.random(vals.size) < w - int(w))
+            self._offer(np.repeat(vals, reps))
+        self.count += n
+        self.sum += float(theirs["sum"])
+        if n:
             self.max = max(self.max, float(theirs["max"]))
 
 

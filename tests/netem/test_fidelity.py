@@ -138,6 +138,23 @@ def test_reservoir_keeps_exact_count_and_max():
     assert lat["p50"] == pytest.approx(5.0, abs=1.0)
 
 
+def test_merging_thinned_exports_weighs_each_source_by_its_count():
+    """A host's export is thinned to max_samples values; merged, they stand for
+    the host's whole count, and no unfilled buffer slot leaks into a quantile."""
+    server, host = FidelityMonitor(), FidelityMonitor()
+    for _ in range(1_000):
+        server.record_lateness(0.010)  # 1,000 samples at 10 ms
+    for _ in range(30_000):
+        host.record_lateness(0.001)  # 30,000 at 1 ms, exported as 3,000 values
+    server.merge(json.loads(json.dumps(host.export(max_samples=3_000))))
+    lat = server.report()["lateness_ms"]
+    assert lat["n"] == 31_000
+    assert lat["max"] == pytest.approx(10.0)
+    assert lat["p50"] == pytest.approx(1.0)  # 97 % of the samples are 1 ms
+    assert lat["p99"] == pytest.approx(10.0)  # the top 3 % are 10 ms
+    assert min(server._late.values()) >= 0.001  # no unwritten slot (np.empty) read back
+
+
 def test_netem_core_imports_nothing_from_fedsim_or_scipy():
     mods = (
         "rng",
