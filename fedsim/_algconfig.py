@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from fedsim._schema import NonNeg, Pos, Prob, SchemaModel
 
 __all__ = [
     "ALGORITHMS",
@@ -38,16 +40,9 @@ __all__ = [
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
-Pos = Annotated[float, Field(gt=0)]
-NonNeg = Annotated[float, Field(ge=0)]
-Prob = Annotated[float, Field(ge=0, le=1)]
-
-
-class FedAvgConfig(_Model):
+class FedAvgConfig(SchemaModel):
     """Synchronous rounds (FedAvg; FedProx adds ``mu``)."""
 
     name: Literal["fedavg", "fedprox"]
@@ -68,7 +63,7 @@ class FedAvgConfig(_Model):
         return self
 
 
-class FedAsyncConfig(_Model):
+class FedAsyncConfig(SchemaModel):
     """FedAsync: staleness-weighted mixing, ``concurrency`` tasks in flight."""
 
     name: Literal["fedasync"]
@@ -84,7 +79,7 @@ class FedAsyncConfig(_Model):
     task_timeout: Pos | None = None
 
 
-class _RoundsConfig(_Model):
+class _RoundsConfig(SchemaModel):
     """Fields every synchronous-round algorithm shares."""
 
     fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
@@ -116,7 +111,7 @@ class ScaffoldConfig(_RoundsConfig):
     option: Literal["I", "II"] = "II"
 
 
-class _AsyncConfig(_Model):
+class _AsyncConfig(SchemaModel):
     concurrency: Annotated[int, Field(ge=1)] | None = None
     task_timeout: Pos | None = None
 
@@ -152,7 +147,7 @@ class FedBuffConfig(_AsyncConfig):
     max_staleness: Annotated[int, Field(ge=0)] | None = None
 
 
-class DGAScenarioConfig(_Model):
+class DGAScenarioConfig(SchemaModel):
     """DGA (§3): clients keep stepping while their round's average travels.
 
     ``delay`` is D in local steps (``mode = "paper"``: a real barrier at step

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from fedsim._schema import NonNeg, Pos, Prob, SchemaModel
 
 __all__ = [
     "AvailabilityConfig",
@@ -41,13 +43,6 @@ __all__ = [
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-
-Pos = Annotated[float, Field(gt=0)]
-NonNeg = Annotated[float, Field(ge=0)]
-Prob = Annotated[float, Field(ge=0, le=1)]
 Distribution = Literal[
     "constant", "uniform", "normal", "pareto", "paretonormal", "lognormal", "empirical"
 ]
@@ -60,7 +55,7 @@ ProfileName = Literal[
 PROFILE_NAMES: tuple[str, ...] = ProfileName.__args__  # type: ignore[attr-defined]
 
 
-class LossConfig(_Model):
+class LossConfig(SchemaModel):
     """Per-packet loss: ``bernoulli`` (``p``) or ``gilbert-elliott`` (``p``, ``r``)."""
 
     model: Literal["bernoulli", "gilbert-elliott"] = "bernoulli"
@@ -78,7 +73,7 @@ class LossConfig(_Model):
         return self
 
 
-class LinkConfig(_Model):
+class LinkConfig(SchemaModel):
     """Fields of one link direction; ``None`` keeps the profile's value."""
 
     delay: NonNeg | None = None
@@ -104,14 +99,14 @@ class LinkConfig(_Model):
         return self
 
 
-class SpreadConfig(_Model):
+class SpreadConfig(SchemaModel):
     """Per-client multiplier with mean 1: ``distribution`` with std ``cv``."""
 
     distribution: SpreadDistribution = "lognormal"
     cv: NonNeg = 0.3
 
 
-class GroupConfig(_Model):
+class GroupConfig(SchemaModel):
     """Clients with their own profile: explicit ids, or a share of the rest."""
 
     name: str | None = None
@@ -129,7 +124,7 @@ class GroupConfig(_Model):
         return self
 
 
-class ChangeConfig(_Model):
+class ChangeConfig(SchemaModel):
     """From emulated time ``at`` on, these fields change (on every client's links)."""
 
     at: NonNeg
@@ -145,14 +140,14 @@ class ChangeConfig(_Model):
         return self
 
 
-class BottleneckConfig(_Model):
+class BottleneckConfig(SchemaModel):
     """A rate + queue shared by every client's link at the server."""
 
     rate: Pos
     queue_limit: Annotated[int, Field(ge=1)] | None = None
 
 
-class NetworkConfig(_Model):
+class NetworkConfig(SchemaModel):
     """The emulated network between the server and each client."""
 
     profile: ProfileName | None = None
@@ -191,7 +186,7 @@ class NetworkConfig(_Model):
         return self
 
 
-class DevicesConfig(_Model):
+class DevicesConfig(SchemaModel):
     """Client devices: emulated compute time per local step.
 
     ``model = "step_time"``: per-client mean step time drawn from
@@ -228,7 +223,7 @@ class DevicesConfig(_Model):
         return self
 
 
-class AvailabilityConfig(_Model):
+class AvailabilityConfig(SchemaModel):
     """When clients are away.
 
     ``suspension``: AsyncFedED's (ALGORITHMS.md §10): each local run is,

@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from fedsim._algconfig import (
     _OPTIMIZERS_FOR,
@@ -35,6 +35,7 @@ from fedsim._algconfig import FedBuffConfig as FedBuffConfig
 from fedsim._algconfig import FedSpeedScenarioConfig as FedSpeedScenarioConfig
 from fedsim._algconfig import ScaffoldConfig as ScaffoldConfig
 from fedsim._netconfig import AvailabilityConfig, DevicesConfig, NetworkConfig
+from fedsim._schema import NonNeg, Pos, Prob, SchemaModel
 
 __all__ = ["Scenario", "ScenarioError", "load", "parse", "resolved"]
 
@@ -43,16 +44,9 @@ class ScenarioError(ValueError):
     """A scenario that cannot run; the message names every bad key."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
-Pos = Annotated[float, Field(gt=0)]
-NonNeg = Annotated[float, Field(ge=0)]
-Prob = Annotated[float, Field(ge=0, le=1)]
-
-
-class DataConfig(_Model):
+class DataConfig(SchemaModel):
     """Dataset, partition and number of clients."""
 
     dataset: Literal["synthetic", "digits", "leaf", "mnist", "cifar10"] = "synthetic"
@@ -70,7 +64,7 @@ class DataConfig(_Model):
     path: str | None = None
 
 
-class ModelConfig(_Model):
+class ModelConfig(SchemaModel):
     """The torch model every client trains."""
 
     name: Literal["mlp", "cnn", "cnn_mnist", "char_lstm"] = "mlp"
@@ -78,7 +72,7 @@ class ModelConfig(_Model):
     lstm_hidden: Annotated[int, Field(ge=1)] = 256
 
 
-class ClientConfig(_Model):
+class ClientConfig(SchemaModel):
     """Client optimizer and local work per task."""
 
     optimizer: Literal["sgd", "sgdm", "adam", "adagrad", "deltasgd", "sps"] = "sgd"
@@ -125,7 +119,7 @@ class ClientConfig(_Model):
         return self
 
 
-class RunConfig(_Model):
+class RunConfig(SchemaModel):
     """When a run stops. Durations are emulated seconds."""
 
     time_budget: Pos | None = 60.0
@@ -142,7 +136,7 @@ class RunConfig(_Model):
         return self
 
 
-class EvalConfig(_Model):
+class EvalConfig(SchemaModel):
     """How often the global model is evaluated on the held-out test set."""
 
     every_updates: Annotated[int, Field(ge=1)] | None = None
@@ -150,7 +144,7 @@ class EvalConfig(_Model):
     every_seconds: Pos | None = None
 
 
-class DeployConfig(_Model):
+class DeployConfig(SchemaModel):
     """Processes and sockets of a one-host run."""
 
     hosts: Annotated[int, Field(ge=0)] = 0
@@ -159,7 +153,7 @@ class DeployConfig(_Model):
     max_message_mb: Pos = 512.0
 
 
-class Scenario(_Model):
+class Scenario(SchemaModel):
     """A whole experiment."""
 
     name: str = "scenario"
