@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 
-from fedsim.algorithms.base import NonFiniteUpdate
+from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
 
 __all__ = [
+    "check_async_update",
     "check_finite",
+    "check_round",
     "check_shape",
     "flatten",
     "lerp",
@@ -58,6 +60,42 @@ def check_shape(x: torch.Tensor, update: torch.Tensor, what: str = "update") -> 
         raise ValueError(
             f"Invalid {what}: shape {tuple(update.shape)}, the model has {tuple(x.shape)}"
         )
+
+
+def check_round(
+    x: torch.Tensor, results: Sequence[ClientResult], what: str = "update", *, unique: bool = False
+) -> list[int]:
+    """Raise unless a round's results exist, match ``x``'s shape and are finite.
+
+    With ``unique``, a client reporting twice is an error too. Returns the
+    clients in order.
+    """
+    if not results:
+        raise ValueError("Invalid round: no results to aggregate")
+    clients = [r.client for r in results]
+    if unique and len(set(clients)) != len(clients):
+        raise ValueError(f"Invalid round: a client appears twice in {clients}")
+    for r in results:
+        check_shape(x, r.params, f"{what} from client {r.client}")
+        check_finite(r.params, f"{what} from client {r.client}")
+    return clients
+
+
+def check_async_update(x: torch.Tensor, result: ClientResult, version: int) -> int:
+    """Validate one asynchronous update against the server's model; return its staleness.
+
+    Staleness is ``version - result.base_version``, what really happened; an
+    update claiming a base newer than the server's version is an error.
+    """
+    what = f"update from client {result.client}"
+    check_shape(x, result.params, what)
+    check_finite(result.params, what)
+    d = version - result.base_version
+    if d < 0:
+        raise ValueError(
+            f"Invalid base version {result.base_version}: newer than the server's version {version}"
+        )
+    return d
 
 
 def norm64(vec: torch.Tensor) -> float:

@@ -42,8 +42,7 @@ from typing import Any, Literal
 import torch
 
 from fedsim.algorithms._kernels import (
-    check_finite,
-    check_shape,
+    check_async_update,
     norm64,
     pack_tensor,
     pseudo_gradient,
@@ -332,14 +331,7 @@ class AsyncFedED:
             unknown base version, or ``version`` older than the current one.
         """
         delta = result.params
-        check_shape(x, delta, f"update from client {result.client}")
-        check_finite(delta, f"update from client {result.client}")
-        d = version - result.base_version
-        if d < 0:
-            raise ValueError(
-                f"Invalid base version {result.base_version}: newer than the "
-                f"server's version {version}"
-            )
+        d = check_async_update(x, result, version)
         if self._current is not None and version < self._current:
             raise ValueError(
                 f"Invalid version {version}: older than the current version {self._current}"

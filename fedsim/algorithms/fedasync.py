@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import torch
 
-from fedsim.algorithms._kernels import check_finite, check_shape, lerp
+from fedsim.algorithms._kernels import check_async_update, lerp
 from fedsim.algorithms.base import ClientResult
 
 __all__ = ["STALENESS_FUNCTIONS", "FedAsync", "fedasync_mix", "staleness_weight"]
@@ -146,14 +146,7 @@ class FedAsync:
         NonFiniteUpdate
             If the update holds NaN or infinite values.
         """
-        check_shape(x, result.params, f"update from client {result.client}")
-        check_finite(result.params)
-        d = version - result.base_version
-        if d < 0:
-            raise ValueError(
-                f"Invalid base version {result.base_version}: newer than the "
-                f"server's version {version}"
-            )
+        d = check_async_update(x, result, version)
         if self.max_staleness is not None and d > self.max_staleness:
             return None, {"staleness": d, "alpha_t": 0.0, "discarded": True}
         alpha_t = self.weight(d)

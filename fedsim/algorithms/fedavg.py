@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from fedsim.algorithms._kernels import check_finite, check_shape, weighted_average
+from fedsim.algorithms._kernels import check_round, weighted_average
 from fedsim.algorithms.base import ClientResult
 
 __all__ = ["FedAvg", "fedavg_aggregate"]
@@ -74,11 +74,7 @@ class FedAvg:
         self, x: torch.Tensor, results: Sequence[ClientResult]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Aggregate one round; non-finite results raise before anything changes."""
-        if not results:
-            raise ValueError("Invalid round: no results to aggregate")
-        for r in results:
-            check_shape(x, r.params, f"update from client {r.client}")
-            check_finite(r.params, f"update from client {r.client}")
+        check_round(x, results)
         new = fedavg_aggregate(x, results, self.server_lr, self.weighting)
         self.rounds += 1
         return new, {"clients": [r.client for r in results]}

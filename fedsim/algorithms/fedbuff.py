@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import torch
 
-from fedsim.algorithms._kernels import check_finite, check_shape, pack_tensor, unpack_tensor
+from fedsim.algorithms._kernels import check_async_update, check_shape, pack_tensor, unpack_tensor
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.fedasync import STALENESS_FUNCTIONS, staleness_weight
 
@@ -131,16 +131,9 @@ class FedBuff:
             If ``Delta`` holds NaN or infinite values; the buffer is untouched.
         """
         delta = result.params
-        check_shape(x, delta, f"update from client {result.client}")
-        check_finite(delta, f"update from client {result.client}")
+        d = check_async_update(x, result, version)
         if self._acc is not None:
             check_shape(x, self._acc, "buffer (the model changed shape mid-buffer)")
-        d = version - result.base_version
-        if d < 0:
-            raise ValueError(
-                f"Invalid base version {result.base_version}: newer than the "
-                f"server's version {version}"
-            )
         if self.max_staleness is not None and d > self.max_staleness:
             return None, {
                 "staleness": d,

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from fedsim.algorithms._kernels import check_finite, check_shape, flatten, unflatten
+from fedsim.algorithms._kernels import check_round, check_shape, flatten, unflatten
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.fedavg import WEIGHTINGS, fedavg_aggregate
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
@@ -374,14 +374,7 @@ class FedSpeedServer:
         self, x: torch.Tensor, results: Sequence[ClientResult]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Aggregate one round; invalid or non-finite uploads raise before any change."""
-        if not results:
-            raise ValueError("Invalid round: no results to aggregate")
-        for r in results:
-            check_shape(x, r.params, f"upload from client {r.client}")
-            check_finite(r.params, f"upload from client {r.client}")
-        clients = [r.client for r in results]
-        if len(set(clients)) != len(clients):
-            raise ValueError(f"Invalid round: a client appears twice in {clients}")
+        clients = check_round(x, results, "upload", unique=True)
         if self.aggregation == "paper":
             new = fedavg_aggregate(x, results, self.server_lr, self.weighting)
         else:

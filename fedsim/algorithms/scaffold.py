@@ -29,6 +29,7 @@ from torch import nn
 
 from fedsim.algorithms._kernels import (
     check_finite,
+    check_round,
     check_shape,
     flatten,
     unflatten,
@@ -262,23 +263,17 @@ class Scaffold:
 
         Invalid or non-finite inputs raise before ``c`` or the round count change.
         """
-        if not results:
-            raise ValueError("Invalid round: no results to aggregate")
+        clients = check_round(x, results, unique=True)
         if len(delta_c) != len(results):
             raise ValueError(
                 f"Invalid delta_c: {len(delta_c)} control updates for {len(results)} results"
             )
-        clients = [r.client for r in results]
-        if len(set(clients)) != len(clients):
-            raise ValueError(f"Invalid round: a client appears twice in {clients}")
         if len(clients) > self.total_clients:
             raise ValueError(
                 f"Invalid round: {len(clients)} clients > total_clients {self.total_clients}"
             )
         for r, d in zip(results, delta_c, strict=True):
-            check_shape(x, r.params, f"update from client {r.client}")
             check_shape(x, d, f"delta_c from client {r.client}")
-            check_finite(r.params, f"update from client {r.client}")
             check_finite(d, f"delta_c from client {r.client}")
         new_x, new_c = scaffold_server_step(
             x,
