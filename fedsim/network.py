@@ -32,8 +32,10 @@ from fedsim._netconfig import GroupConfig, LinkConfig, LossConfig
 from fedsim.scenario import Scenario
 from netem.availability import AlwaysAvailable, AvailabilityTrace, OnOff, SuspensionModel
 from netem.device import Device, RunTrace, draw_devices
-from netem.dist import Empirical, make_dist
-from netem.link import Bottleneck, Delivery, Link, LinkParams
+from netem.dist import make_dist
+from netem.empirical import Empirical
+from netem.link import Bottleneck, Delivery, Link
+from netem.linkparams import LinkParams
 from netem.loss import Bernoulli, GilbertElliott, LossModel
 from netem.profiles import profile
 from netem.rng import stream

@@ -2,7 +2,8 @@
 
 Reference: NETEM-REFERENCE.md §1.2 (why netem's delay correlation does
 nothing), §7 item 1. The marginal distributions themselves are in
-:mod:`netem.dist` (which re-exports :class:`DelayProcess`).
+:mod:`netem.dist`; this module depends on it (for the :class:`~netem.dist.Dist`
+protocol), never the reverse.
 
 Correlation (§1.2 [calc] shows netem's ``get_crandom`` correlation vanishes
 after the table lookup): :class:`DelayProcess` uses a Gaussian-copula AR(1),
@@ -15,16 +16,13 @@ delays is close to ``rho`` (exactly ``rho`` for the normal family).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from netem import _check
+from netem.dist import Dist
 from netem.stdnormal import norm_cdf
-
-if TYPE_CHECKING:
-    from netem.dist import Dist
 
 __all__ = ["DelayProcess"]
 

@@ -34,7 +34,8 @@ from typing import Any, Literal
 import numpy as np
 
 from netem import _check
-from netem.dist import Constant, Dist, Empirical, LogNormal
+from netem.dist import Constant, Dist, LogNormal
+from netem.empirical import Empirical
 
 __all__ = [
     "Device",

@@ -42,9 +42,10 @@ delay and device step times) and :class:`Empirical` (a table of samples,
 inverse CDF by linear interpolation between order statistics).
 
 The correlated sampler that keeps these marginals while correlating successive
-draws is :class:`~netem.delayprocess.DelayProcess` (re-exported here); the
-standard normal helpers :func:`norm_cdf` and :func:`norm_ppf` live in
-:mod:`netem.stdnormal` (also re-exported).
+draws is :class:`~netem.delayprocess.DelayProcess` (it depends on this module,
+never the reverse); the standard normal helpers :func:`~netem.stdnormal.norm_cdf`
+and :func:`~netem.stdnormal.norm_ppf` live in :mod:`netem.stdnormal` and the
+table class :class:`~netem.empirical.Empirical` in :mod:`netem.empirical`.
 """
 
 from __future__ import annotations
@@ -59,24 +60,19 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from netem import _check
-from netem.delayprocess import DelayProcess
 from netem.empirical import Empirical
 from netem.stdnormal import norm_cdf, norm_ppf
 
 __all__ = [
     "DISTRIBUTIONS",
     "Constant",
-    "DelayProcess",
     "Dist",
-    "Empirical",
     "LogNormal",
     "Normal",
     "Pareto",
     "ParetoNormal",
     "Uniform",
     "make_dist",
-    "norm_cdf",
-    "norm_ppf",
 ]
 
 FArray = NDArray[np.float64]

@@ -9,9 +9,11 @@ emulated time).
 
 All inputs are in **emulated** seconds (the emulator divides real lateness by
 the dilation before recording it). The bounded accumulators that hold the
-observations (reservoir sample, streamed delay moments), :class:`Thresholds`
-and :func:`nice_ceiling` are in :mod:`netem.fidelitystats` and re-exported
-here; this module records observations and judges them.
+observations (:class:`~netem.fidelitystats.Reservoir`,
+:class:`~netem.fidelitystats.KindStats`),
+:class:`~netem.fidelitystats.Thresholds` and
+:func:`~netem.fidelitystats.nice_ceiling` are in :mod:`netem.fidelitystats`;
+this module records observations and judges them.
 
 Checks and their default thresholds (:class:`Thresholds`), each failing one
 adds a reason and makes the verdict ``"fail"``:
@@ -48,11 +50,12 @@ from statistics import NormalDist
 from typing import Any
 
 from netem import _check
-from netem.fidelitystats import Thresholds, _Kind, _Reservoir, nice_ceiling
+from netem.fidelitystats import KindStats, Reservoir, Thresholds, nice_ceiling
 from netem.link import Delivery
-from netem.loss import LossModel, LossStats
+from netem.loss import LossModel
+from netem.lossprocess import LossStats
 
-__all__ = ["FidelityMonitor", "Thresholds", "nice_ceiling"]
+__all__ = ["FidelityMonitor"]
 
 # One shared default, as before (Thresholds is frozen, so sharing is safe).
 _DEFAULT_THRESHOLDS = Thresholds()
@@ -84,14 +87,14 @@ class FidelityMonitor:
         _check.integer("FidelityMonitor", "capacity", capacity, 1)
         self.thresholds = thresholds
         self.dilation = float(dilation)
-        self._late = _Reservoir(capacity, seed)
-        self._ratio = _Reservoir(capacity, seed + 1)
+        self._late = Reservoir(capacity, seed)
+        self._ratio = Reservoir(capacity, seed + 1)
         self._overruns = 0
-        self._kinds: dict[str, _Kind] = {}
+        self._kinds: dict[str, KindStats] = {}
 
     # -- configuration -------------------------------------------------------
-    def _kind(self, kind: str) -> _Kind:
-        return self._kinds.setdefault(kind, _Kind())
+    def _kind(self, kind: str) -> KindStats:
+        return self._kinds.setdefault(kind, KindStats())
 
     def expect_delay(self, kind: str, mean: float, std: float) -> None:
         """Configured one-way delay moments of link kind ``kind`` (seconds)."""
@@ -103,7 +106,7 @@ class FidelityMonitor:
         self._kind(kind).loss = model
 
     def expect_link(self, kind: str, params: Any) -> None:
-        """Shortcut from a :class:`~netem.link.LinkParams`."""
+        """Shortcut from a :class:`~netem.linkparams.LinkParams`."""
         m, s = params.delay_dist().moments()
         self.expect_delay(kind, m, s)
         self.expect_loss(kind, params.loss)

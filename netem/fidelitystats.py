@@ -1,13 +1,14 @@
 """Building blocks of the fidelity monitor: limits and bounded accumulators.
 
 Reference: NETEM-REFERENCE.md §5.1 (what to record), §5.3 (dilation). The
-checks and the verdict that use these pieces are in :mod:`netem.fidelity`
-(which re-exports :class:`Thresholds` and :func:`nice_ceiling`).
+checks and the verdict that use these pieces are in :mod:`netem.fidelity`,
+which depends on this module (never the reverse); import :class:`Thresholds`
+and :func:`nice_ceiling` from here.
 
 All values are in **emulated** seconds. Cheap by construction: scalars go into
 preallocated numpy buffers that turn into a reservoir sample (Algorithm R,
 own seeded generator) when full, with exact count, mean and max kept aside
-(:class:`_Reservoir`); delay moments are streamed (Welford, :class:`_Kind`).
+(:class:`Reservoir`); delay moments are streamed (Welford, :class:`KindStats`).
 Both export themselves as plain data (msgpack/JSON-able) and merge such an
 export into themselves, so monitors of several processes can be combined.
 """
@@ -21,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from netem import _check
-from netem.loss import LossModel, LossStats
+from netem.loss import LossModel
+from netem.lossprocess import LossStats
 
-__all__ = ["Thresholds", "nice_ceiling"]
+__all__ = ["KindStats", "Reservoir", "Thresholds", "nice_ceiling"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +78,15 @@ def nice_ceiling(x: float) -> float:
     return 10.0 * decade
 
 
-class _Reservoir:
-    """Up to ``cap`` samples (uniform reservoir beyond), exact count/sum/max.
+class Reservoir:
+    """A bounded sample of a stream of floats: exact count/sum/max, quantiles.
+
+    Memory is fixed at construction: ``cap`` float64 slots, filled in order
+    and then replaced uniformly (Algorithm R, own generator seeded with
+    ``seed``), so :meth:`quantile` estimates the quantiles of everything
+    added, however long the stream. :meth:`add` is the sink to hand to
+    anything that reports values one at a time (e.g. a
+    :class:`~netem.timers.TimerHeap`'s ``on_lateness``).
 
     ``count`` is every sample recorded, merged ones included; the buffer holds
     a uniform sample of them (``_seen`` counts what was offered to it). A
@@ -88,13 +97,15 @@ class _Reservoir:
 
     __slots__ = ("_buf", "_rng", "_seen", "count", "max", "sum")
 
-    def __init__(self, cap: int, seed: int) -> None:
+    def __init__(self, cap: int, seed: int = 0) -> None:
+        _check.integer("Reservoir", "cap", cap, 1)
         self._buf = np.empty(cap)
         self._rng = np.random.default_rng(seed)
         self._seen = 0
         self.count, self.sum, self.max = 0, 0.0, -math.inf
 
     def add(self, x: float) -> None:
+        """Record one value."""
         n, cap = self._seen, self._buf.size
         if n < cap:
             self._buf[n] = x
@@ -151,8 +162,9 @@ class _Reservoir:
 
 
 @dataclass(slots=True)
-class _Kind:
-    """Per link kind: configuration and streamed observations."""
+class KindStats:
+    """Per link kind: configuration and streamed observations (one link kind of a
+    :class:`~netem.fidelity.FidelityMonitor`)."""
 
     mean: float | None = None
     std: float | None = None

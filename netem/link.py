@@ -43,8 +43,8 @@ order (cf. SimPy's ``Cable`` and FLSim's channel stages):
    reported as ``hol``. A TCP stream never reorders, whatever the jitter.
 
 The parameters themselves (:class:`~netem.linkparams.LinkParams`, validated
-on construction, and ``LOSS_MODES``) live in :mod:`netem.linkparams` and are
-re-exported here.
+on construction, and ``LOSS_MODES``) live in :mod:`netem.linkparams`; import
+them from there.
 
 Invariant for a delivered message: ``t_deliver - t_send = queueing +
 serialization + slow_start + recovery + propagation + scripted + hol``.
@@ -59,15 +59,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from netem import _check
-from netem.dist import DelayProcess
-from netem.linkparams import LOSS_MODES as LOSS_MODES
+from netem.delayprocess import DelayProcess
 from netem.linkparams import LinkParams
 from netem.lossprocess import LossProcess, LossStats
 from netem.rng import Key, stream
 from netem.tcp import TcpConnection
 from netem.trace import Schedule, TraceServer
 
-__all__ = ["Bottleneck", "Delivery", "Link", "LinkParams", "Route"]
+__all__ = ["Bottleneck", "Delivery", "Link", "Route"]
 
 # The loss chain's clock is the packet slot: one segment's serialisation
 # time; on an unlimited link, a 1,500-byte packet at 1 Gbit/s.

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from netem import _check
-from netem.dist import DISTRIBUTIONS, Dist, Empirical, make_dist
+from netem.dist import DISTRIBUTIONS, Dist, make_dist
+from netem.empirical import Empirical
 from netem.loss import LossModel
 from netem.tcp import TcpParams, segments
 from netem.trace import DeliveryTrace
@@ -43,7 +44,7 @@ class LinkParams:
         empirical``. Default ``uniform``: what netem does when no table is
         loaded (§1.2).
     table
-        The :class:`~netem.dist.Empirical` table for ``"empirical"``; it is
+        The :class:`~netem.empirical.Empirical` table for ``"empirical"``; it is
         rescaled to ``delay`` / ``jitter`` (netem ``maketable`` semantics).
     delay_correlation
         Lag-1 correlation of the Gaussian copula, ``[0, 1)``.

@@ -15,9 +15,12 @@ chain starts in state 0 (the good / gap state), as netem does.
 
 This module holds the models (stateless values) and their theory.
 :meth:`MarkovLoss.process` runs one: it returns a stateful
-:class:`~netem.lossprocess.LossProcess`. That class, :class:`LossStats`,
-:class:`PacketLoss` and :class:`ScriptedLoss` live in :mod:`netem.lossprocess`
-(re-exported here), with the chain's clock and how it runs through silences.
+:class:`~netem.lossprocess.LossProcess`. That class,
+:class:`~netem.lossprocess.LossStats`, :class:`~netem.lossprocess.PacketLoss`
+and :class:`~netem.lossprocess.ScriptedLoss` live in :mod:`netem.lossprocess`,
+with the chain's clock and how it runs through silences. The dependency runs
+one way: this module imports that one, which knows a model only through its
+:class:`~netem.lossprocess.ChainModel` protocol.
 
 netem's loss correlation (``loss random P C``) is deliberately not offered:
 §1.4 [calc] shows it collapses the loss rate (1 % at 25 % correlation realises
@@ -38,18 +41,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from netem import _check
-from netem.lossprocess import LossProcess, LossStats, PacketLoss, ScriptedLoss
+from netem.lossprocess import LossProcess
 
 __all__ = [
     "Bernoulli",
     "FourState",
     "GilbertElliott",
     "LossModel",
-    "LossProcess",
-    "LossStats",
     "MarkovLoss",
-    "PacketLoss",
-    "ScriptedLoss",
 ]
 
 FArray = NDArray[np.float64]

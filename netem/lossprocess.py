@@ -3,7 +3,9 @@
 Reference: NETEM-REFERENCE.md §1.4 (netem's per-packet ``loss_event``;
 FlowEmu's separate PRNGs). The models themselves and their theory are in
 :mod:`netem.loss`; this module runs them, one :class:`LossProcess` per link
-direction, and counts what they drew (:class:`LossStats`).
+direction, and counts what they drew (:class:`LossStats`). It knows a model
+only through :class:`ChainModel` (what the process needs of it) and imports
+nothing from :mod:`netem.loss`, which depends on this module.
 
 The chain's clock is the packet slot. netem's kernel chain only moves when a
 packet is sent, so a burst outlives any silence: a TCP retransmission sent
@@ -20,17 +22,31 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-if TYPE_CHECKING:
-    from netem.loss import MarkovLoss
-
-__all__ = ["LossProcess", "LossStats", "PacketLoss", "ScriptedLoss"]
+__all__ = ["ChainModel", "LossProcess", "LossStats", "PacketLoss", "ScriptedLoss"]
 
 FArray = NDArray[np.float64]
+
+
+class ChainModel(Protocol):
+    """What a :class:`LossProcess` runs: a hidden Markov chain with a loss
+    probability per state (every model of :mod:`netem.loss` is one)."""
+
+    def transition_matrix(self) -> FArray:
+        """Row-stochastic ``T[s, s']``."""
+        ...
+
+    def state_loss(self) -> FArray:
+        """Loss probability in each state."""
+        ...
+
+    def stationary(self) -> FArray:
+        """Long-run state distribution started from state 0."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +104,7 @@ class LossProcess:
 
     def __init__(
         self,
-        model: MarkovLoss,
+        model: ChainModel,
         state_rng: np.random.Generator,
         loss_rng: np.random.Generator,
     ) -> None:
@@ -101,10 +117,10 @@ class LossProcess:
         self._t: FArray = np.zeros((0, 0))
         self._pi: FArray = np.zeros(0)
         self._mix = math.inf
-        self.model: MarkovLoss = model
+        self.model: ChainModel = model
         self.set_model(model)
 
-    def set_model(self, model: MarkovLoss) -> None:
+    def set_model(self, model: ChainModel) -> None:
         """Switch model (time-varying links).
 
         The chain keeps its state if the new model has as many states as the

@@ -16,7 +16,7 @@ Decisions:
   (reference §4.5: "Cells without a measured source are placeholders to be
   tuned, not data"): all jitter values, the Wi-Fi rates, most loss values.
 
-Override any :class:`~netem.link.LinkParams` field with
+Override any :class:`~netem.linkparams.LinkParams` field with
 ``profile(name, overrides={...})``: a plain key applies to both directions,
 ``"up.rate"`` / ``"down.rate"`` to one, ``"rtt"`` re-splits the delay.
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from netem import _check
-from netem.link import LinkParams
+from netem.linkparams import LinkParams
 from netem.loss import Bernoulli, GilbertElliott, LossModel
 
 __all__ = ["PROFILES", "Profile", "ProfileLinks", "list_profiles", "profile"]

@@ -4,7 +4,7 @@ Shared by the marginal delay distributions (:mod:`netem.dist`) and the
 Gaussian-copula correlated sampler (:mod:`netem.delayprocess`). Both are
 elementwise wrappers around the standard library (``math.erfc`` and
 ``statistics.NormalDist``), so results are exactly those of the scalar
-functions; ``netem.dist`` re-exports them.
+functions.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from netem import _check
-from netem.loss import PacketLoss
+from netem.lossprocess import PacketLoss
 
 __all__ = [
     "TcpConnection",

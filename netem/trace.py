@@ -4,7 +4,7 @@ Reference: NETEM-REFERENCE.md §2.6 (Mahimahi's trace format and byte-level
 accounting), §7 item 4.
 
 * :class:`Schedule` -- a list of ``(t, {field: value})`` changes applied to a
-  link's :class:`~netem.link.LinkParams` at emulated time ``t`` (seconds).
+  link's :class:`~netem.linkparams.LinkParams` at emulated time ``t`` (seconds).
   Changes accumulate: the parameters in force at ``t`` are the base with every
   change at or before ``t`` applied in order. A message uses the parameters in
   force when it is sent; a message already queued is not re-timed.
@@ -56,7 +56,7 @@ class Schedule:
     ----------
     changes
         ``(t, overrides)`` pairs, ``t >= 0`` seconds, overrides a mapping of
-        :class:`~netem.link.LinkParams` field names to new values. Sorted by
+        :class:`~netem.linkparams.LinkParams` field names to new values. Sorted by
         ``t`` (stable, so equal times apply in the given order).
     """
 

@@ -95,7 +95,8 @@ import numpy as np
 
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
-from netem.link import Delivery, Link, LinkParams
+from netem.link import Delivery, Link
+from netem.linkparams import LinkParams
 from netem.loss import Bernoulli
 from netem.timers import TimerHeap
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from netem.dist import Normal
-from netem.link import Bottleneck, Delivery, Link, LinkParams
+from netem.link import Bottleneck, Delivery, Link
+from netem.linkparams import LinkParams
 from netem.loss import Bernoulli, GilbertElliott
 from netem.trace import Schedule
 

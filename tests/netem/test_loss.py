@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from netem.loss import Bernoulli, FourState, GilbertElliott, LossProcess, ScriptedLoss
+from netem.loss import Bernoulli, FourState, GilbertElliott
+from netem.lossprocess import LossProcess, ScriptedLoss
 from netem.rng import stream
 
 

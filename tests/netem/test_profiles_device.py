@@ -9,7 +9,8 @@ from scipy import stats
 
 from netem.device import RunTrace, SpeedFactor, StepTime, draw_devices
 from netem.dist import LogNormal, Normal, Uniform
-from netem.link import Link, LinkParams
+from netem.link import Link
+from netem.linkparams import LinkParams
 from netem.profiles import PROFILES, list_profiles, profile
 from netem.rng import stream
 

@@ -10,20 +10,19 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from netem.delayprocess import DelayProcess
 from netem.dist import (
     Constant,
-    DelayProcess,
-    Empirical,
     LogNormal,
     Normal,
     Pareto,
     ParetoNormal,
     Uniform,
     make_dist,
-    norm_cdf,
-    norm_ppf,
 )
+from netem.empirical import Empirical
 from netem.rng import key_digest, stream
+from netem.stdnormal import norm_cdf, norm_ppf
 
 N = 20_000
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from netem.loss import Bernoulli, ScriptedLoss
+from netem.loss import Bernoulli
+from netem.lossprocess import ScriptedLoss
 from netem.rng import stream
 from netem.tcp import (
     TcpConnection,

@@ -2,7 +2,8 @@
 
 import pytest
 
-from netem.link import Link, LinkParams
+from netem.link import Link
+from netem.linkparams import LinkParams
 from netem.trace import (
     TRACE_DIR,
     DeliveryTrace,
