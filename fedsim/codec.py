@@ -1,0 +1,495 @@
+"""fedsim's wire codec, schema version 2: messages to ZeroMQ frames and back.
+
+The schema (message classes, :class:`~fedsim.messages.Model`,
+:class:`~fedsim.messages.TensorSpec`, :class:`~fedsim.messages.WireError`
+and its reason codes) lives in :mod:`fedsim.messages`; this module turns a
+message into frames and frames into a message. It does not import torch.
+
+Wire format, version 2
+----------------------
+::
+
+    frame 0  envelope  msgpack [2, <kind>, <sent_at: float64>, <seq: uint64>]
+    frame 1  header    msgpack [<field value>, ...]     (declaration order)
+    frame 2+ model     one raw buffer per dtype of the model's spec
+
+The envelope is what changes from one send to the next: the schema version
+(first, so that any other version is recognized as such), the kind (the
+message's class name), the emulated send time in seconds and a per-sender
+sequence number. It is written with fixed-width float64 and uint64, so its
+size depends only on the kind, and ``encode_body(msg).nbytes`` is the exact
+size of every stamped copy of the message.
+
+The header holds the message's field values, positionally (see
+:mod:`fedsim.messages` for how each field type is written). In the slot of
+the Model field it holds the model's spec, ``[[<dtype name>, [<dims>]], ...]``
+(nil when an optional model is absent).
+
+Model frames follow, one per distinct dtype of the spec in order of first
+appearance: that dtype's tensors back to back in spec order, C order,
+little-endian. A float32 model is one frame. dtype names are those of
+:data:`~fedsim.messages.WIRE_DTYPES`: bool, uint8, int8, int16, int32, int64,
+float16, float32, float64.
+
+Encode once, stamp per send
+---------------------------
+:func:`encode_body` packs frames 1.. once into a :class:`Body` (whose
+``nbytes`` is the message's size on the wire); :func:`stamp` prepends an
+envelope for one send, e.g. after the server's egress queue has let the
+message go. :func:`encode` does both.
+
+Decode checks, cheapest first
+-----------------------------
+:func:`decode` raises :class:`~fedsim.messages.WireError` and nothing else,
+for any input. It checks, in this order: the number of frames (at most
+:data:`MAX_FRAMES`; costs nothing), the total size (``"oversize"``, before
+any frame is parsed), the envelope, the header, the exact frame count, the
+model spec against the expected :class:`~fedsim.messages.TensorSpec`, the
+buffer lengths, the fields, then the values (finiteness, bools): the model's
+buffers are not read before every check that does not need them has passed.
+
+Zero copy
+---------
+Encoding copies no model bytes: the model frames are memoryviews of the
+Model's own buffers. Decoding copies none: the Model's buffers are read-only
+``np.frombuffer`` views of the received frames (they keep the frames alive).
+What this asks of callers is in :mod:`fedsim.messages` (do not modify a buffer
+in flight; copy a decoded buffer before modifying it).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, cast
+
+import msgpack
+import numpy as np
+from numpy.typing import NDArray
+
+from fedsim.messages import (
+    KINDS,
+    SCHEMA_VERSION,
+    VALUE_TYPES,
+    WIRE_DTYPES,
+    Message,
+    Model,
+    TensorSpec,
+    WireError,
+    describe,
+)
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "MAX_FRAMES",
+    "Body",
+    "Meta",
+    "decode",
+    "encode",
+    "encode_body",
+    "stamp",
+]
+
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+"""Default cap on a message's total size (all frames), in bytes."""
+
+MAX_FRAMES = 2 + len(WIRE_DTYPES)
+"""Most frames a message can have: envelope, header, one buffer per wire dtype."""
+
+_U64_MAX = 2**64 - 1
+
+# Envelope: fixarray(4), the version and kind (packed once per kind), then
+# float64 sent_at and uint64 seq, always full width so the size is fixed.
+_ENVELOPE_TAIL = struct.Struct(">BdBQ")
+_HEADS: dict[str, bytes] = {
+    kind: b"\x94" + msgpack.packb(SCHEMA_VERSION) + msgpack.packb(kind) for kind in KINDS
+}
+_MODEL_INDEX: dict[type[Any], int] = {
+    cls: cls.FIELDS.index(cls.MODEL_FIELD) if cls.MODEL_FIELD else -1 for cls in KINDS.values()
+}
+_COPIES_INDEX: dict[type[Any], int] = {
+    cls: cls.FIELDS.index(cls.MODEL_COPIES_FIELD)
+    for cls in KINDS.values()
+    if cls.MODEL_COPIES_FIELD
+}
+_VALUE_CLASSES = frozenset(VALUE_TYPES.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """Envelope of a decoded message: what travels beside the fields.
+
+    Attributes
+    ----------
+    version : int
+        Schema version of the message (always :data:`~fedsim.messages.SCHEMA_VERSION`).
+    kind : str
+        Message kind, the class name (``"Task"``, ...).
+    sent_at : float
+        Emulated send time in seconds, as given to :func:`stamp`.
+    seq : int
+        Per-sender sequence number, as given to :func:`stamp`.
+    nbytes : int
+        Total bytes of all frames (what a link carries).
+    """
+
+    version: int
+    kind: str
+    sent_at: float
+    seq: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """A message encoded once, without its envelope: give it to :func:`stamp` per send.
+
+    Attributes
+    ----------
+    kind : str
+        The message kind.
+    frames : tuple of bytes or memoryview
+        The header, then the model buffers (views of the Model's arrays).
+    nbytes : int
+        The message's total size on the wire, envelope included: what every
+        ``stamp(body, ...)`` sums to and what the receiver's ``Meta.nbytes`` says.
+    """
+
+    kind: str
+    frames: tuple[bytes | memoryview, ...]
+    nbytes: int
+    _head: bytes = field(repr=False, compare=False)
+
+
+# ---------------------------------------------------------------------------
+# Encode
+
+
+def _default(obj: object) -> object:
+    """msgpack hook: value types as arrays of their fields, specs as pairs."""
+    cls = type(obj)
+    if cls in _VALUE_CLASSES:
+        return [getattr(obj, name) for name in cls.FIELDS]  # type: ignore[attr-defined]
+    if cls is TensorSpec:
+        return cast("TensorSpec", obj).to_wire()
+    raise TypeError(f"cannot pack {describe(obj)}")
+
+
+def encode_body(msg: Message) -> Body:
+    """Pack ``msg``'s header and collect its model frames, once.
+
+    Parameters
+    ----------
+    msg : Message
+        A message of :data:`fedsim.messages.KINDS`.
+
+    Returns
+    -------
+    Body
+        Frames 1.. and the message's size on the wire. The model frames view
+        the Model's buffers: do not modify them until every send has completed.
+
+    Raises
+    ------
+    WireError
+        ``"bad_field"`` if a field was changed after the message was built
+        into something msgpack cannot carry; ``"size_mismatch"`` if a model
+        buffer was reshaped in place since.
+    TypeError
+        If ``msg`` is not a message of this schema.
+    """
+    cls = type(msg)
+    if KINDS.get(getattr(cls, "KIND", "")) is not cls:
+        raise TypeError(f"encode needs a fedsim.messages message, got {describe(msg)}")
+    values = [getattr(msg, name) for name in cls.FIELDS]
+    buffers: list[memoryview] = []
+    index = _MODEL_INDEX[cls]
+    if index >= 0 and values[index] is not None:
+        model: Model = values[index]
+        spec = model.spec
+        values[index] = spec.to_wire()
+        for buf, name, n in zip(model.buffers, spec.dtypes, spec.counts, strict=True):
+            view = memoryview(buf)
+            if view.nbytes != n * WIRE_DTYPES[name].itemsize or not view.c_contiguous:
+                raise WireError(
+                    "size_mismatch", f"{cls.KIND}: the {name} buffer changed since it was built"
+                )
+            buffers.append(view.cast("B"))
+    try:
+        header = msgpack.packb(values, use_bin_type=True, datetime=False, default=_default)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise WireError("bad_field", f"{cls.KIND}: cannot pack header: {exc}") from None
+    head = _HEADS[cls.KIND]
+    nbytes = len(head) + _ENVELOPE_TAIL.size + len(header) + sum(b.nbytes for b in buffers)
+    return Body(cls.KIND, (header, *buffers), nbytes, head)
+
+
+def stamp(body: Body, *, sent_at: float, seq: int) -> list[bytes | memoryview]:
+    """Return ``body``'s frames behind an envelope, for ``send_multipart(frames, copy=False)``.
+
+    Parameters
+    ----------
+    body : Body
+        From :func:`encode_body`; stamp it as often as needed.
+    sent_at : float
+        Emulated send time in seconds (finite).
+    seq : int
+        Per-sender sequence number (0 <= seq < 2**64).
+
+    Raises
+    ------
+    WireError
+        ``"bad_field"`` for a bad ``sent_at`` or ``seq``.
+    """
+    if isinstance(sent_at, bool) or not isinstance(sent_at, int | float):
+        raise WireError("bad_field", f"sent_at must be a float, got {describe(sent_at)}")
+    if not math.isfinite(sent_at):
+        raise WireError("bad_field", f"sent_at must be finite, got {sent_at}")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= _U64_MAX:
+        raise WireError("bad_field", f"seq must be an int in [0, 2**64), got {describe(seq)}")
+    envelope = body._head + _ENVELOPE_TAIL.pack(0xCB, sent_at, 0xCF, seq)
+    return [envelope, *body.frames]
+
+
+def encode(msg: Message, *, sent_at: float = 0.0, seq: int = 0) -> list[bytes | memoryview]:
+    """``stamp(encode_body(msg), sent_at=sent_at, seq=seq)``: frames for one send."""
+    return stamp(encode_body(msg), sent_at=sent_at, seq=seq)
+
+
+# ---------------------------------------------------------------------------
+# Decode
+
+
+def _byte_view(frame: object, index: int) -> memoryview:
+    """Return a flat, read-only byte view of a frame without copying it."""
+    buffer = (
+        frame
+        if isinstance(frame, bytes | bytearray | memoryview)
+        else getattr(frame, "buffer", frame)
+    )
+    try:
+        view = memoryview(buffer)  # type: ignore[arg-type]
+    except TypeError:
+        raise WireError("bad_frame", f"frame {index} is not bytes-like: {describe(frame)}") from None
+    if not view.c_contiguous:
+        raise WireError("bad_frame", f"frame {index} is not a contiguous buffer")
+    if view.format != "B" or view.ndim != 1:
+        try:
+            view = view.cast("B")
+        except (TypeError, ValueError) as exc:
+            raise WireError("bad_frame", f"frame {index}: {exc}") from None
+    return view.toreadonly()
+
+
+def _reject_ext(code: int, data: bytes) -> NoReturn:
+    raise WireError("bad_header", f"msgpack extension type {code} is not allowed")
+
+
+def _unpack(view: memoryview, reason: str, what: str) -> object:
+    try:
+        return msgpack.unpackb(
+            view,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            ext_hook=_reject_ext,
+            timestamp=0,
+        )
+    except WireError as exc:
+        raise WireError(reason, f"{what}: {exc.detail}") from None  # type: ignore[arg-type]
+    except (
+        ValueError,
+        TypeError,
+        OverflowError,
+        RecursionError,
+        MemoryError,
+        msgpack.UnpackException,
+    ) as exc:
+        raise WireError(
+            reason,  # type: ignore[arg-type]
+            f"{what} is not one msgpack document: {type(exc).__name__}: {exc}",
+        ) from None
+
+
+def _envelope(view: memoryview) -> tuple[type[Any], float, int]:
+    env = _unpack(view, "bad_envelope", "frame 0 (envelope)")
+    if isinstance(env, dict) and "v" in env:  # a schema-1 header
+        raise WireError(
+            "wrong_version", f"schema version {env['v']!r}, expected {SCHEMA_VERSION}"
+        )
+    if not isinstance(env, list) or not env:
+        raise WireError("bad_envelope", f"envelope is {describe(env)}, not an array")
+    version = env[0]
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise WireError("wrong_version", f"schema version {version!r}, expected {SCHEMA_VERSION}")
+    if len(env) != 4:
+        raise WireError("bad_envelope", f"envelope has {len(env)} items, expected 4")
+    _, kind, sent_at, seq = env
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise WireError("unknown_kind", f"kind {describe(kind)}")
+    if type(sent_at) is not float or not math.isfinite(sent_at):
+        raise WireError("bad_envelope", f"sent_at {describe(sent_at)}")
+    if type(seq) is not int or seq < 0:
+        raise WireError("bad_envelope", f"seq {describe(seq)}")
+    return cls, sent_at, seq
+
+
+# One-entry cache of the last model spec decoded without an expected spec
+# (a private channel sees the same spec again and again): (wire form, spec).
+_last_spec: tuple[list[Any], TensorSpec] = ([], TensorSpec(()))
+
+
+def _model_spec(kind: str, raw: object, expected: TensorSpec | None) -> TensorSpec:
+    """The spec in the header's Model slot; equal to ``expected`` when given."""
+    global _last_spec
+    if expected is not None and raw == expected.to_wire():
+        return expected
+    last_raw, last = _last_spec
+    if raw == last_raw:
+        spec = last
+    else:
+        try:
+            spec = TensorSpec.from_wire(raw)
+        except WireError as exc:
+            if exc.reason == "bad_dtype":
+                raise
+            raise WireError("bad_header", f"{kind} model spec: {exc.detail}") from None
+        _last_spec = (spec.to_wire(), spec)
+    if expected is not None:
+        expected.check_spec(spec)
+    return spec
+
+
+def decode(
+    frames: Sequence[Any],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    spec: TensorSpec | None = None,
+    check_finite: bool = True,
+) -> tuple[Message, Meta]:
+    """Validate ``frames`` and turn them back into a message and its envelope.
+
+    Parameters
+    ----------
+    frames : sequence of bytes, bytearray, memoryview or zmq.Frame
+        As from ``socket.recv_multipart(copy=False)`` (without a ROUTER's
+        identity frame); anything with a ``.buffer`` or the buffer protocol.
+    max_bytes : int, optional
+        Reject messages whose frames total more bytes than this.
+    spec : TensorSpec, optional
+        The expected model layout, for the kinds that carry a model; kinds
+        without one ignore it. The model's spec must equal it, except
+        Advance's, which must equal ``spec.repeated(len(rounds))``. Private
+        channels whose kinds carry different layouts may pass None and
+        compare ``model.spec`` themselves.
+    check_finite : bool, optional
+        Reject NaN and +-Inf in floating-point model buffers (one pass over them).
+
+    Returns
+    -------
+    (Message, Meta)
+        The message; its Model's buffers are read-only numpy views of the
+        frames (no copy; they keep the frames alive).
+
+    Raises
+    ------
+    WireError
+        For any bad input, with ``reason`` one of
+        :data:`fedsim.messages.REASONS`; the message is discarded and the
+        receiver can go on.
+    """
+    n = len(frames)
+    if not 1 <= n <= MAX_FRAMES:
+        raise WireError("frame_count", f"{n} frames (a message has 2 to {MAX_FRAMES})")
+    views = [_byte_view(f, i) for i, f in enumerate(frames)]
+    nbytes = sum(v.nbytes for v in views)
+    if nbytes > max_bytes:
+        raise WireError("oversize", f"{nbytes} bytes > max_bytes={max_bytes}")
+
+    cls, sent_at, seq = _envelope(views[0])
+    kind: str = cls.KIND
+    if n < 2:
+        raise WireError("frame_count", f"{kind}: 1 frame, no header")
+    header = _unpack(views[1], "bad_header", "frame 1 (header)")
+    if not isinstance(header, list):
+        raise WireError("bad_header", f"{kind} header is {describe(header)}, not an array")
+    if len(header) != len(cls.FIELDS):
+        raise WireError(
+            "bad_field", f"{kind}: {len(header)} field values, {kind} has {len(cls.FIELDS)}"
+        )
+
+    index = _MODEL_INDEX[cls]
+    model_spec: TensorSpec | None = None
+    if index >= 0 and header[index] is not None:
+        expected = spec
+        copies_index = _COPIES_INDEX.get(cls)
+        if expected is not None and copies_index is not None:
+            copies = header[copies_index]
+            if not isinstance(copies, list):
+                cls.from_wire(header)  # raises bad_field, naming the field
+            expected = expected.repeated(len(copies))
+        model_spec = _model_spec(kind, header[index], expected)
+    nbuffers = len(model_spec.dtypes) if model_spec is not None else 0
+    if n != 2 + nbuffers:
+        raise WireError(
+            "frame_count",
+            f"{kind} header lists {nbuffers} model buffers, got {n - 2} frames after it",
+        )
+
+    model: Model | None = None
+    if model_spec is not None:
+        buffers: list[NDArray[Any]] = []
+        for i, (name, count, view) in enumerate(
+            zip(model_spec.dtypes, model_spec.counts, views[2:], strict=True)
+        ):
+            dtype = WIRE_DTYPES[name]
+            if view.nbytes != count * dtype.itemsize:
+                raise WireError(
+                    "size_mismatch",
+                    f"{kind} model buffer {i} ({name}, {count} elements): frame has"
+                    f" {view.nbytes} bytes, expected {count * dtype.itemsize}",
+                )
+            buffers.append(np.frombuffer(view, dtype=dtype))
+        model = Model(model_spec, tuple(buffers))
+
+    msg = cast("Message", cls.from_wire(header, model))  # field checks: "bad_field"
+
+    if model is not None:
+        _check_values(model, check_finite)
+    return msg, Meta(SCHEMA_VERSION, kind, sent_at, seq, nbytes)
+
+
+def _tensor_at(spec: TensorSpec, buffer: int, element: int) -> str:
+    """Name the tensor holding ``element`` of buffer ``buffer``, for an error."""
+    for i, ((name, shape), (b, offset, count)) in enumerate(
+        zip(spec.entries, spec.layout, strict=True)
+    ):
+        if b == buffer and offset <= element < offset + count:
+            return f"tensor {i} ({name}{list(shape)})"
+    return f"buffer {buffer}"  # pragma: no cover - the layout covers every element
+
+
+def _check_values(model: Model, check_finite: bool) -> None:
+    for b, buf in enumerate(model.buffers):
+        kind = buf.dtype.kind
+        if kind == "f" and check_finite and buf.size:
+            # min and max propagate NaN and show +-inf: two vectorized
+            # reductions, no temporary array; isfinite runs only on failure.
+            if math.isfinite(buf.min()) and math.isfinite(buf.max()):
+                continue
+            finite = np.isfinite(buf)
+            first = int(np.argmin(finite))
+            bad = int(buf.size - np.count_nonzero(finite))
+            raise WireError(
+                "non_finite",
+                f"{_tensor_at(model.spec, b, first)}: first of {bad} NaN or Inf values"
+                f" in the {buf.dtype} buffer",
+            )
+        if kind == "b" and buf.size and buf.view(np.uint8).max() > 1:
+            first = int(np.argmax(buf.view(np.uint8) > 1))
+            raise WireError(
+                "bad_value", f"{_tensor_at(model.spec, b, first)} (bool): bytes other than 0 and 1"
+            )
