@@ -10,8 +10,11 @@ one heap push and the loop wakes once per due batch. Where timerfd is not
 available the heap falls back to ``loop.call_at`` and re-arms when woken
 early.
 
-Each firing records its lateness (actual minus scheduled real time), which
-feeds the run's fidelity verdict.
+Each firing measures its lateness (actual minus scheduled real time). The
+heap keeps only a constant-size summary of it (count and maximum), however
+long the run; a caller that wants the distribution passes a sink
+(``on_lateness``), e.g. :meth:`netem.fidelitystats.Reservoir.add`, which
+keeps a bounded uniform sample.
 """
 
 from __future__ import annotations
@@ -92,6 +95,19 @@ class TimerHeap:
         The loop to run callbacks on (default: the running loop).
     use_timerfd : bool
         Use a Linux timerfd when available (default True).
+    on_lateness : callable or None
+        Called with the lateness of every fired timer (real seconds, >= 0),
+        before its callback; the heap itself keeps only :attr:`fired` and
+        :attr:`lateness_max`. Memory is then bounded
+        by what the sink keeps (a :class:`netem.fidelitystats.Reservoir` keeps
+        a fixed number of samples). An exception in the sink is logged.
+
+    Attributes
+    ----------
+    fired : int
+        Timers fired (cancelled ones are not counted).
+    lateness_max : float
+        Largest lateness of a fired timer, real seconds (0 before any).
     """
 
     def __init__(
@@ -100,6 +116,7 @@ class TimerHeap:
         loop: asyncio.AbstractEventLoop | None = None,
         *,
         use_timerfd: bool = True,
+        on_lateness: Callable[[float], object] | None = None,
     ) -> None:
         self.clock = clock
         self.loop = loop or asyncio.get_running_loop()
@@ -108,8 +125,9 @@ class TimerHeap:
         self._armed: float | None = None
         self._fallback: asyncio.TimerHandle | None = None
         self._fd = -1
-        self.lateness: list[float] = []  # real seconds, one per fired timer
+        self.on_lateness = on_lateness
         self.fired = 0
+        self.lateness_max = 0.0
         if use_timerfd and _LIBC is not None:
             fd = _LIBC.timerfd_create(time.CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
             if fd >= 0:
@@ -171,20 +189,41 @@ class TimerHeap:
 
     def _run_due(self) -> None:
         self._armed = None
-        self._fallback = None
-        now = self.clock.real()
+        if self._fallback is not None:
+            # A no-op when the fallback is what woke us; otherwise (woken some
+            # other way) it must not stay pending in the loop.
+            self._fallback.cancel()
+            self._fallback = None
+        real = self.clock.real
+        now = real()
         heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, _, handle = heapq.heappop(heap)
-            if handle.cancelled:
-                continue
-            self.lateness.append(now - handle.deadline)
-            self.fired += 1
-            try:
-                handle.callback(*handle.args)
-            except Exception:  # a faulty callback must not stop the heap
-                log.exception("timer callback %r failed", handle.callback)
-            now = self.clock.real()
+        sink = self.on_lateness
+        # The summary is kept in locals on this hot path (a small per-wake-up
+        # count allocates nothing) and written back even if a callback raises
+        # a BaseException through the heap.
+        fired, worst = 0, self.lateness_max
+        try:
+            while heap and heap[0][0] <= now:
+                deadline, _, handle = heapq.heappop(heap)
+                if handle.cancelled:
+                    continue
+                late = now - deadline
+                fired += 1
+                if late > worst:
+                    worst = late
+                if sink is not None:
+                    try:
+                        sink(late)
+                    except Exception:  # a faulty sink must not stop the heap
+                        log.exception("lateness sink %r failed", sink)
+                try:
+                    handle.callback(*handle.args)
+                except Exception:  # a faulty callback must not stop the heap
+                    log.exception("timer callback %r failed", handle.callback)
+                now = real()
+        finally:
+            self.fired += fired
+            self.lateness_max = worst
         while heap and heap[0][2].cancelled:
             heapq.heappop(heap)
         if heap:
