@@ -73,7 +73,7 @@ The codec sends a Model's buffers as they are and decodes into read-only
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import (
     Annotated,
@@ -82,6 +82,7 @@ from typing import (
     Literal,
     TypeVar,
     Union,
+    cast,
     get_args,
     get_origin,
     get_type_hints,
@@ -720,120 +721,158 @@ AnyFloat = Annotated[float, _AllowNonFinite()]
 """A float field that may hold NaN or +-inf (plain ``float`` fields may not)."""
 
 
+class _Bad(Exception):  # noqa: N818 - internal, always turned into a WireError
+    """A field check failed; the location is prepended on the way out.
+
+    Checks raise it with the text after the location (" must be an int, got
+    ..."); each enclosing tuple, record or field adds its part of the path
+    (``[3]``, ``.client``), and the outermost caller turns it into a
+    WireError. So no location string is built unless a check fails.
+    """
+
+    def __init__(self, text: str, path: str = "", reason: Reason = "bad_field") -> None:
+        super().__init__(text)
+        self.text = text
+        self.path = path
+        self.reason: Reason = reason
+
+    def under(self, part: str) -> _Bad:
+        self.path = part + self.path
+        return self
+
+    def error(self, root: str) -> WireError:
+        return WireError(self.reason, f"{root}{self.path}{self.text}")
+
+
 class _Kind:
     """How one annotation is checked; ``load`` takes msgpack's decoded form."""
 
-    def check(self, where: str, v: Any) -> Any:
+    def check(self, v: Any) -> Any:
         raise NotImplementedError
 
-    def load(self, where: str, v: Any) -> Any:
-        return self.check(where, v)
+    def load(self, v: Any) -> Any:
+        return self.check(v)
 
 
 class _Int(_Kind):
-    def check(self, where: str, v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise WireError("bad_field", f"{where} must be an int, got {describe(v)}")
+    def check(self, v: Any) -> int:
+        if type(v) is not int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise _Bad(f" must be an int, got {describe(v)}")
+            v = int(v)
         if not _I64_MIN <= v <= _I64_MAX:
-            raise WireError("bad_field", f"{where}={v} does not fit in int64")
-        return v if type(v) is int else int(v)
+            raise _Bad(f": {describe(v)} does not fit in int64")
+        return v
 
 
 class _Float(_Kind):
     def __init__(self, finite: bool) -> None:
         self.finite = finite
 
-    def check(self, where: str, v: Any) -> float:
+    def check(self, v: Any) -> float:
         if type(v) is not float:
             if isinstance(v, bool) or not isinstance(v, int | float):
-                raise WireError("bad_field", f"{where} must be a float, got {describe(v)}")
+                raise _Bad(f" must be a float, got {describe(v)}")
             try:
                 v = float(v)
             except OverflowError:
-                raise WireError("bad_field", f"{where}={v} does not fit in a float") from None
+                raise _Bad(f": {describe(v)} is too large for a float") from None
         if self.finite and not math.isfinite(v):
-            raise WireError("bad_field", f"{where} must be finite, got {v}")
+            raise _Bad(f" must be finite, got {v}")
         return v
 
 
 class _Bool(_Kind):
-    def check(self, where: str, v: Any) -> bool:
-        if not isinstance(v, bool):
-            raise WireError("bad_field", f"{where} must be a bool, got {describe(v)}")
+    def check(self, v: Any) -> bool:
+        if v is not True and v is not False:
+            raise _Bad(f" must be a bool, got {describe(v)}")
         return v
 
 
 class _Str(_Kind):
-    def check(self, where: str, v: Any) -> str:
-        if not isinstance(v, str):
-            raise WireError("bad_field", f"{where} must be a str, got {describe(v)}")
-        return v if type(v) is str else str(v)
+    def check(self, v: Any) -> str:
+        if type(v) is not str:
+            if not isinstance(v, str):
+                raise _Bad(f" must be a str, got {describe(v)}")
+            v = str(v)
+        return v
 
 
 class _Optional(_Kind):
     def __init__(self, inner: _Kind) -> None:
         self.inner = inner
 
-    def check(self, where: str, v: Any) -> Any:
-        return None if v is None else self.inner.check(where, v)
+    def check(self, v: Any) -> Any:
+        return None if v is None else self.inner.check(v)
 
-    def load(self, where: str, v: Any) -> Any:
-        return None if v is None else self.inner.load(where, v)
+    def load(self, v: Any) -> Any:
+        return None if v is None else self.inner.load(v)
 
 
 class _Tuple(_Kind):
     def __init__(self, inner: _Kind) -> None:
         self.inner = inner
 
-    def check(self, where: str, v: Any) -> tuple[Any, ...]:
+    def check(self, v: Any) -> tuple[Any, ...]:
         if not isinstance(v, tuple | list):
-            raise WireError("bad_field", f"{where} must be a tuple, got {describe(v)}")
-        check = self.inner.check
-        out = tuple(check(f"{where}[{i}]", item) for i, item in enumerate(v))
-        if isinstance(v, tuple) and all(a is b for a, b in zip(out, v, strict=True)):
-            return v
-        return out
+            raise _Bad(f" must be a tuple, got {describe(v)}")
+        return self._each(self.inner.check, v)
 
-    def load(self, where: str, v: Any) -> tuple[Any, ...]:
+    def load(self, v: Any) -> tuple[Any, ...]:
         if not isinstance(v, list):
-            raise WireError("bad_field", f"{where} must be an array, got {describe(v)}")
-        load = self.inner.load
-        return tuple(load(f"{where}[{i}]", item) for i, item in enumerate(v))
+            raise _Bad(f" must be an array, got {describe(v)}")
+        return self._each(self.inner.load, v)
+
+    @staticmethod
+    def _each(check: Callable[[Any], Any], v: Sequence[Any]) -> tuple[Any, ...]:
+        i = 0
+        try:
+            out = []
+            for i, item in enumerate(v):  # noqa: B007 - i names the item on error
+                out.append(check(item))
+        except _Bad as bad:
+            raise bad.under(f"[{i}]") from None
+        if type(v) is tuple and all(a is b for a, b in zip(out, v, strict=True)):
+            return v
+        return tuple(out)
 
 
 class _Value(_Kind):
     def __init__(self, cls: type[_Record]) -> None:
         self.cls = cls
+        name = cls.__name__
+        self.expected = f"{'an' if name[0] in 'AEIOU' else 'a'} {name}"
 
-    def check(self, where: str, v: Any) -> Any:
+    def check(self, v: Any) -> Any:
         if type(v) is not self.cls:
-            raise WireError(
-                "bad_field", f"{where} must be a {self.cls.__name__}, got {describe(v)}"
-            )
+            raise _Bad(f" must be {self.expected}, got {describe(v)}")
         return v
 
-    def load(self, where: str, v: Any) -> Any:
-        return self.cls._load(where, v)
+    def load(self, v: Any) -> Any:
+        return self.cls._load(v)
 
 
 class _Spec(_Kind):
-    def check(self, where: str, v: Any) -> TensorSpec:
+    def check(self, v: Any) -> TensorSpec:
         if not isinstance(v, TensorSpec):
-            raise WireError("bad_field", f"{where} must be a TensorSpec, got {describe(v)}")
+            raise _Bad(f" must be a TensorSpec, got {describe(v)}")
         return v
 
-    def load(self, where: str, v: Any) -> TensorSpec:
+    def load(self, v: Any) -> TensorSpec:
         try:
             return TensorSpec.from_wire(v)
         except WireError as exc:
-            raise WireError(exc.reason, f"{where}: {exc.detail}") from None  # type: ignore[arg-type]
+            raise _Bad(f": {exc.detail}", reason=exc.reason) from None  # type: ignore[arg-type]
 
 
 class _Dict(_Kind):
-    def check(self, where: str, v: Any) -> dict[str, Any]:
+    def check(self, v: Any) -> dict[str, Any]:
         if not isinstance(v, dict):
-            raise WireError("bad_field", f"{where} must be a dict, got {describe(v)}")
-        check_plain(where, v)
+            raise _Bad(f" must be a dict, got {describe(v)}")
+        found = _non_plain(v, 0)
+        if found is not None:
+            path, problem = found
+            raise _Bad(f": {problem}", "".join(reversed(path)))
         return v
 
 
@@ -841,14 +880,14 @@ class _ModelKind(_Kind):
     def __init__(self, optional: bool) -> None:
         self.optional = optional
 
-    def check(self, where: str, v: Any) -> Model | None:
+    def check(self, v: Any) -> Model | None:
         if v is None and self.optional:
             return None
         if not isinstance(v, Model):
             hint = ""
             if isinstance(v, tuple | list):
                 hint = " (wrap arrays with Model.from_arrays or Model.from_flat)"
-            raise WireError("bad_field", f"{where} must be a Model, got {describe(v)}{hint}")
+            raise _Bad(f" must be a Model, got {describe(v)}{hint}")
         return v
 
 
@@ -902,51 +941,65 @@ class _Record:
 
     KIND: ClassVar[str]
     """The class name: the kind written in the envelope."""
+    FIELDS: ClassVar[tuple[str, ...]]
+    """Field names in declaration order: the order of the values on the wire."""
     MODEL_FIELD: ClassVar[str | None] = None
     """Name of the field holding the Model (its bytes travel as frames), or None."""
+    MODEL_OPTIONAL: ClassVar[bool] = False
+    """Whether the Model field is ``Model | None``."""
     MODEL_COPIES_FIELD: ClassVar[str | None] = None
     """A tuple field whose length is the number of spec copies the model holds
     (Advance: ``rounds``); None means one copy."""
-    FIELDS: ClassVar[tuple[str, ...]]
-    """Field names in declaration order: the order of the values on the wire."""
     _FIELDS: ClassVar[tuple[tuple[str, _Kind], ...]]
     _MODEL_INDEX: ClassVar[int]
 
     def __post_init__(self) -> None:
-        kind = self.KIND
-        for name, check in self._FIELDS:
-            value = getattr(self, name)
-            checked = check.check(f"{kind}.{name}", value)
-            if checked is not value:
-                object.__setattr__(self, name, checked)
-        self._validate(kind)
+        name = ""
+        try:
+            for name, kind in self._FIELDS:  # noqa: B007 - name locates an error
+                value = getattr(self, name)
+                checked = kind.check(value)
+                if checked is not value:
+                    object.__setattr__(self, name, checked)
+        except _Bad as bad:
+            raise bad.under(f".{name}").error(self.KIND) from None
+        try:
+            self._validate()
+        except _Bad as bad:
+            raise bad.error(self.KIND) from None
 
-    def _validate(self, where: str) -> None:
-        """Cross-field checks; ``where`` names this record in errors."""
+    def _validate(self) -> None:
+        """Cross-field checks: raise ``_Bad`` (path relative to this record)."""
 
     @classmethod
     def from_wire(cls, raw: Any, model: Model | None = None) -> Any:
         """Build from the decoded msgpack array of field values, checking each.
 
         ``model`` fills the Model field (its slot in ``raw``, the spec, is
-        not read). Raises ``WireError("bad_field")`` naming the field.
+        not read). Raises ``WireError`` (``"bad_field"``, or ``"bad_dtype"``
+        in a TensorSpec field) naming the field.
         """
-        return cls._load(cls.KIND, raw, model)
+        try:
+            return cls._load(raw, model)
+        except _Bad as bad:
+            raise bad.error(cls.KIND) from None
 
     @classmethod
-    def _load(cls, where: str, raw: Any, model: Model | None = None) -> Any:
+    def _load(cls, raw: Any, model: Model | None = None) -> Any:
         if not isinstance(raw, list):
-            raise WireError("bad_field", f"{where} must be an array, got {describe(raw)}")
+            raise _Bad(f" must be an array, got {describe(raw)}")
         if len(raw) != len(cls._FIELDS):
-            raise WireError(
-                "bad_field", f"{where}: {len(raw)} field values, {cls.KIND} has {len(cls._FIELDS)}"
-            )
+            raise _Bad(f": {len(raw)} field values, {cls.KIND} has {len(cls._FIELDS)}")
         obj = object.__new__(cls)
         setattr_ = object.__setattr__
         model_index = cls._MODEL_INDEX
-        for i, ((name, kind), value) in enumerate(zip(cls._FIELDS, raw, strict=True)):
-            setattr_(obj, name, model if i == model_index else kind.load(f"{where}.{name}", value))
-        obj._validate(where)
+        name = ""
+        try:
+            for i, ((name, kind), value) in enumerate(zip(cls._FIELDS, raw, strict=True)):
+                setattr_(obj, name, model if i == model_index else kind.load(value))
+        except _Bad as bad:
+            raise bad.under(f".{name}") from None
+        obj._validate()
         return obj
 
     def __eq__(self, other: object) -> bool:
@@ -987,6 +1040,7 @@ def _register(cls: _R, registry: dict[str, type[Any]], *, message: bool) -> _R:
     cls.FIELDS = tuple(name for name, _ in checks)
     cls._MODEL_INDEX = model_index
     cls.MODEL_FIELD = checks[model_index][0] if model_index >= 0 else None
+    cls.MODEL_OPTIONAL = model_index >= 0 and cast("_ModelKind", checks[model_index][1]).optional
     registry[cls.KIND] = cls
     return cls
 
@@ -1042,13 +1096,13 @@ class LocalWork(_Record):
     steps: int | None = None
     epochs: float | None = None
 
-    def _validate(self, where: str) -> None:
+    def _validate(self) -> None:
         if self.steps is not None and self.epochs is not None:
-            raise WireError("bad_field", f"{where}: set steps or epochs, not both")
+            raise _Bad(": set steps or epochs, not both")
         if self.steps is not None and self.steps < 1:
-            raise WireError("bad_field", f"{where}.steps must be >= 1, got {self.steps}")
+            raise _Bad(f" must be >= 1, got {self.steps}", ".steps")
         if self.epochs is not None and not self.epochs > 0:
-            raise WireError("bad_field", f"{where}.epochs must be > 0, got {self.epochs}")
+            raise _Bad(f" must be > 0, got {self.epochs}", ".epochs")
 
 
 def _dict() -> dict[str, Any]:
@@ -1079,17 +1133,13 @@ class Event(_Record):
     reason: str | None = None
     extra: dict[str, Any] = field(default_factory=_dict)
 
-    def _validate(self, where: str) -> None:
+    def _validate(self) -> None:
         if self.ev not in _EVENT_KIND_SET:
-            raise WireError(
-                "bad_field", f"{where}.ev must be one of EVENT_KINDS, got {describe(self.ev)}"
-            )
+            raise _Bad(f" must be one of EVENT_KINDS, got {describe(self.ev)}", ".ev")
         if self.extra:
             shadowed = [k for k in self.extra if k in _EVENT_NAMES]
             if shadowed:
-                raise WireError(
-                    "bad_field", f"{where}.extra: keys {shadowed} shadow Event fields; set those"
-                )
+                raise _Bad(f": keys {shadowed} shadow Event fields; set those", ".extra")
 
     def to_json_dict(self) -> dict[str, Any]:
         """The events.jsonl line: ``t``, ``real``, ``ev``, the optional fields
@@ -1195,12 +1245,9 @@ class HostHello(_Record):
     fedsim_version: str
     scenario_hash: str
 
-    def _validate(self, where: str) -> None:
+    def _validate(self) -> None:
         if len(self.samples) != len(self.clients):
-            raise WireError(
-                "bad_field",
-                f"{where}: {len(self.clients)} clients but {len(self.samples)} samples",
-            )
+            raise _Bad(f": {len(self.clients)} clients but {len(self.samples)} samples")
 
 
 @_message
@@ -1313,12 +1360,11 @@ class Advance(_Record):
     rounds: tuple[int, ...]
     model: Model | None
 
-    def _validate(self, where: str) -> None:
+    def _validate(self) -> None:
         if (self.model is None) != (not self.rounds):
-            raise WireError(
-                "bad_field",
-                f"{where}: model must be None exactly when rounds is empty"
-                f" ({len(self.rounds)} rounds, model {'None' if self.model is None else 'set'})",
+            raise _Bad(
+                ": model must be None exactly when rounds is empty"
+                f" ({len(self.rounds)} rounds, model {'None' if self.model is None else 'set'})"
             )
 
 
@@ -1338,12 +1384,9 @@ class Trained(_Record):
     wait_round: int | None
     notes: dict[str, Any]
 
-    def _validate(self, where: str) -> None:
+    def _validate(self) -> None:
         if self.next not in ("done", "more", "wait"):
-            raise WireError(
-                "bad_field",
-                f"{where}.next must be 'done', 'more' or 'wait', got {describe(self.next)}",
-            )
+            raise _Bad(f" must be 'done', 'more' or 'wait', got {describe(self.next)}", ".next")
 
 
 @_message
