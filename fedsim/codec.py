@@ -195,8 +195,7 @@ def encode_body(msg: Message) -> Body:
     ------
     WireError
         ``"bad_field"`` if a field was changed after the message was built
-        into something msgpack cannot carry; ``"size_mismatch"`` if a model
-        buffer was reshaped in place since.
+        into something msgpack cannot carry.
     TypeError
         If ``msg`` is not a message of this schema.
     """
@@ -210,13 +209,7 @@ def encode_body(msg: Message) -> Body:
         model: Model = values[index]
         spec = model.spec
         values[index] = spec.to_wire()
-        for buf, name, n in zip(model.buffers, spec.dtypes, spec.counts, strict=True):
-            view = memoryview(buf)
-            if view.nbytes != n * WIRE_DTYPES[name].itemsize or not view.c_contiguous:
-                raise WireError(
-                    "size_mismatch", f"{cls.KIND}: the {name} buffer changed since it was built"
-                )
-            buffers.append(view.cast("B"))
+        buffers = [memoryview(buf).cast("B") for buf in model.buffers]
     try:
         header = msgpack.packb(values, use_bin_type=True, datetime=False, default=_default)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -337,27 +330,38 @@ def _envelope(view: memoryview) -> tuple[type[Any], float, int]:
     return cls, sent_at, seq
 
 
-# One-entry cache of the last model spec decoded without an expected spec
-# (a private channel sees the same spec again and again): (wire form, spec).
-_last_spec: tuple[list[Any], TensorSpec] = ([], TensorSpec(()))
+# The model spec in a header is compared with an expected or recently seen
+# spec by its msgpack bytes (exact: 2.0 or True never pass for 2 or 1), which
+# costs one packb; it is parsed only when it differs. One entry each: a
+# receiver expects one spec, and a private channel sees the same one again
+# and again.
+_expected_cache: tuple[TensorSpec | None, bytes] = (None, b"")
+_seen_cache: tuple[bytes, TensorSpec] = (b"", TensorSpec(()))
 
 
 def _model_spec(kind: str, raw: object, expected: TensorSpec | None) -> TensorSpec:
     """The spec in the header's Model slot; equal to ``expected`` when given."""
-    global _last_spec
-    if expected is not None and raw == expected.to_wire():
-        return expected
-    last_raw, last = _last_spec
-    if raw == last_raw:
-        spec = last
-    else:
+    global _expected_cache, _seen_cache
+    try:
+        packed = msgpack.packb(raw)
+    except (TypeError, ValueError, OverflowError):  # pragma: no cover - raw came from unpackb
+        packed = b""
+    if expected is not None:
+        cached, expected_packed = _expected_cache
+        if cached is not expected:
+            expected_packed = msgpack.packb(expected.to_wire())
+            _expected_cache = (expected, expected_packed)
+        if packed == expected_packed:
+            return expected
+    seen_packed, spec = _seen_cache
+    if packed != seen_packed:
         try:
             spec = TensorSpec.from_wire(raw)
         except WireError as exc:
             if exc.reason == "bad_dtype":
                 raise
             raise WireError("bad_header", f"{kind} model spec: {exc.detail}") from None
-        _last_spec = (spec.to_wire(), spec)
+        _seen_cache = (packed, spec)
     if expected is not None:
         expected.check_spec(spec)
     return spec
@@ -423,6 +427,8 @@ def decode(
 
     index = _MODEL_INDEX[cls]
     model_spec: TensorSpec | None = None
+    if index >= 0 and header[index] is None and not cls.MODEL_OPTIONAL:
+        raise WireError("bad_field", f"{kind}.{cls.MODEL_FIELD} must be a Model, got None")
     if index >= 0 and header[index] is not None:
         expected = spec
         copies_index = _COPIES_INDEX.get(cls)
