@@ -747,6 +747,11 @@ class _Bad(Exception):  # noqa: N818 - internal, always turned into a WireError
 class _Kind:
     """How one annotation is checked; ``load`` takes msgpack's decoded form."""
 
+    nullable: bool = False
+    """None passes without a call (``X | None``)."""
+    exact: type | None = None
+    """A value of exactly this type passes without a call (str, bool)."""
+
     def check(self, v: Any) -> Any:
         raise NotImplementedError
 
@@ -783,6 +788,8 @@ class _Float(_Kind):
 
 
 class _Bool(_Kind):
+    exact = bool
+
     def check(self, v: Any) -> bool:
         if v is not True and v is not False:
             raise _Bad(f" must be a bool, got {describe(v)}")
@@ -790,6 +797,8 @@ class _Bool(_Kind):
 
 
 class _Str(_Kind):
+    exact = str
+
     def check(self, v: Any) -> str:
         if type(v) is not str:
             if not isinstance(v, str):
@@ -799,8 +808,11 @@ class _Str(_Kind):
 
 
 class _Optional(_Kind):
+    nullable = True
+
     def __init__(self, inner: _Kind) -> None:
         self.inner = inner
+        self.exact = inner.exact
 
     def check(self, v: Any) -> Any:
         return None if v is None else self.inner.check(v)
@@ -879,6 +891,7 @@ class _Dict(_Kind):
 class _ModelKind(_Kind):
     def __init__(self, optional: bool) -> None:
         self.optional = optional
+        self.nullable = optional
 
     def check(self, v: Any) -> Model | None:
         if v is None and self.optional:
@@ -951,13 +964,17 @@ class _Record:
     """A tuple field whose length is the number of spec copies the model holds
     (Advance: ``rounds``); None means one copy."""
     _FIELDS: ClassVar[tuple[tuple[str, _Kind], ...]]
+    _PLAN: ClassVar[tuple[tuple[str, _Kind, bool, type | None], ...]]
+    """Per field: name, kind, and the kind's fast paths (nullable, exact type)."""
     _MODEL_INDEX: ClassVar[int]
 
     def __post_init__(self) -> None:
         name = ""
         try:
-            for name, kind in self._FIELDS:  # noqa: B007 - name locates an error
+            for name, kind, nullable, exact in self._PLAN:  # noqa: B007 - name locates an error
                 value = getattr(self, name)
+                if (value is None and nullable) or type(value) is exact:
+                    continue
                 checked = kind.check(value)
                 if checked is not value:
                     object.__setattr__(self, name, checked)
@@ -990,13 +1007,17 @@ class _Record:
             raise _Bad(f" must be an array, got {describe(raw)}")
         if len(raw) != len(cls._FIELDS):
             raise _Bad(f": {len(raw)} field values, {cls.KIND} has {len(cls._FIELDS)}")
+        if cls._MODEL_INDEX >= 0:  # the slot holds the spec: put the model there
+            raw = list(raw)
+            raw[cls._MODEL_INDEX] = model
         obj = object.__new__(cls)
         setattr_ = object.__setattr__
-        model_index = cls._MODEL_INDEX
         name = ""
         try:
-            for i, ((name, kind), value) in enumerate(zip(cls._FIELDS, raw, strict=True)):
-                setattr_(obj, name, model if i == model_index else kind.load(value))
+            for (name, kind, nullable, exact), value in zip(cls._PLAN, raw, strict=True):
+                if not ((value is None and nullable) or type(value) is exact):
+                    value = kind.load(value)
+                setattr_(obj, name, value)
         except _Bad as bad:
             raise bad.under(f".{name}") from None
         obj._validate()
@@ -1037,6 +1058,7 @@ def _register(cls: _R, registry: dict[str, type[Any]], *, message: bool) -> _R:
         checks.append((f.name, kind))
     cls.KIND = cls.__name__
     cls._FIELDS = tuple(checks)
+    cls._PLAN = tuple((name, kind, kind.nullable, kind.exact) for name, kind in checks)
     cls.FIELDS = tuple(name for name, _ in checks)
     cls._MODEL_INDEX = model_index
     cls.MODEL_FIELD = checks[model_index][0] if model_index >= 0 else None
