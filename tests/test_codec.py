@@ -784,6 +784,17 @@ def test_non_finite_rejected(dtype: type, bad: float) -> None:
     assert not np.isfinite(got.model.arrays()[1][2, 3])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_huge_finite_values_pass_the_finiteness_check(dtype: type) -> None:
+    # Their sum of squares overflows; the exact check then finds them finite.
+    big = np.full(100, np.finfo(dtype).max / 2, dtype)
+    msg = Average(client=0, round=0, version=0, model=Model.from_arrays([big]))
+    assert decode(encode(msg))[0] == msg
+    big[-1] = np.inf
+    msg = Average(client=0, round=0, version=0, model=Model.from_arrays([big]))
+    _check_rejected(encode(msg), "non_finite", "tensor 0 (")
+
+
 def test_bool_frame_with_bytes_other_than_0_1_rejected() -> None:
     model = Model.from_arrays([np.zeros(2, np.float32), np.zeros(3, bool)])
     frames = _as_bytes(encode(Average(client=0, round=0, version=0, model=model)))
