@@ -1,108 +1,163 @@
-"""Wire benchmark: fedsim's codec and transport vs raw pyzmq, over tcp loopback.
+"""Wire benchmark: fedsim's codec (schema 2) vs raw pyzmq, over tcp loopback.
 
-For a 100 KB and a 10 MB model (float32 tensors), each iteration moves one
-message from a DEALER to a ROUTER over ``tcp://127.0.0.1``:
+For a 100 KB and a 10 MB float32 model, each iteration moves one message from
+a DEALER to a ROUTER over ``tcp://127.0.0.1`` (blocking pyzmq on both sides,
+so that the difference is the codec's):
 
-* fedsim: ``wire.encode(Update)`` -> ``send_multipart(copy=False)`` on
-  fedsim's zmq.asyncio transport -> ``recv_multipart(copy=False)`` ->
-  ``wire.decode`` with full validation (shape/dtype spec, finiteness);
-* raw: the same bytes as one frame, blocking pyzmq ``send(copy=False)`` ->
-  ``recv(copy=False)``, no encoding at all.
+* fedsim: build an ``Update`` around ``Model.from_flat`` (field checks) ->
+  ``codec.encode`` -> ``send_multipart(copy=False)`` ->
+  ``recv_multipart(copy=False)`` -> ``codec.decode`` with the expected
+  ``TensorSpec`` and the finiteness check (one pass over the model);
+* raw: the very same frames, encoded once beforehand, through the same
+  ``send_multipart(copy=False)`` -> ``recv_multipart(copy=False)``.
 
-It prints the median and p90 per-message time of each and the ratio
-fedsim / raw (target: <= 1.2 at 10 MB). Run: ``python tools/bench_wire.py``.
+Rounds alternate fedsim and raw so that machine noise hits both alike. The
+table gives the median per-message time of each side (the median over rounds
+of each round's median) and their ratio.
+
+Then it counts, for one Update of the 100 KB model (4 float32 tensors), the
+full-size copies of the model made between the sender's flat parameter vector
+and the receiver's: by ``encode`` (is frame 2 the sender's memory?), by
+``decode`` (is the decoded buffer the received frame's memory?) and to get a
+flat vector back (schema 1 sent one frame per tensor, so a receiver that
+wants one vector had to concatenate them). Run: ``python tools/bench_wire.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import os
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 import zmq
 
-from fedsim import wire
-from fedsim.transport import Transport
+from fedsim.codec import decode, encode
+from fedsim.messages import Model, TensorSpec, Update
 
 
-def model(nbytes: int, ntensors: int) -> tuple[np.ndarray, ...]:
+def make_model(nbytes: int, ntensors: int) -> tuple[np.ndarray, TensorSpec]:
+    """A flat float32 vector of about ``nbytes`` and a spec of ``ntensors`` tensors."""
     per = nbytes // 4 // ntensors
     rng = np.random.default_rng(0)
-    return tuple(rng.standard_normal(per).astype(np.float32) for _ in range(ntensors))
+    flat = rng.standard_normal(per * ntensors).astype(np.float32)
+    return flat, TensorSpec([("float32", (per,))] * ntensors)
 
 
-async def bench_fedsim(tensors: tuple[np.ndarray, ...], iters: int) -> list[float]:
-    t = Transport()
-    router, addr = t.router("tcp://127.0.0.1:0")
-    dealer = t.dealer(addr, b"c1")
-    spec = wire.TensorSpec([(a.shape, a.dtype) for a in tensors])
-    times = []
-    try:
-        for i in range(iters + 5):
-            t0 = time.perf_counter()
-            msg = wire.Update(client=1, task_id=i, base_version=0, round=0, num_samples=1,
-                              tensors=tensors, stats={})
-            await dealer.send_multipart(wire.encode(msg, sent_at=0.0, seq=i), copy=False)
-            frames = await router.recv_multipart(copy=False)
-            out, _ = wire.decode(frames[1:], spec=spec, max_bytes=1 << 30)
-            dt = time.perf_counter() - t0
-            assert isinstance(out, wire.Update)
-            assert out.task_id == i
-            if i >= 5:
-                times.append(dt)
-    finally:
-        t.close(linger_ms=0)
-    return times
+def update(flat: np.ndarray, spec: TensorSpec, i: int) -> Update:
+    return Update(client=1, task_id=i, base_version=0, round=0, num_samples=1, steps=1,
+                  loss=0.5, model=Model.from_flat(flat, spec))
 
 
-def bench_raw(tensors: tuple[np.ndarray, ...], iters: int) -> list[float]:
-    payload = np.concatenate(tensors).tobytes()
-    ctx = zmq.Context()
+def pair(ctx: zmq.Context[Any]) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, b"c1")
     dealer.connect(f"tcp://127.0.0.1:{port}")
+    for s in (router, dealer):
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVTIMEO, 10_000)
+    return router, dealer
+
+
+def bench_fedsim(sockets: tuple[Any, Any], flat: np.ndarray, spec: TensorSpec,
+                 iters: int, warmup: int = 5) -> list[float]:
+    router, dealer = sockets
     times = []
-    try:
-        for i in range(iters + 5):
-            t0 = time.perf_counter()
-            dealer.send(payload, copy=False)
-            frames = router.recv_multipart(copy=False)
-            dt = time.perf_counter() - t0
-            assert len(frames[1]) == len(payload)
-            if i >= 5:
-                times.append(dt)
-    finally:
-        router.close(0)
-        dealer.close(0)
-        ctx.term()
+    for i in range(iters + warmup):
+        t0 = time.perf_counter()
+        dealer.send_multipart(encode(update(flat, spec, i), sent_at=0.0, seq=i), copy=False)
+        frames = router.recv_multipart(copy=False)
+        msg, _ = decode(frames[1:], spec=spec, max_bytes=1 << 30, check_finite=True)
+        dt = time.perf_counter() - t0
+        assert isinstance(msg, Update)
+        assert msg.task_id == i
+        if i >= warmup:
+            times.append(dt)
     return times
+
+
+def bench_raw(sockets: tuple[Any, Any], frames: list[bytes], iters: int,
+              warmup: int = 5) -> list[float]:
+    router, dealer = sockets
+    times = []
+    for i in range(iters + warmup):
+        t0 = time.perf_counter()
+        dealer.send_multipart(frames, copy=False)
+        got = router.recv_multipart(copy=False)
+        dt = time.perf_counter() - t0
+        assert len(got) == 1 + len(frames)
+        if i >= warmup:
+            times.append(dt)
+    return times
+
+
+def address(buffer: Any) -> int:
+    """Start address of a numpy array, bytes-like object or zmq.Frame."""
+    if isinstance(buffer, zmq.Frame):
+        buffer = buffer.buffer
+    if not isinstance(buffer, np.ndarray):
+        buffer = np.frombuffer(buffer, np.uint8)
+    return int(buffer.__array_interface__["data"][0])
+
+
+def count_copies(sockets: tuple[Any, Any]) -> None:
+    flat, spec = make_model(100_000, 4)
+    router, dealer = sockets
+    frames = encode(update(flat, spec, 0))
+    encode_copies = 0 if np.shares_memory(np.frombuffer(frames[2], np.uint8), flat) else 1
+    assert encode_copies or address(frames[2]) == address(flat)
+    dealer.send_multipart(frames, copy=False)
+    received = router.recv_multipart(copy=False)[1:]
+    msg, _ = decode(received, spec=spec)
+    got = msg.model.flat()  # the receiver's flat vector: no concatenation needed
+    decode_copies = 0 if address(got) == address(received[2]) else 1
+    assert np.shares_memory(got, np.frombuffer(received[2].buffer, np.uint8)) == (
+        decode_copies == 0)
+    np.testing.assert_array_equal(got, flat)
+    total = encode_copies + decode_copies
+    print(f"\nOne Update of a 100 KB float32 model ({len(spec)} tensors), sender's flat vector"
+          " -> receiver's:")
+    print(f"  schema 2: {len(frames)} frames ({len(frames) - 2} model buffer); full-size copies:"
+          f" encode {encode_copies}, decode {decode_copies}, flatten 0 -> {total}")
+    print(f"  schema 1: {1 + len(spec)} frames (one per tensor); full-size copies: encode 0,"
+          f" decode 0, flatten 1 (np.concatenate of {len(spec)} frames) -> 1")
+    print("  (the kernel and libzmq copies of tcp:// are the transport's, in both columns)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--iters", type=int, default=200, help="messages per round (100 KB)")
     ap.add_argument("--rounds", type=int, default=3, help="alternate fedsim/raw this many times")
     args = ap.parse_args()
-    print(f"{'model':>8} {'tensors':>7} {'fedsim p50':>11} {'raw p50':>9} {'ratio p50':>9} "
-          f"{'fedsim p90':>11} {'raw p90':>9}")
-    for label, nbytes, ntensors in (("100 KB", 100_000, 4), ("10 MB", 10_000_000, 16)):
-        tensors = model(nbytes, ntensors)
-        iters = args.iters if nbytes < 1_000_000 else max(20, args.iters // 4)
-        f_all: list[float] = []
-        r_all: list[float] = []
-        for _ in range(args.rounds):  # interleave so machine noise hits both alike
-            f_all += asyncio.run(bench_fedsim(tensors, iters))
-            r_all += bench_raw(tensors, iters)
-        f50, r50 = statistics.median(f_all), statistics.median(r_all)
-        f90 = float(np.percentile(f_all, 90))
-        r90 = float(np.percentile(r_all, 90))
-        unit, k = ("us", 1e6) if nbytes < 1_000_000 else ("ms", 1e3)
-        print(f"{label:>8} {ntensors:>7} {f50 * k:>8.1f} {unit} {r50 * k:>6.1f} {unit} "
-              f"{f50 / r50:>9.2f} {f90 * k:>8.1f} {unit} {r90 * k:>6.1f} {unit}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"{os.cpu_count()} CPUs, load average {load:.2f}; median of {args.rounds} interleaved"
+          " rounds of per-message medians")
+    print(f"{'model':>8} {'tensors':>7} {'frames':>6} {'fedsim':>10} {'raw':>10} {'ratio':>6}")
+    ctx: zmq.Context[Any] = zmq.Context()
+    sockets = pair(ctx)
+    try:
+        for label, nbytes, ntensors in (("100 KB", 100_000, 4), ("10 MB", 10_000_000, 16)):
+            flat, spec = make_model(nbytes, ntensors)
+            frames = [bytes(f) for f in encode(update(flat, spec, 0))]
+            iters = args.iters if nbytes < 1_000_000 else max(20, args.iters // 4)
+            fedsim_medians, raw_medians = [], []
+            for _ in range(args.rounds):
+                fedsim_medians.append(statistics.median(bench_fedsim(sockets, flat, spec, iters)))
+                raw_medians.append(statistics.median(bench_raw(sockets, frames, iters)))
+            f50, r50 = statistics.median(fedsim_medians), statistics.median(raw_medians)
+            unit, k = ("us", 1e6) if nbytes < 1_000_000 else ("ms", 1e3)
+            print(f"{label:>8} {ntensors:>7} {len(frames):>6} {f50 * k:>7.1f} {unit} "
+                  f"{r50 * k:>7.1f} {unit} {f50 / r50:>6.2f}")
+        count_copies(sockets)
+    finally:
+        for s in sockets:
+            s.close(0)
+        ctx.term()
 
 
 if __name__ == "__main__":
