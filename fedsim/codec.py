@@ -265,7 +265,9 @@ def _byte_view(frame: object, index: int) -> memoryview:
     try:
         view = memoryview(buffer)  # type: ignore[arg-type]
     except TypeError:
-        raise WireError("bad_frame", f"frame {index} is not bytes-like: {describe(frame)}") from None
+        raise WireError(
+            "bad_frame", f"frame {index} is not bytes-like: {describe(frame)}"
+        ) from None
     if not view.c_contiguous:
         raise WireError("bad_frame", f"frame {index} is not a contiguous buffer")
     if view.format != "B" or view.ndim != 1:

@@ -459,7 +459,8 @@ class TensorSpec:
     def nbytes(self) -> int:
         """Total bytes of the tensors described."""
         return sum(
-            n * WIRE_DTYPES[name].itemsize for name, n in zip(self._dtypes, self._counts, strict=True)
+            n * WIRE_DTYPES[name].itemsize
+            for name, n in zip(self._dtypes, self._counts, strict=True)
         )
 
     def __len__(self) -> int:
@@ -721,7 +722,7 @@ AnyFloat = Annotated[float, _AllowNonFinite()]
 """A float field that may hold NaN or +-inf (plain ``float`` fields may not)."""
 
 
-class _Bad(Exception):  # noqa: N818 - internal, always turned into a WireError
+class _Bad(Exception):
     """A field check failed; the location is prepended on the way out.
 
     Checks raise it with the text after the location (" must be an int, got
@@ -971,7 +972,7 @@ class _Record:
     def __post_init__(self) -> None:
         name = ""
         try:
-            for name, kind, nullable, exact in self._PLAN:  # noqa: B007 - name locates an error
+            for name, kind, nullable, exact in self._PLAN:
                 value = getattr(self, name)
                 if (value is None and nullable) or type(value) is exact:
                     continue
@@ -1275,7 +1276,7 @@ class HostHello(_Record):
 @_message
 @_dataclass
 class Start(_Record):
-    """Server -> host, when every host is ready: the clock epoch (server monotonic), dilation, spec."""
+    """Server -> host, when every host is ready: clock epoch (server monotonic), dilation, spec."""
 
     epoch: float
     dilation: float

@@ -873,7 +873,7 @@ def test_advance_spec_is_repeated_per_round() -> None:
         (lambda: ClockProbe(seq=1, t_sent="1"), "bad_field", "ClockProbe.t_sent must be a float"),
         (lambda: ClockProbe(seq=1, t_sent=True), "bad_field", "must be a float, got bool"),
         (lambda: ClockProbe(seq=1, t_sent=float("inf")), "bad_field", "must be finite, got inf"),
-        (lambda: ClockProbe(seq=1, t_sent=10**400), "bad_field", "int 1000000000000000000000000000000000000... is too large"),
+        (lambda: ClockProbe(seq=1, t_sent=10**400), "bad_field", "is too large for a float"),
         (
             lambda: Evaluated(request_id=1, version=1, loss=0.0, accuracy=float("nan"),
                               seconds=0.0),
@@ -1120,7 +1120,7 @@ def _random_plain(rng: random.Random, depth: int = 0) -> Any:
     if choice == 5:
         return rng.randbytes(rng.randrange(4))
     if choice == 6:
-        return rng.choice(list(WIRE_DTYPES) + ["complex64", "<f4"])
+        return rng.choice([*WIRE_DTYPES, "complex64", "<f4"])
     if choice == 7:
         return [rng.choice(list(WIRE_DTYPES)), [rng.choice([0, 1, 3, 2**40, 2**63 - 1])
                                                 for _ in range(rng.randrange(3))]]
