@@ -171,7 +171,7 @@ def _default(obj: object) -> object:
     """msgpack hook: value types as arrays of their fields, specs as pairs."""
     cls = type(obj)
     if cls in _VALUE_CLASSES:
-        return [getattr(obj, name) for name in cls.FIELDS]  # type: ignore[attr-defined]
+        return [getattr(obj, name) for name in cls.FIELDS]
     if cls is TensorSpec:
         return cast("TensorSpec", obj).to_wire()
     raise TypeError(f"cannot pack {describe(obj)}")
@@ -209,7 +209,7 @@ def encode_body(msg: Message) -> Body:
         model: Model = values[index]
         spec = model.spec
         values[index] = spec.to_wire()
-        buffers = [memoryview(buf).cast("B") for buf in model.buffers]
+        buffers = [buf.data.cast("B") for buf in model.buffers]
     try:
         header = msgpack.packb(values, use_bin_type=True, datetime=False, default=_default)
     except (TypeError, ValueError, OverflowError) as exc:

@@ -768,7 +768,8 @@ class _Int(_Kind):
             v = int(v)
         if not _I64_MIN <= v <= _I64_MAX:
             raise _Bad(f": {describe(v)} does not fit in int64")
-        return v
+        out: int = v
+        return out
 
 
 class _Float(_Kind):
@@ -785,7 +786,8 @@ class _Float(_Kind):
                 raise _Bad(f": {describe(v)} is too large for a float") from None
         if self.finite and not math.isfinite(v):
             raise _Bad(f" must be finite, got {v}")
-        return v
+        out: float = v
+        return out
 
 
 class _Bool(_Kind):
@@ -805,7 +807,8 @@ class _Str(_Kind):
             if not isinstance(v, str):
                 raise _Bad(f" must be a str, got {describe(v)}")
             v = str(v)
-        return v
+        out: str = v
+        return out
 
 
 class _Optional(_Kind):
@@ -1076,9 +1079,6 @@ def _message(cls: _R) -> _R:
     return _register(cls, KINDS, message=True)
 
 
-_dataclass = dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-
-
 # ---------------------------------------------------------------------------
 # Value types
 
@@ -1112,7 +1112,7 @@ _EVENT_KIND_SET = frozenset(EVENT_KINDS)
 
 
 @_value
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class LocalWork(_Record):
     """A task's local budget: ``steps`` or ``epochs``, or neither (the scenario's default)."""
 
@@ -1133,7 +1133,7 @@ def _dict() -> dict[str, Any]:
 
 
 @_value
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Event(_Record):
     """One record of the run's event log (a line of events.jsonl; see :meth:`to_json_dict`)."""
 
@@ -1186,7 +1186,7 @@ _EVENT_OPTIONAL = Event.FIELDS[3:-1]
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Task(_Record):
     """Server -> client, when it dispatches work: train from ``model`` (version ``version``)."""
 
@@ -1199,7 +1199,7 @@ class Task(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Update(_Record):
     """Client -> server, when a task is done: its result (pipeline rounds: base_version = round)."""
 
@@ -1214,7 +1214,7 @@ class Update(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Average(_Record):
     """Server -> client, after a DGA round: that round's average (one message per client)."""
 
@@ -1225,7 +1225,7 @@ class Average(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Ready(_Record):
     """Client -> server, back from away (``reset``: its connection was reset, its task is gone)."""
 
@@ -1234,7 +1234,7 @@ class Ready(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Failed(_Record):
     """Client -> server, when its training failed for good; the server drops it."""
 
@@ -1243,7 +1243,7 @@ class Failed(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Leave(_Record):
     """Client -> server, on an orderly departure."""
 
@@ -1256,7 +1256,7 @@ class Leave(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HostHello(_Record):
     """Host -> server, once its data and workers are ready: who it is and which clients it runs."""
 
@@ -1274,7 +1274,7 @@ class HostHello(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Start(_Record):
     """Server -> host, when every host is ready: clock epoch (server monotonic), dilation, spec."""
 
@@ -1284,7 +1284,7 @@ class Start(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Refused(_Record):
     """Server -> host, instead of Start: it may not join (version or scenario mismatch, ...)."""
 
@@ -1292,7 +1292,7 @@ class Refused(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class EventBatch(_Record):
     """Host -> server, periodically: event-log records."""
 
@@ -1301,7 +1301,7 @@ class EventBatch(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Stop(_Record):
     """Server -> host, when the run ends: stop the clients and say HostBye."""
 
@@ -1309,7 +1309,7 @@ class Stop(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class HostBye(_Record):
     """Host -> server, after Stop: its own measurements (fidelity: FidelityMonitor.export())."""
 
@@ -1321,7 +1321,7 @@ class HostBye(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class ClockProbe(_Record):
     """Host -> server, before Start: an NTP-style probe sent at host monotonic ``t_sent``."""
 
@@ -1330,7 +1330,7 @@ class ClockProbe(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class ClockReply(_Record):
     """Server -> host, on a ClockProbe: the probe echoed with the server's monotonic time."""
 
@@ -1345,7 +1345,7 @@ class ClockReply(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class WorkerReady(_Record):
     """Worker -> parent, once built: samples per client (in the parent's order) and the spec."""
 
@@ -1354,7 +1354,7 @@ class WorkerReady(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Train(_Record):
     """Parent -> worker, on a Task: begin the task's local work from ``model``."""
 
@@ -1368,7 +1368,7 @@ class Train(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Advance(_Record):
     """Parent -> worker, on DGA averages: continue the pipeline with the averages of ``rounds``.
 
@@ -1392,7 +1392,7 @@ class Advance(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Trained(_Record):
     """Worker -> parent, on Train or Advance: the outcome (next: "done", "more" or "wait")."""
 
@@ -1413,7 +1413,7 @@ class Trained(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Evaluate(_Record):
     """Parent (server) -> worker, to evaluate a global model on the test set."""
 
@@ -1423,7 +1423,7 @@ class Evaluate(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Evaluated(_Record):
     """Worker -> parent, on Evaluate: test loss (may be NaN/inf: AnyFloat), accuracy, time taken."""
 
@@ -1435,7 +1435,7 @@ class Evaluated(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class WorkerFailed(_Record):
     """Worker -> parent, instead of the reply to request ``request_id``: why it failed."""
 
@@ -1444,7 +1444,7 @@ class WorkerFailed(_Record):
 
 
 @_message
-@_dataclass
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Shutdown(_Record):
     """Parent -> worker, at the end: exit."""
 

@@ -113,6 +113,7 @@ def count_copies(sockets: tuple[Any, Any]) -> None:
     dealer.send_multipart(frames, copy=False)
     received = router.recv_multipart(copy=False)[1:]
     msg, _ = decode(received, spec=spec)
+    assert isinstance(msg, Update)
     got = msg.model.flat()  # the receiver's flat vector: no concatenation needed
     decode_copies = 0 if address(got) == address(received[2]) else 1
     assert np.shares_memory(got, np.frombuffer(received[2].buffer, np.uint8)) == (
