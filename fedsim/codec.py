@@ -55,6 +55,22 @@ Model's own buffers. Decoding copies none: the Model's buffers are read-only
 ``np.frombuffer`` views of the received frames (they keep the frames alive).
 What this asks of callers is in :mod:`fedsim.messages` (do not modify a buffer
 in flight; copy a decoded buffer before modifying it).
+
+Cost
+----
+Measured once with ``timeit`` (best of 7) on the 2-vCPU development machine
+while other tests ran, for orientation, not a test: a Task carrying a 10 MB
+float32 model of 16 tensors (one model frame)::
+
+    build (Model.from_flat + Task)        ~   8 us
+    encode_body / stamp                   ~   8 / 1 us
+    decode, check_finite=False            ~  30 us   (zmq.Frame frames, with or without spec)
+    decode, check_finite=True             ~ 0.3 ms   (one pass over the 10 MB)
+    Stop: encode / decode                 ~   5 / 7 us
+    EventBatch, per Event: build / encode / decode   ~ 9 / 2 / 7 us
+
+Only the finiteness pass grows with the model's size; more tensors only
+lengthen the header's spec.
 """
 
 from __future__ import annotations
