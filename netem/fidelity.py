@@ -26,8 +26,8 @@ adds a reason and makes the verdict ``"fail"``:
   ``max(2 % x mean, 3 std / sqrt(n), allowed lateness)``.
 * ``delay_std``: off by at most ``max(10 % x std, allowed lateness,
   3 std / sqrt(2 n))`` (netem under-delivers jitter, §1.2).
-* ``rate``: realised serialisation rate ``sum(bytes) / sum(serialisation +
-  lateness)`` >= 95 % of the configured one.
+* ``rate`` per link kind with a rate: realised serialisation rate >= 95 % of
+  the configured one, judged within the lateness allowance (below).
 * ``loss_rate``: realised packet loss inside the model's two-sided 99 %
   interval ``mu +- z sqrt(mu (1 - mu) v / n)``, ``v`` the variance inflation
   of bursty models (plain binomial for Bernoulli). 99 % rather than 95 % so
@@ -36,18 +36,72 @@ adds a reason and makes the verdict ``"fail"``:
   of the model's (geometric sd ``sqrt(b (b - 1))``).
 
 Statistical checks need ``min_samples`` (30) observations; otherwise they are
-listed as skipped. ``suggested_dilation`` = current dilation x the largest of
-(p99 lateness / allowed lateness, p99 of actual / budget compute time), rounded
-up to 1, 1.5, 2, 3, 5, 10, 15, 20, 30, 50, ... -- or the current dilation when
-everything passes.
+listed as skipped.
+
+**Rate within the lateness allowance.** A message's lateness is when the
+emulator delivered it minus when the model said; it is not time the link
+spent serialising, and lateness up to the allowed lateness ``a`` is what the
+``lateness`` check accepts. So for the ``n`` messages of a kind that had a
+serialisation time, with nominal serialisation ``S = sum(ser_i)`` and
+positive lateness ``P = sum(max(0, late_i))``::
+
+    realised rate = sum(wire bytes) / (S + max(0, P - n a))
+
+i.e. the link is charged only the lateness beyond the allowance, pooled over
+its messages (throughput is a total over them). On a 1 Gbit/s link a 57 KB
+message serialises in 0.46 ms; charging it ordinary lateness of 0.1-1.5 ms
+(within the allowance) would put the rate at a third of nominal on an idle
+host. A link that really is slower than configured delays each message by a
+share of its serialisation time, which on the links where the rate matters
+is far beyond ``a`` and fails the check. The pooled form needs only ``n``, ``S``
+and ``P`` (exact under :meth:`FidelityMonitor.merge`) and uses the merging
+monitor's ``a`` at report time: hosts record their links unconfigured.
+``rate_realised_all_lateness`` (every message's whole lateness charged) is
+reported for information.
+
+**Suggested dilation.** ``suggested_dilation`` is the dilation in use when
+the verdict passes. When it fails, it is strictly larger, and large enough
+for every failing *timing* check (lateness, overruns, rate, delay mean and
+std) to pass under the model of §5.3: real lateness and real compute time
+do not depend on the dilation, so at ``D' = k D`` every recorded lateness
+and every compute time, in emulated seconds, is divided by ``k``; the
+configured delays, rates, budgets and the allowance are emulated quantities
+and stay. For each failing timing check the smallest ``k`` from which it
+passes for *every* larger ``k`` is:
+
+* ``lateness``: ``p99 / a`` (a quantile of ``late / k`` is the quantile / k).
+* ``overruns``: with ``m`` the overruns the threshold allows (``floor(1 % x
+  runs)``, less those with no positive budget, which no dilation fixes), the
+  ``(m + 1)``-th largest actual/budget ratio: above it at most ``m`` runs
+  still overrun. Exact while the reservoir holds every run.
+* ``rate``: ``max(0, P / k - n a) <= S r / (1 - r)`` (``r`` = 5 %), so
+  ``k = P / (S r / (1 - r) + n a)``.
+* ``delay_mean``: the realised mean is ``prop_mean + late_mean / k``, which
+  moves monotonically to the propagation mean; if that is within the
+  tolerance, ``k`` is where the line enters it; otherwise no dilation helps.
+* ``delay_std``: ``|std(prop + late / k) - std(prop)| <= std(late) / k``
+  (Minkowski), so ``k = std(late) / (tol - |std(prop) - configured std|)``
+  suffices when the propagation alone is within the tolerance.
+
+The suggestion is ``D`` times the largest such ``k`` (times ``1 + 1e-9``, so
+that a check landing exactly on its limit passes despite rounding) rounded
+up to 1, 1.5, 2, 3, 5, 10, 15, 20, 30, 50, ...; since every required ``k``
+holds for all larger values, rounding up keeps them passing. Failing checks
+that no dilation fixes (``loss_rate``, ``burst_length``, or a timing check
+whose cause is not lateness) are listed in ``unfixable_by_dilation``; they
+do not raise the suggestion, which is then at least the next step above
+``D``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from netem import _check
 from netem.fidelitystats import KindStats, Reservoir, Thresholds, nice_ceiling
@@ -126,14 +180,13 @@ class FidelityMonitor:
         late = float(t_actual) - d.t_deliver
         self.record_lateness(late)
         k = self._kind(kind)
-        k.add_delay(d.propagation + late)
+        k.add_delay(d.propagation, late)
         if d.serialization > 0:
-            k.bytes_ += d.wire_bytes
-            k.ser += d.serialization
-            k.ser_actual += d.serialization + max(late, 0.0)
+            k.add_serialised(d.wire_bytes, d.serialization, late)
 
     def record_delay(self, kind: str, seconds: float) -> None:
-        """A realised one-way delay measured some other way."""
+        """A realised one-way delay measured some other way (no lateness part:
+        it is taken not to change with the dilation)."""
         self._kind(kind).add_delay(float(seconds))
 
     def record_loss(self, kind: str, stats: LossStats) -> None:
@@ -184,24 +237,63 @@ class FidelityMonitor:
         smallest = min(means) if means else 0.0
         return max(th.lateness_floor, th.lateness_fraction * smallest)
 
+    def _overrun_scale(self) -> float:
+        """Smallest ``k`` from which ``overruns`` passes with compute times / k."""
+        n = self._ratio.count
+        v = np.sort(self._ratio.values())
+        if not n or not v.size:
+            return math.inf
+        w = n / v.size  # runs per sampled ratio (1 while the reservoir holds all)
+        # overruns with no positive budget have no ratio and stay whatever k is
+        stuck = max(0, self._overruns - round(int(np.count_nonzero(v > 1.0)) * w))
+        f = self.thresholds.overrun_fraction
+        allowed = math.floor(f * n)
+        while (allowed + 1) / n <= f:
+            allowed += 1
+        while allowed >= 0 and allowed / n > f:
+            allowed -= 1
+        m = math.floor((allowed - stuck) / w)
+        if m < 0:
+            return math.inf
+        if m >= v.size:
+            return 1.0
+        return float(v[v.size - m - 1])  # at most m sampled ratios are above it
+
     def report(self) -> dict[str, Any]:
         """JSON-able verdict, measurements, checks and thresholds."""
         th = self.thresholds
         z = NormalDist().inv_cdf(0.5 + th.loss_confidence / 2)
         allowed = self.allowed_lateness()
         checks: list[dict[str, Any]] = []
+        # per failing check: the dilation factor from which it passes (inf:
+        # no dilation does), see the module docstring
+        needs: list[float] = []
 
         def check(
-            name: str, kind: str | None, value: float, limit: str, ok: bool
+            name: str,
+            kind: str | None,
+            value: float,
+            limit: str,
+            ok: bool,
+            scale: Callable[[], float] | None = None,
         ) -> None:
+            k = None
+            if not ok:
+                need = scale() if scale is not None else math.inf
+                needs.append(need)
+                k = need if math.isfinite(need) else None
             checks.append(
-                {"check": name, "kind": kind, "value": value, "limit": limit, "ok": ok}
+                {"check": name, "kind": kind, "value": value, "limit": limit, "ok": ok,
+                 "needs_factor": k}
             )
 
         lat = self._late
         p50, p99 = lat.quantile(0.5), lat.quantile(0.99)
         if lat.count:
-            check("lateness", None, p99, f"p99 <= {allowed:.6g} s", p99 <= allowed)
+            check(
+                "lateness", None, p99, f"p99 <= {allowed:.6g} s", p99 <= allowed,
+                lambda: p99 / allowed if allowed > 0 else math.inf,
+            )
         n_runs = self._ratio.count
         if n_runs:
             frac = self._overruns / n_runs
@@ -211,86 +303,12 @@ class FidelityMonitor:
                 frac,
                 f"<= {th.overrun_fraction}",
                 frac <= th.overrun_fraction,
+                self._overrun_scale,
             )
 
         kinds_out: dict[str, Any] = {}
         for name, k in sorted(self._kinds.items()):
-            out: dict[str, Any] = {"n_delays": k.n}
-            std = math.sqrt(k.m2 / (k.n - 1)) if k.n > 1 else 0.0
-            if k.n:
-                out.update(delay_mean=k.m, delay_std=std)
-            if k.mean is not None and k.std is not None:
-                out.update(configured_mean=k.mean, configured_std=k.std)
-                if k.n >= th.min_samples:
-                    tol = max(
-                        th.delay_mean_rel * k.mean, 3 * k.std / math.sqrt(k.n), allowed
-                    )
-                    check(
-                        "delay_mean",
-                        name,
-                        k.m,
-                        f"{k.mean:.6g} +- {tol:.3g}",
-                        abs(k.m - k.mean) <= tol,
-                    )
-                    tol = max(
-                        th.delay_std_rel * k.std,
-                        allowed,
-                        3 * k.std / math.sqrt(2 * k.n),
-                    )
-                    check(
-                        "delay_std",
-                        name,
-                        std,
-                        f"{k.std:.6g} +- {tol:.3g}",
-                        abs(std - k.std) <= tol,
-                    )
-            if k.ser > 0:
-                ratio = k.ser / k.ser_actual
-                out.update(
-                    rate_nominal=8 * k.bytes_ / k.ser,
-                    rate_realised=8 * k.bytes_ / k.ser_actual,
-                )
-                check(
-                    "rate",
-                    name,
-                    ratio,
-                    f"realised/nominal >= {1 - th.rate_rel}",
-                    ratio >= 1 - th.rate_rel,
-                )
-            ls = k.loss_stats
-            if ls.packets:
-                out.update(
-                    packets=ls.packets, loss_rate=ls.rate, mean_burst=ls.mean_burst
-                )
-            if k.loss is not None and ls.packets:
-                mu = k.loss.mean_loss_rate()
-                b = k.loss.mean_burst_length()
-                out.update(configured_loss_rate=mu, configured_burst=b)
-                if ls.packets >= th.min_samples:
-                    se = math.sqrt(
-                        mu * (1 - mu) * k.loss.variance_inflation() / ls.packets
-                    )
-                    tol = z * se + 0.5 / ls.packets
-                    check(
-                        "loss_rate",
-                        name,
-                        ls.rate,
-                        f"{mu:.6g} +- {tol:.3g}",
-                        abs(ls.rate - mu) <= tol,
-                    )
-                if ls.ended >= th.min_samples and math.isfinite(b):
-                    tol = (
-                        z * math.sqrt(max(b * (b - 1), 0.0) / ls.ended)
-                        + th.burst_rel * b
-                    )
-                    check(
-                        "burst_length",
-                        name,
-                        ls.mean_burst,
-                        f"{b:.6g} +- {tol:.3g}",
-                        abs(ls.mean_burst - b) <= tol,
-                    )
-            kinds_out[name] = out
+            kinds_out[name] = self._judge_kind(name, k, allowed, z, check)
 
         failed = [c for c in checks if not c["ok"]]
         reasons = [
@@ -298,15 +316,15 @@ class FidelityMonitor:
             f"{c['value']:.6g} outside {c['limit']}"
             for c in failed
         ]
-        factor = 1.0
+        unfixable = [
+            f"{c['check']}{'[' + c['kind'] + ']' if c['kind'] else ''}"
+            for c, need in zip(failed, needs, strict=True)
+            if not math.isfinite(need)
+        ]
+        suggested = self.dilation
         if failed:
-            if lat.count and p99 > allowed:
-                factor = max(factor, p99 / allowed)
-            if n_runs and self._overruns / n_runs > th.overrun_fraction:
-                factor = max(factor, self._ratio.quantile(0.99))
-        suggested = (
-            nice_ceiling(self.dilation * factor) if factor > 1 else self.dilation
-        )
+            factor = max([1.0, *(k for k in needs if math.isfinite(k))])
+            suggested = nice_ceiling(self.dilation * factor * (1.0 + 1e-9))
         return {
             "verdict": "fail" if failed else "pass",
             "reasons": reasons,
@@ -327,5 +345,122 @@ class FidelityMonitor:
             "checks": checks,
             "dilation": self.dilation,
             "suggested_dilation": suggested,
+            "unfixable_by_dilation": unfixable,
             "thresholds": asdict(self.thresholds),
         }
+
+    def _judge_kind(
+        self, name: str, k: KindStats, allowed: float, z: float, check: _Check
+    ) -> dict[str, Any]:
+        """One link kind's checks (through ``check``) and figures."""
+        th = self.thresholds
+        out: dict[str, Any] = {"n_delays": k.delay.n}
+        n, realised = k.delay.n, k.delay
+        if n:
+            out.update(delay_mean=realised.mean, delay_std=realised.std)
+        if k.mean is not None and k.std is not None and n >= th.min_samples:
+            mean, std = k.mean, k.std
+            out.update(configured_mean=mean, configured_std=std)
+            tol_m = max(th.delay_mean_rel * mean, 3 * std / math.sqrt(n), allowed)
+
+            def mean_scale() -> float:
+                # realised mean at factor k: prop + late / k, monotone towards prop
+                p, lm = k.prop.mean, k.late.mean
+                if abs(p - mean) >= tol_m:
+                    return math.inf
+                if lm > 0:
+                    return lm / (mean + tol_m - p)
+                if lm < 0:
+                    return -lm / (p - (mean - tol_m))
+                return math.inf
+
+            check(
+                "delay_mean",
+                name,
+                realised.mean,
+                f"{mean:.6g} +- {tol_m:.3g}",
+                abs(realised.mean - mean) <= tol_m,
+                mean_scale,
+            )
+            tol_s = max(th.delay_std_rel * std, allowed, 3 * std / math.sqrt(2 * n))
+
+            def std_scale() -> float:
+                # |std(prop + late / k) - std(prop)| <= std(late) / k
+                gap = tol_s - abs(k.prop.std - std)
+                sl = k.late.std
+                return sl / gap if gap > 0 and sl > 0 else math.inf
+
+            check(
+                "delay_std",
+                name,
+                realised.std,
+                f"{std:.6g} +- {tol_s:.3g}",
+                abs(realised.std - std) <= tol_s,
+                std_scale,
+            )
+        elif k.mean is not None and k.std is not None:
+            out.update(configured_mean=k.mean, configured_std=k.std)
+        if k.ser > 0:
+            charged = max(0.0, k.ser_late - k.ser_n * allowed)
+            ratio = k.ser / (k.ser + charged)
+            out.update(
+                rate_nominal=8 * k.bytes_ / k.ser,
+                rate_realised=8 * k.bytes_ / (k.ser + charged),
+                rate_realised_all_lateness=8 * k.bytes_ / (k.ser + k.ser_late),
+            )
+            rel = th.rate_rel
+
+            def rate_scale() -> float:
+                # charged at factor k: max(0, ser_late / k - n a) <= ser r / (1 - r)
+                room = (k.ser * rel / (1 - rel) if rel < 1 else math.inf) + k.ser_n * allowed
+                return k.ser_late / room if room > 0 else math.inf
+
+            check(
+                "rate",
+                name,
+                ratio,
+                f"realised/nominal >= {1 - rel}",
+                ratio >= 1 - rel,
+                rate_scale,
+            )
+        ls = k.loss_stats
+        if ls.packets:
+            out.update(packets=ls.packets, loss_rate=ls.rate, mean_burst=ls.mean_burst)
+        if k.loss is not None and ls.packets:
+            mu = k.loss.mean_loss_rate()
+            b = k.loss.mean_burst_length()
+            out.update(configured_loss_rate=mu, configured_burst=b)
+            if ls.packets >= th.min_samples:
+                se = math.sqrt(mu * (1 - mu) * k.loss.variance_inflation() / ls.packets)
+                tol = z * se + 0.5 / ls.packets
+                check(
+                    "loss_rate",
+                    name,
+                    ls.rate,
+                    f"{mu:.6g} +- {tol:.3g}",
+                    abs(ls.rate - mu) <= tol,
+                )
+            if ls.ended >= th.min_samples and math.isfinite(b):
+                tol = z * math.sqrt(max(b * (b - 1), 0.0) / ls.ended) + th.burst_rel * b
+                check(
+                    "burst_length",
+                    name,
+                    ls.mean_burst,
+                    f"{b:.6g} +- {tol:.3g}",
+                    abs(ls.mean_burst - b) <= tol,
+                )
+        return out
+
+
+class _Check(Protocol):
+    """The ``check`` recorder of :meth:`FidelityMonitor.report`."""
+
+    def __call__(
+        self,
+        name: str,
+        kind: str | None,
+        value: float,
+        limit: str,
+        ok: bool,
+        scale: Callable[[], float] | None = None,
+    ) -> None: ...

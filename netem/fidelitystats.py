@@ -8,7 +8,8 @@ and :func:`nice_ceiling` from here.
 All values are in **emulated** seconds. Cheap by construction: scalars go into
 preallocated numpy buffers that turn into a reservoir sample (Algorithm R,
 own seeded generator) when full, with exact count, mean and max kept aside
-(:class:`Reservoir`); delay moments are streamed (Welford, :class:`KindStats`).
+(:class:`Reservoir`); delay moments are streamed (Welford, :class:`Moments`,
+per link kind in :class:`KindStats`).
 Both export themselves as plain data (msgpack/JSON-able) and merge such an
 export into themselves, so monitors of several processes can be combined.
 """
@@ -25,7 +26,7 @@ from netem import _check
 from netem.loss import LossModel
 from netem.lossprocess import LossStats
 
-__all__ = ["KindStats", "Reservoir", "Thresholds", "nice_ceiling"]
+__all__ = ["KindStats", "Moments", "Reservoir", "Thresholds", "nice_ceiling"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,45 +163,95 @@ class Reservoir:
 
 
 @dataclass(slots=True)
+class Moments:
+    """Streamed count, mean and sum of squared deviations (Welford); mergeable."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add(self, x: float) -> None:
+        """Record one value."""
+        self.n += 1
+        d = x - self.mean
+        self.mean += d / self.n
+        self.m2 += d * (x - self.mean)
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation (0 with fewer than two values)."""
+        return math.sqrt(max(self.m2, 0.0) / (self.n - 1)) if self.n > 1 else 0.0
+
+    def export(self) -> list[float]:
+        """``[n, mean, m2]``."""
+        return [self.n, self.mean, self.m2]
+
+    def merge(self, o: list[float]) -> None:
+        """Add another accumulator's :meth:`export` (pooled moments, Chan et al.)."""
+        n_o = int(o[0])
+        n = self.n + n_o
+        if n_o:
+            delta = float(o[1]) - self.mean
+            self.m2 += float(o[2]) + delta * delta * self.n * n_o / n
+            self.mean += delta * n_o / n
+            self.n = n
+
+
+@dataclass(slots=True)
 class KindStats:
     """Per link kind: configuration and streamed observations (one link kind of a
-    :class:`~netem.fidelity.FidelityMonitor`)."""
+    :class:`~netem.fidelity.FidelityMonitor`).
+
+    Each realised one-way delay is propagation + lateness; their moments are
+    kept together (:attr:`delay`, what the delay checks judge) and apart
+    (:attr:`prop`, :attr:`late`), so that the verdict can tell how the delay
+    would look with lateness scaled by another dilation. Messages with a
+    serialisation time feed the rate figures: their wire bytes, nominal
+    serialisation seconds, count and summed positive lateness.
+    """
 
     mean: float | None = None
     std: float | None = None
     loss: LossModel | None = None
-    n: int = 0
-    m: float = 0.0
-    m2: float = 0.0
+    delay: Moments = field(default_factory=Moments)
+    prop: Moments = field(default_factory=Moments)
+    late: Moments = field(default_factory=Moments)
     bytes_: float = 0.0
     ser: float = 0.0
-    ser_actual: float = 0.0
+    ser_n: int = 0
+    ser_late: float = 0.0
     loss_stats: LossStats = field(default_factory=LossStats)
 
-    def add_delay(self, x: float) -> None:
-        self.n += 1
-        d = x - self.m
-        self.m += d / self.n
-        self.m2 += d * (x - self.m)
+    def add_delay(self, propagation: float, lateness: float = 0.0) -> None:
+        """One realised delay, ``propagation + lateness`` seconds."""
+        self.delay.add(propagation + lateness)
+        self.prop.add(propagation)
+        self.late.add(lateness)
+
+    def add_serialised(self, wire_bytes: int, serialization: float, lateness: float) -> None:
+        """One message that took ``serialization`` nominal seconds on the link."""
+        self.bytes_ += wire_bytes
+        self.ser += serialization
+        self.ser_n += 1
+        self.ser_late += max(lateness, 0.0)
 
     def export(self) -> dict[str, Any]:
         """Observations as plain data (the configuration is not exported)."""
-        return {"n": self.n, "m": self.m, "m2": self.m2, "bytes": self.bytes_,
-                "ser": self.ser, "ser_actual": self.ser_actual,
+        return {"delay": self.delay.export(), "prop": self.prop.export(),
+                "late": self.late.export(), "bytes": self.bytes_, "ser": self.ser,
+                "ser_n": self.ser_n, "ser_late": self.ser_late,
                 "packets": self.loss_stats.packets, "lost": self.loss_stats.lost,
                 "bursts": self.loss_stats.bursts, "cut": self.loss_stats.cut}
 
     def merge(self, o: dict[str, Any]) -> None:
-        """Add another accumulator's :meth:`export` (pooled Welford moments)."""
-        n = self.n + int(o["n"])
-        if n:
-            delta = float(o["m"]) - self.m
-            self.m2 += float(o["m2"]) + delta * delta * self.n * int(o["n"]) / n
-            self.m += delta * int(o["n"]) / n
-            self.n = n
+        """Add another accumulator's :meth:`export`."""
+        self.delay.merge(o["delay"])
+        self.prop.merge(o["prop"])
+        self.late.merge(o["late"])
         self.bytes_ += float(o["bytes"])
         self.ser += float(o["ser"])
-        self.ser_actual += float(o["ser_actual"])
+        self.ser_n += int(o["ser_n"])
+        self.ser_late += float(o["ser_late"])
         s = self.loss_stats
         self.loss_stats = s + LossStats(int(o["packets"]), int(o["lost"]), int(o["bursts"]),
-                                        int(o.get("cut", 0)))
+                                        int(o["cut"]))

@@ -155,3 +155,171 @@ def test_merging_thinned_exports_weighs_each_source_by_its_count():
     assert lat["p99"] == pytest.approx(10.0)  # the top 3 % are 10 ms
     assert min(server._late.values()) >= 0.001  # no unwritten slot (np.empty) read back
 
+
+
+# -- suggested dilation and the rate check (regressions) -----------------------
+TIMING_CHECKS = {"lateness", "overruns", "rate", "delay_mean", "delay_std"}
+
+
+class Run:
+    """A run's observations, replayable at another dilation.
+
+    Real lateness and real compute time do not depend on the dilation, so in
+    emulated time both scale as ``dilation / new_dilation``; everything else
+    (the link model's arithmetic, loss counts) is identical.
+    """
+
+    def __init__(self, dilation: float = 1.0) -> None:
+        self.dilation = dilation
+        self.links: list[tuple[str, LinkParams]] = []
+        self.deliveries: list[tuple[str, object, float]] = []
+        self.computes: list[tuple[float, float]] = []
+        self.losses: list[tuple[str, LossStats]] = []
+
+    def link(self, kind, params, n, size, late, gap=0.05, seed=1):
+        """``n`` messages of ``size`` bytes, ``gap`` s apart; ``late[i]`` emulated s late."""
+        self.links.append((kind, params))
+        link = Link(params, seed=seed, key=("link", kind))
+        for i in range(n):
+            self.deliveries.append((kind, link.schedule(gap * i, size), float(late[i])))
+        self.losses.append((kind, link.loss_stats))
+
+    def monitor(self, dilation: float | None = None) -> FidelityMonitor:
+        new = self.dilation if dilation is None else dilation
+        s = self.dilation / new
+        mon = FidelityMonitor(dilation=new)
+        for kind, params in self.links:
+            mon.expect_link(kind, params)
+        for kind, d, late in self.deliveries:
+            mon.record_delivery(kind, d, d.t_deliver + late * s)
+        for budget, actual in self.computes:
+            mon.record_compute(budget, actual * s)
+        for kind, stats in self.losses:
+            mon.record_loss(kind, stats)
+        return mon
+
+
+def failing(rep):
+    return {(c["check"], c["kind"]) for c in rep["checks"] if not c["ok"]}
+
+
+def assert_suggestion_fixes_timing(run: Run) -> dict:
+    """The verdict fails; the suggestion is above the dilation in use, and at
+    the suggested dilation every timing check passes."""
+    rep = run.monitor().report()
+    assert rep["verdict"] == "fail"
+    suggested = rep["suggested_dilation"]
+    assert suggested > run.dilation, rep["reasons"]
+    again = run.monitor(suggested).report()
+    assert {c for c in failing(again) if c[0] in TIMING_CHECKS} == set(), again["reasons"]
+    return rep
+
+
+@pytest.mark.parametrize("dilation", [1.0, 2.0, 7.0])
+def test_overruns_suggest_a_larger_dilation_that_passes(dilation):
+    # 2 overruns in 150 (1.3 % > 1 %): the interpolated p99 of actual/budget is
+    # 0.76, below 1, so the old rule suggested the dilation in use.
+    run = Run(dilation)
+    run.computes = [(1.0, 0.5)] * 148 + [(1.0, 1.01)] * 2
+    rep = assert_suggestion_fixes_timing(run)
+    assert failing(rep) == {("overruns", None)}
+    assert rep["suggested_dilation"] == nice_ceiling(dilation * 1.01 * (1 + 1e-9))
+
+
+def test_late_timers_suggestion_passes_when_replayed():
+    run = Run(2.0)
+    up = LinkParams(delay=0.008, jitter=0.002, distribution="normal", rate=20e6)
+    run.link("up", up, 2000, 20_000, stream(9, "late").exponential(0.003, 2000))
+    rep = assert_suggestion_fixes_timing(run)
+    assert ("lateness", None) in failing(rep)
+
+
+def test_non_timing_failure_still_suggests_a_larger_dilation():
+    # A loss rate outside its interval does not depend on timing; the verdict
+    # fails all the same, so the suggestion must not be the dilation in use.
+    for dilation in (1.0, 1.5, 3.0):
+        mon = FidelityMonitor(dilation=dilation)
+        mon.expect_loss("x", Bernoulli(0.01))
+        mon.record_loss("x", LossStats(100_000, 1300, 1290))
+        rep = mon.report()
+        assert failing(rep) == {("loss_rate", "x")}
+        assert rep["suggested_dilation"] == nice_ceiling(dilation * (1 + 1e-9)) > dilation
+        assert rep["unfixable_by_dilation"] == ["loss_rate[x]"]
+
+
+def test_delay_mean_from_lateness_suggestion_passes_when_replayed():
+    # 3 ms of lateness on a 20 ms constant delay: the realised mean is 15 % off
+    run = Run(1.0)
+    p = LinkParams(delay=0.020)
+    run.link("k", p, 500, 1000, np.full(500, 0.003))
+    rep = assert_suggestion_fixes_timing(run)
+    assert {("lateness", None), ("delay_mean", "k")} <= failing(rep)
+
+
+def test_delay_std_from_lateness_suggestion_passes_when_replayed():
+    # jittery lateness (std 8.7 ms) widens a 1 ms delay std beyond the 5 ms
+    # allowance (its tolerance): the suggestion must fix that check too
+    run = Run(1.0)
+    p = LinkParams(delay=0.100, jitter=0.001, distribution="normal")
+    late = stream(3, "late").uniform(0.0, 0.030, 2000)
+    run.link("k", p, 2000, 1000, late)
+    rep = assert_suggestion_fixes_timing(run)
+    assert ("delay_std", "k") in failing(rep)
+    std = next(c for c in rep["checks"] if c["check"] == "delay_std")
+    assert 1 < std["needs_factor"] < rep["suggested_dilation"]
+
+
+FAST = LinkParams(delay=0.050, rate=1e9)  # allowed lateness: 5 % of 50 ms = 2.5 ms
+MSG = 57_000  # serialises in 0.46 ms at 1 Gbit/s
+
+
+def test_fast_link_with_ordinary_lateness_passes_the_rate_check():
+    late = stream(4, "late").uniform(0.0001, 0.0015, 2000)
+    run = Run(1.0)
+    run.link("fast", FAST, 2000, MSG, late)
+    rep = run.monitor().report()
+    assert rep["verdict"] == "pass", rep["reasons"]
+    link = rep["links"]["fast"]
+    assert link["rate_realised"] == pytest.approx(link["rate_nominal"])
+    # charging every message's whole lateness, as before, would say 0.3-0.4
+    assert 0.2 < link["rate_realised_all_lateness"] / link["rate_nominal"] < 0.5
+    assert rep["suggested_dilation"] == 1.0
+
+
+def test_rate_allowance_is_the_merging_monitors():
+    # A client host records its downlinks without configuration (its own
+    # allowance would be the 1 ms floor); the server that merges its export
+    # knows the links, and its allowance (2.5 ms) is the one that applies.
+    host = FidelityMonitor()
+    link = Link(FAST, seed=2, key=("down",))
+    late = stream(5, "late").uniform(0.0001, 0.0015, 500)
+    for i in range(500):
+        d = link.schedule(0.05 * i, MSG)
+        host.record_delivery("fast", d, d.t_deliver + late[i])
+    server = FidelityMonitor()
+    server.expect_link("fast", FAST)
+    server.merge(json.loads(json.dumps(host.export())))
+    rep = server.report()
+    assert rep["verdict"] == "pass", rep["reasons"]
+
+
+def test_under_rate_link_fails_the_rate_check():
+    # 1 Mbit/s nominal, really 0.8 Mbit/s: each 57 KB message is 25 % of its
+    # serialisation (0.12 s) late, far beyond the allowance.
+    slow = LinkParams(delay=0.050, rate=1e6)
+    run = Run(1.0)
+    ser = slow.serialization(MSG)
+    run.link("slow", slow, 100, MSG, np.full(100, 0.25 * ser), gap=1.0)
+    rep = assert_suggestion_fixes_timing(run)
+    assert ("rate", "slow") in failing(rep)
+    link = rep["links"]["slow"]
+    ratio = link["rate_realised"] / link["rate_nominal"]
+    # charged: 0.12 s - 2.5 ms of each message's lateness
+    assert ratio == pytest.approx(ser / (ser + 0.25 * ser - 0.0025), rel=0.02)
+
+
+def test_fast_link_beyond_the_allowance_fails_and_the_suggestion_passes():
+    run = Run(1.0)
+    run.link("fast", FAST, 2000, MSG, stream(6, "late").uniform(0.002, 0.004, 2000))
+    rep = assert_suggestion_fixes_timing(run)
+    assert ("rate", "fast") in failing(rep)
