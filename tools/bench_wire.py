@@ -11,9 +11,10 @@ so that the difference is the codec's):
 * raw: the very same frames, encoded once beforehand, through the same
   ``send_multipart(copy=False)`` -> ``recv_multipart(copy=False)``.
 
-Rounds alternate fedsim and raw so that machine noise hits both alike. The
-table gives the median per-message time of each side (the median over rounds
-of each round's median) and their ratio.
+Rounds alternate fedsim, raw and fedsim without the finiteness check (to
+show what that pass over the freshly received model costs) so that machine
+noise hits all alike. The table gives the median per-message time of each
+(the median over rounds of each round's median) and the ratios to raw.
 
 Then it counts, for one Update of the 100 KB model (4 float32 tensors), the
 full-size copies of the model made between the sender's flat parameter vector
@@ -64,14 +65,14 @@ def pair(ctx: zmq.Context[Any]) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
 
 
 def bench_fedsim(sockets: tuple[Any, Any], flat: np.ndarray, spec: TensorSpec,
-                 iters: int, warmup: int = 5) -> list[float]:
+                 iters: int, check_finite: bool = True, warmup: int = 5) -> list[float]:
     router, dealer = sockets
     times = []
     for i in range(iters + warmup):
         t0 = time.perf_counter()
         dealer.send_multipart(encode(update(flat, spec, i), sent_at=0.0, seq=i), copy=False)
         frames = router.recv_multipart(copy=False)
-        msg, _ = decode(frames[1:], spec=spec, max_bytes=1 << 30, check_finite=True)
+        msg, _ = decode(frames[1:], spec=spec, max_bytes=1 << 30, check_finite=check_finite)
         dt = time.perf_counter() - t0
         assert isinstance(msg, Update)
         assert msg.task_id == i
@@ -138,7 +139,8 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{os.cpu_count()} CPUs, load average {load:.2f}; median of {args.rounds} interleaved"
           " rounds of per-message medians")
-    print(f"{'model':>8} {'tensors':>7} {'frames':>6} {'fedsim':>10} {'raw':>10} {'ratio':>6}")
+    print(f"{'model':>8} {'tensors':>7} {'frames':>6} {'fedsim':>10} {'raw':>10} {'ratio':>6}"
+          f" {'no finite check':>16} {'ratio':>6}")
     ctx: zmq.Context[Any] = zmq.Context()
     sockets = pair(ctx)
     try:
@@ -146,14 +148,18 @@ def main() -> None:
             flat, spec = make_model(nbytes, ntensors)
             frames = [bytes(f) for f in encode(update(flat, spec, 0))]
             iters = args.iters if nbytes < 1_000_000 else max(20, args.iters // 4)
-            fedsim_medians, raw_medians = [], []
+            fedsim_medians, raw_medians, unchecked_medians = [], [], []
             for _ in range(args.rounds):
                 fedsim_medians.append(statistics.median(bench_fedsim(sockets, flat, spec, iters)))
                 raw_medians.append(statistics.median(bench_raw(sockets, frames, iters)))
+                unchecked_medians.append(statistics.median(
+                    bench_fedsim(sockets, flat, spec, iters, check_finite=False)))
             f50, r50 = statistics.median(fedsim_medians), statistics.median(raw_medians)
+            u50 = statistics.median(unchecked_medians)
             unit, k = ("us", 1e6) if nbytes < 1_000_000 else ("ms", 1e3)
             print(f"{label:>8} {ntensors:>7} {len(frames):>6} {f50 * k:>7.1f} {unit} "
-                  f"{r50 * k:>7.1f} {unit} {f50 / r50:>6.2f}")
+                  f"{r50 * k:>7.1f} {unit} {f50 / r50:>6.2f} {u50 * k:>13.1f} {unit} "
+                  f"{u50 / r50:>6.2f}")
         count_copies(sockets)
     finally:
         for s in sockets:
