@@ -1,12 +1,16 @@
-# Two commands: `make demo` runs the quickstart, `make test` runs the tests.
-# Each creates .venv on first use and installs what it needs (torch pinned to
-# the CPU wheel through constraints.txt, before anything that depends on it).
+# `make demo` runs the quickstart, `make test` runs the tests, `make lint`
+# runs ruff and mypy (both in the `test` extra). Each creates .venv on first
+# use and installs what it needs (torch pinned to the CPU wheel through
+# constraints.txt, before anything that depends on it).
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test bench clean
+# ruff covers every Python directory; mypy checks what [tool.mypy] lists.
+LINT_DIRS := fedsim netem tests tools
+
+.PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -19,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_wire.py

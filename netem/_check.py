@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, NoReturn
 
 
-def fail(owner: str, name: str, value: Any, allowed: str) -> None:
+def fail(owner: str, name: str, value: Any, allowed: str) -> NoReturn:
     """Raise the standard netem ``ValueError``."""
     raise ValueError(f"{owner}.{name} = {value!r}: {allowed}")
 

@@ -106,6 +106,7 @@ import numpy as np
 from netem import _check
 from netem.fidelitystats import KindStats, Reservoir, Thresholds, nice_ceiling
 from netem.link import Delivery
+from netem.linkparams import LinkParams
 from netem.loss import LossModel
 from netem.lossprocess import LossStats
 
@@ -159,7 +160,7 @@ class FidelityMonitor:
         """Configured loss model of link kind ``kind``."""
         self._kind(kind).loss = model
 
-    def expect_link(self, kind: str, params: Any) -> None:
+    def expect_link(self, kind: str, params: LinkParams) -> None:
         """Shortcut from a :class:`~netem.linkparams.LinkParams`."""
         m, s = params.delay_dist().moments()
         self.expect_delay(kind, m, s)

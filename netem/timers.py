@@ -71,7 +71,11 @@ class TimerHandle:
     __slots__ = ("args", "callback", "cancelled", "deadline", "emulated")
 
     def __init__(
-        self, deadline: float, emulated: float, callback: Callable[..., Any], args: tuple
+        self,
+        deadline: float,
+        emulated: float,
+        callback: Callable[..., Any],
+        args: tuple[Any, ...],
     ) -> None:
         self.deadline = deadline
         self.emulated = emulated

@@ -32,9 +32,12 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from netem import _check
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "DeliveryTrace",
@@ -46,7 +49,8 @@ __all__ = [
 ]
 
 TRACE_DIR = Path(__file__).with_name("traces")
-P = TypeVar("P")
+# parameters a Schedule changes: any dataclass (LinkParams in practice)
+P = TypeVar("P", bound="DataclassInstance")
 
 
 class Schedule:
@@ -100,7 +104,7 @@ class Schedule:
         cur = base
         for t, ov in self.changes:
             try:
-                cur = dataclasses.replace(cur, **ov)  # type: ignore[type-var]
+                cur = dataclasses.replace(cur, **ov)
             except TypeError as e:
                 raise ValueError(f"Schedule change at t={t}: {e}") from None
             out.append((t, cur))
