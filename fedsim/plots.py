@@ -43,11 +43,13 @@ def plot_run(run_dir: Path) -> list[Path]:
     staleness: list[int] = []
     events = run_dir / "events.jsonl"
     if events.exists():
-        staleness = [
-            int(e["staleness"]) for e in read_events(events)
-            if e.get("ev") == "aggregate" and e.get("staleness") is not None
-        ]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+        for e in read_events(events):
+            if e.get("ev") != "aggregate":
+                continue
+            if e.get("stalenesses") is not None:
+                staleness.extend(int(x) for x in e["stalenesses"])
+            elif e.get("staleness") is not None:
+                staleness.append(int(e["staleness"]))
     if staleness:
         top = max(staleness)
         ax.hist(staleness, bins=range(0, top + 2), align="left", rwidth=0.85)

@@ -103,13 +103,7 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None)
         return 1.0
     if real_step is None:
         real_step = measure_step_time(sc)
-    alg = sc.algorithm
-    if hasattr(alg, "concurrency"):
-        load = alg.concurrency / hosts
-    elif hasattr(alg, "fraction"):
-        load = math.ceil(alg.fraction * sc.data.num_clients * (1 + alg.over_selection)) / hosts
-    else:
-        load = sc.data.num_clients / hosts
+    load = sc.algorithm.tasks_at_once(sc.data.num_clients) / hosts
     need = 4.0 * max(1.0, load) * real_step / step_time
     return float(2 ** max(0, math.ceil(math.log2(need)))) if need > 1 else 1.0
 

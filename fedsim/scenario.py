@@ -19,30 +19,36 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
-from fedsim._algconfig import (
-    _OPTIMIZERS_FOR,
-    ALGORITHMS,
-    DEFAULT_ALGORITHM,
-    AlgorithmConfig,
-    FedAsyncConfig,
-)
-from fedsim._algconfig import AsyncFedEDConfig as AsyncFedEDConfig
-from fedsim._algconfig import DGAScenarioConfig as DGAScenarioConfig
-from fedsim._algconfig import FedAvgConfig as FedAvgConfig
-from fedsim._algconfig import FedBuffConfig as FedBuffConfig
-from fedsim._algconfig import FedSpeedScenarioConfig as FedSpeedScenarioConfig
-from fedsim._algconfig import ScaffoldConfig as ScaffoldConfig
+from fedsim import algorithms
 from fedsim._netconfig import AvailabilityConfig, DevicesConfig, NetworkConfig
 from fedsim._schema import NonNeg, Pos, Prob, SchemaModel
+from fedsim.algorithms import AlgorithmConfig
 
-__all__ = ["Scenario", "ScenarioError", "load", "parse", "resolved"]
+__all__ = ["DEFAULT_ALGORITHM", "Scenario", "ScenarioError", "load", "parse", "resolved"]
+
+#: The algorithm of an ``[algorithm]`` table without a ``name``.
+DEFAULT_ALGORITHM = "fedasync"
 
 
 class ScenarioError(ValueError):
     """A scenario that cannot run; the message names every bad key."""
 
+
+def _algorithm_config(raw: Any) -> AlgorithmConfig:
+    """Validate an ``[algorithm]`` table with its registered algorithm's config."""
+    if isinstance(raw, AlgorithmConfig):
+        return raw
+    if not isinstance(raw, dict):
+        raise ValueError(f"must be a table, got {raw!r}")
+    name = raw.get("name", DEFAULT_ALGORITHM)
+    try:
+        spec = algorithms.get(name)
+    except KeyError:
+        allowed = ", ".join(repr(n) for n in sorted(algorithms.algorithm_names()))
+        raise ValueError(f"name: unknown algorithm {name!r} (allowed: {allowed})") from None
+    return spec.config.model_validate({**raw, "name": name})
 
 
 
@@ -151,6 +157,9 @@ class DeployConfig(SchemaModel):
     transport: Literal["ipc", "tcp"] = "ipc"
     loop: Literal["uvloop", "asyncio"] = "uvloop"
     max_message_mb: Pos = 512.0
+    # real seconds to wait for client hosts to register before the federation
+    # starts with those present (the missing ones are named)
+    start_timeout: Pos = 120.0
 
 
 class Scenario(SchemaModel):
@@ -160,7 +169,8 @@ class Scenario(SchemaModel):
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
-    algorithm: AlgorithmConfig = FedAsyncConfig(name="fedasync")
+    algorithm: SerializeAsAny[AlgorithmConfig] = Field(
+        default_factory=lambda: _algorithm_config({"name": DEFAULT_ALGORITHM}))
     client: ClientConfig = ClientConfig()
     run: RunConfig = RunConfig()
     eval: EvalConfig = EvalConfig()
@@ -169,9 +179,14 @@ class Scenario(SchemaModel):
     availability: AvailabilityConfig = AvailabilityConfig()
     deploy: DeployConfig = DeployConfig()
 
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _registered_algorithm(cls, raw: Any) -> AlgorithmConfig:
+        return _algorithm_config(raw)
+
     @model_validator(mode="after")
     def _optimizer_fits_algorithm(self) -> Scenario:
-        allowed = _OPTIMIZERS_FOR.get(self.algorithm.name)
+        allowed = algorithms.get(self.algorithm.name).optimizers
         if allowed is not None and self.client.optimizer not in allowed:
             raise ValueError(
                 f"client.optimizer = {self.client.optimizer!r} does not run under "
@@ -179,8 +194,8 @@ class Scenario(SchemaModel):
         return self
 
 
-def _describe(err: dict[str, Any]) -> str:
-    loc = ".".join(str(p) for p in err["loc"] if p not in ALGORITHMS)
+def _describe(err: dict[str, Any], prefix: str = "") -> str:
+    loc = prefix + ".".join(str(p) for p in err["loc"])
     loc = loc.replace("function-after[", "").rstrip("]") or "(top level)"
     value = err.get("input")
     msg = err["msg"]
@@ -198,15 +213,30 @@ def _describe(err: dict[str, Any]) -> str:
 
 
 def parse(raw: dict[str, Any], source: str = "scenario") -> Scenario:
-    """Validate a raw mapping into a :class:`Scenario`."""
-    alg = raw.get("algorithm")
-    if isinstance(alg, dict) and "name" not in alg:
-        raw = {**raw, "algorithm": {"name": DEFAULT_ALGORITHM, **alg}}
+    """Validate a raw mapping into a :class:`Scenario`.
+
+    The ``[algorithm]`` table is validated with its registered algorithm's
+    config first, so its errors carry their own keys; every error of the
+    whole scenario is reported at once.
+    """
+    lines: list[str] = []
+    alg = raw.get("algorithm", {})
+    if isinstance(alg, dict):
+        try:
+            alg = _algorithm_config(alg)
+        except ValidationError as exc:
+            lines += [_describe(e, "algorithm.") for e in exc.errors(include_url=False)]
+            alg = _algorithm_config({})
+        except ValueError as exc:
+            lines.append(f"algorithm.{exc}")
+            alg = _algorithm_config({})
     try:
-        return Scenario.model_validate(raw)
+        sc = Scenario.model_validate({**raw, "algorithm": alg})
     except ValidationError as exc:
-        lines = [_describe(e) for e in exc.errors(include_url=False)]
+        lines += [_describe(e) for e in exc.errors(include_url=False)]
+    if lines:
         raise ScenarioError(f"{source}: invalid scenario\n  " + "\n  ".join(lines)) from None
+    return sc
 
 
 def _coerce(text: str) -> Any:

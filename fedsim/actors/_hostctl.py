@@ -58,45 +58,77 @@ class HostControl:
         return bound
 
     # -- start-up ---------------------------------------------------------------
-    async def wait_ready(self, host_exits: asyncio.Queue[tuple[str, int]] | None) -> None:
-        """Collect every host's hello and ready; fail if one exits or 300 s pass."""
-        ready = 0
-        while ready < self.expected:
-            ident, msg = await self._recv(host_exits)
-            name = ident.decode()
+    async def wait_ready(self, host_exits: asyncio.Queue[tuple[str, int]] | None,
+                         within: float = 120.0) -> None:
+        """Collect every host's hello and ready, for at most ``timeout`` real seconds.
+
+        Registration is set-up, before the emulated clock starts. When the time
+        is up the federation starts with the hosts that are ready (the server
+        names the clients that are missing); a host that exits during start-up
+        is counted as missing.
+        """
+        deadline = monotonic() + within
+        while sum("samples" in h for h in self.hosts.values()) < self.expected:
+            left = deadline - monotonic()
+            if left <= 0:
+                log.warning("start timeout (%.0f s): %d of %d client hosts ready", within,
+                            sum("samples" in h for h in self.hosts.values()), self.expected)
+                return
+            got = await self._recv(host_exits, left)
+            if got is None:
+                continue
+            ident, msg = got
+            name = ident.decode(errors="replace")
             if isinstance(msg, wire.HostHello):
                 self.hosts[name] = {"clients": list(msg.clients), "pid": msg.pid,
                                     "offset": monotonic() - float(msg.info.get("mono", 0.0)),
                                     "alive": True}
             elif isinstance(msg, wire.Control) and msg.op == "ready":
-                self.hosts.setdefault(name, {"alive": True})["samples"] = msg.args["samples"]
-                ready += 1
+                samples = msg.args.get("samples")
+                if not isinstance(samples, dict):
+                    log.warning("host %s: ready without samples", name)
+                    continue
+                self.hosts.setdefault(name, {"alive": True})["samples"] = samples
 
-    async def _recv(self, host_exits: asyncio.Queue[tuple[str, int]] | None) -> tuple[bytes, Any]:
-        while True:
-            recv = asyncio.ensure_future(self.sock.recv_multipart(copy=False))
-            waits: set[asyncio.Future[Any]] = {recv}
-            died = None
-            if host_exits is not None:
-                died = asyncio.ensure_future(host_exits.get())
-                waits.add(died)
-            done, _ = await asyncio.wait(waits, timeout=300, return_when=asyncio.FIRST_COMPLETED)
-            if died is not None and died in done:
-                recv.cancel()
-                name, code = died.result()
-                raise RuntimeError(f"client {name} exited with {code} during start-up")
-            if died is not None:
-                died.cancel()
-            if recv not in done:
-                recv.cancel()
-                raise TimeoutError("client hosts did not start within 300 s")
-            frames = recv.result()
-            try:
-                msg, _ = wire.decode(frames[1:], check_finite=False)
-            except wire.WireError as exc:
-                log.warning("rejected a control message: %s", exc)
+    def registered(self) -> dict[int, int]:
+        """Client id -> sample count, over every host that is ready and alive."""
+        out: dict[int, int] = {}
+        for info in self.hosts.values():
+            if not info.get("alive", True):
                 continue
-            return frames[0].bytes, msg
+            for cid, n in (info.get("samples") or {}).items():
+                try:
+                    out[int(cid)] = int(n)
+                except (TypeError, ValueError):
+                    log.warning("ignoring a bad sample count %r for client %r", n, cid)
+        return dict(sorted(out.items()))
+
+    async def _recv(self, host_exits: asyncio.Queue[tuple[str, int]] | None,
+                    within: float) -> tuple[bytes, Any] | None:
+        """The next control message; None on a timeout or a host's exit."""
+        recv = asyncio.ensure_future(self.sock.recv_multipart(copy=False))
+        waits: set[asyncio.Future[Any]] = {recv}
+        died = None
+        if host_exits is not None:
+            died = asyncio.ensure_future(host_exits.get())
+            waits.add(died)
+        done, _ = await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+        if died is not None and died in done:
+            name, code = died.result()
+            log.error("client %s exited with %s during start-up", name, code)
+            self.hosts.setdefault(name, {})["alive"] = False
+        elif died is not None:
+            died.cancel()
+        if recv not in done:
+            recv.cancel()
+            return None
+        frames = recv.result()
+        try:
+            msg, _ = wire.decode(frames[1:], check_finite=False)
+        except wire.WireError as exc:
+            log.warning("rejected a control message: %s", exc)
+            return None
+        return frames[0].bytes, msg
 
     async def start(self, epoch: float, dilation: float, shapes: list[Any]) -> None:
         """Start every host on the run's clock epoch."""

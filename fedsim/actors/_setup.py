@@ -69,12 +69,7 @@ def model_shapes(model: torch.nn.Module) -> list[tuple[int, ...]]:
 def local_config(sc: Scenario) -> LocalConfig:
     """The local-training config every task carries."""
     c = sc.client
-    prox = 0.0
-    alg = sc.algorithm
-    if alg.name == "fedprox":
-        prox = alg.mu
-    elif alg.name == "fedasync":
-        prox = alg.rho
+    prox = sc.algorithm.prox_mu()
     return LocalConfig(
         steps=c.local_steps,
         epochs=c.local_epochs,

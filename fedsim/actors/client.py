@@ -9,7 +9,7 @@ emulated compute time has passed and sends it. A result that comes back
 after that deadline is a fidelity violation: it is counted and logged,
 never hidden.
 
-Availability: a client can be *away* (suspended as in AsyncFedED, or off in
+Availability: a client can be *away* (suspended for a while after a run, or off in
 an on/off process or trace). Away, it computes nothing and sends nothing;
 a run in progress is abandoned. Messages that reach it while away are held
 until it returns (``network.in_flight = "held"``) or lost (``"dropped"``,
@@ -62,29 +62,26 @@ class ClientActor:
         self.suspension_rng = host.plan.suspension_rng(cid)
         self.availability = host.plan.availability(cid)
         self.away = False
+        self.available = asyncio.Event()
+        self.available.set()
         self.generation = 0
         self.held: list[Any] = []
 
     # -- lifecycle ------------------------------------------------------------
     async def run(self) -> None:
-        """Register, then serve the inbox until a Bye or a stop."""
+        """Serve the inbox until a Bye or a stop (registration was done by the host)."""
         reader = asyncio.create_task(self._read(), name=f"client-{self.cid}-reader")
         try:
-            await self.send(self._register())
             self._watch_availability(0.0)
             while True:
                 msg = await self.inbox.get()
                 if msg is None or isinstance(msg, wire.Bye):
                     break
-                if isinstance(msg, wire.Task) and msg.config.get("op") == "dga":
-                    from fedsim.actors.dga import drive
-
-                    await drive(self, msg)
-                elif isinstance(msg, wire.Task):
+                if isinstance(msg, wire.Task):
                     await self.on_task(msg)
                 elif isinstance(msg, _Back):
                     await self._announce(msg.reset)
-                elif isinstance(msg, wire.Aggregate):  # an average after its DGA run ended
+                elif isinstance(msg, wire.Aggregate):  # an average after its session ended
                     log.debug("client %d: late %s", self.cid, type(msg).__name__)
                 else:
                     log.warning("client %d ignores %s", self.cid, type(msg).__name__)
@@ -130,12 +127,14 @@ class ClientActor:
         self._watch_availability(t)
 
     def _go_away(self, why: str, until: float | None = None) -> None:
+        self.available.clear()
         self.away = True
         self.generation += 1
         self.host.emit("away", client=self.cid, why=why, until=until)
 
     def _come_back(self, why: str) -> None:
         self.away = False
+        self.available.set()
         policy = self.host.sc.network.in_flight
         self.host.emit("back", client=self.cid, why=why, held=len(self.held))
         has_task = any(isinstance(m, wire.Task) for m in self.held)
@@ -201,7 +200,14 @@ class ClientActor:
 
     # -- work -----------------------------------------------------------------
     async def on_task(self, task: wire.Task) -> None:
-        """Train, hold until the emulated compute deadline, send the update."""
+        """Run a task's local work (a session of one or more pieces) and send its updates.
+
+        Each piece is trained by the host's torch worker; the actor holds its
+        result until the device's emulated compute time has passed, sends its
+        upload, and either stops, asks for the next piece, or first waits for
+        a round's average (pipelined algorithms). While the client is away it
+        neither computes nor sends.
+        """
         host = self.host
         t0 = host.clock.now()
         gen = self.generation
@@ -210,10 +216,11 @@ class ClientActor:
                   task_id=task.task_id, round=task.round)
         susp = None
         if self.suspension is not None:
-            t_run = host.compute_time(self, _expected_steps(host, self, task), run_index)
+            t_run = host.compute_time(self, host.expected_steps(task, self.num_samples),
+                                      run_index)
             susp = self.suspension.draw_run(t_run, self.suspension_rng)
         if susp is not None and susp.discard_update:
-            # AsyncFedED: the run is wasted and the client hangs; it computes and
+            # The run is wasted and the client hangs; it computes and
             # sends nothing until it comes back.
             until = t0 + susp.unavailable_for
             self._go_away("suspend", until=until)
@@ -223,44 +230,88 @@ class ClientActor:
             if self.away and gen + 1 == self.generation:
                 self._come_back("resume")
             return
-        reply = await host.trainer.request(task)
-        if not isinstance(reply, wire.Update):
-            log.error("client %d: trainer failed: %s", self.cid, reply)
-            reason = getattr(reply, "reason", repr(reply))
-            host.emit("train_error", client=self.cid, task_id=task.task_id, reason=reason)
-            # a device whose training fails is out: say so, so the server does not wait on it
-            await self.send(wire.Error(sender=self.cid, reason=f"training failed: {reason}"))
-            return
-        steps = int(reply.stats.get("steps", 0))
-        budget = host.compute_time(self, steps, run_index)
-        deadline = t0 + budget
-        done = host.clock.now()
-        overrun = budget > 0 and done > deadline
-        if budget > 0:
-            host.monitor.record_compute(budget, done - t0)
-        if overrun:
-            self.overruns += 1
-            host.overruns += 1
-        else:
-            await host.timers.sleep_until(deadline)
-        host.compute_deadlines += 1
-        if gen != self.generation:
-            host.emit("train_end", client=self.cid, version=task.version,
-                      task_id=task.task_id, steps=steps, discarded="went away")
-            return
-        host.emit("train_end", client=self.cid, version=task.version, task_id=task.task_id,
-                  steps=steps, deadline=deadline, overrun=round(max(0.0, done - deadline), 6),
-                  compute_real=reply.stats.get("compute_s"), **_lr_stats(reply.stats))
-        if susp is not None:  # suspended without losing the work: hang, then send
-            until = host.clock.now() + susp.hang
-            self._go_away("suspend", until=until)
-            await host.timers.sleep_until(until)
-            self.away = False
-            self.host.emit("back", client=self.cid, why="resume", held=len(self.held))
-            for msg in self.held:
-                self.inbox.put_nowait(msg)
-            self.held = []
-        await self.send(reply)
+        reply = await host.trainer.request(wire.Task(
+            client=self.cid, version=task.version, round=task.round, task_id=task.task_id,
+            tensors=task.tensors, config={**task.config, "op": "begin"}))
+        while True:
+            if not isinstance(reply, wire.Update):
+                reason = getattr(reply, "reason", repr(reply))
+                log.error("client %d: trainer failed: %s", self.cid, reason)
+                host.emit("train_error", client=self.cid, task_id=task.task_id, reason=reason)
+                # a device whose training fails is out: say so, so the server does not wait
+                await self.send(wire.Error(sender=self.cid, reason=f"training failed: {reason}"))
+                return
+            st = reply.stats
+            steps = int(st.get("steps", 0))
+            for corr in st.get("corrections", []):
+                host.emit("correction", client=self.cid, round=corr[0], delay=corr[1])
+            budget = host.compute_time(self, steps, run_index) if steps else 0.0
+            deadline = t0 + budget
+            done = host.clock.now()
+            if budget > 0:
+                host.monitor.record_compute(budget, done - t0)
+                if done > deadline:
+                    self.overruns += 1
+                    host.overruns += 1
+                else:
+                    await host.timers.sleep_until(deadline)
+                host.compute_deadlines += 1
+            if st.get("next") == "done" and gen != self.generation:
+                host.emit("train_end", client=self.cid, version=task.version,
+                          task_id=task.task_id, steps=steps, discarded="went away")
+                return
+            if st.get("next") == "done":
+                host.emit("train_end", client=self.cid, version=task.version,
+                          task_id=task.task_id, steps=steps, deadline=deadline,
+                          overrun=round(max(0.0, done - deadline), 6),
+                          compute_real=st.get("compute_s"), **_lr_stats(st))
+            if susp is not None and st.get("next") == "done":
+                until = host.clock.now() + susp.hang  # suspended, work kept: hang, then send
+                self._go_away("suspend", until=until)
+                await host.timers.sleep_until(until)
+                self.away = False
+                self.available.set()
+                host.emit("back", client=self.cid, why="resume", held=len(self.held))
+                for msg in self.held:
+                    self.inbox.put_nowait(msg)
+                self.held = []
+            await self.available.wait()  # away: no compute, no traffic until back
+            if reply.tensors:
+                r = st.get("upload_round")
+                rnd = task.round if r is None else int(r)
+                await self.send(wire.Update(
+                    client=self.cid, task_id=task.task_id,
+                    base_version=task.version if r is None else rnd, round=rnd,
+                    num_samples=self.num_samples, tensors=reply.tensors,
+                    stats={"steps": steps, "loss": st.get("loss")}))
+            if st.get("next") == "done":
+                return
+            averages: dict[int, Any] = {}
+            if st.get("next") == "wait":
+                r = int(st["wait_round"])
+                host.emit("barrier_wait", client=self.cid, round=r)
+                while r not in averages:
+                    msg = await self.inbox.get()
+                    if msg is None or isinstance(msg, wire.Bye):
+                        return
+                    if isinstance(msg, wire.Aggregate):
+                        averages[msg.round] = msg.tensors
+                host.emit("barrier_resume", client=self.cid, round=r)
+            for msg in self.drain_inbox():
+                if isinstance(msg, wire.Aggregate):
+                    averages[msg.round] = msg.tensors
+                elif msg is None or isinstance(msg, wire.Bye):
+                    return
+                elif isinstance(msg, _Back):
+                    await self._announce(msg.reset)
+            await self.available.wait()
+            rounds = sorted(averages)
+            t0 = host.clock.now()
+            run_index, self.runs = self.runs, self.runs + 1
+            reply = await host.trainer.request(wire.Task(
+                client=self.cid, version=0, round=0, task_id=task.task_id,
+                tensors=tuple(a for r in rounds for a in averages[r]),
+                config={"op": "advance", "rounds": rounds}))
 
 
 class _Back:
@@ -270,11 +321,6 @@ class _Back:
 
     def __init__(self, reset: bool) -> None:
         self.reset = reset
-
-
-def _expected_steps(host: HostContext, actor: ClientActor, task: wire.Task) -> int:
-    """Local steps a run of ``task`` takes (for the suspension's run time)."""
-    return host.local.num_steps(actor.num_samples)
 
 
 def _lr_stats(stats: Any) -> dict[str, Any]:

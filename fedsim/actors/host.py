@@ -27,6 +27,7 @@ from fedsim.actors import _proc
 from fedsim.actors._setup import local_config
 from fedsim.actors._workers import WorkerHandle
 from fedsim.actors.client import ClientActor
+from fedsim.algorithms import get
 from fedsim.network import NetPlan
 from fedsim.scenario import Scenario, parse
 from fedsim.transport import Transport, ipc_address
@@ -73,6 +74,16 @@ class HostContext:
     def make_link(self, cid: int, direction: str) -> Any:
         return self.plan.make_link(cid, direction)
 
+    def expected_steps(self, task: wire.Task, num_samples: int) -> int:
+        """Local steps ``task`` will take on ``num_samples`` samples (its own budget first)."""
+        local = self.local
+        if "steps" in task.config:
+            return int(task.config["steps"])
+        if "epochs" in task.config:
+            per_epoch = -(-num_samples // local.batch_size)
+            return max(1, round(float(task.config["epochs"]) * per_epoch))
+        return local.num_steps(num_samples)
+
     def compute_time(self, actor: Any, steps: int, run_index: int) -> float:
         """Emulated compute time of ``steps`` local steps on this client's device."""
         return actor.device.compute_time(steps, actor.device_rng, run_index)
@@ -114,6 +125,9 @@ async def run_host(sc: Scenario, host_id: int, clients: list[int], control_addre
             info={"boot_id": boot_id(), "mono": t_hello})), copy=False)
         hello = await trainer.start()
         samples = {int(k): int(v) for k, v in hello.args["samples"].items()}
+        # The clients' connections are made before the host says it is ready,
+        # so the server can send to every client from t = 0.
+        actors = [ClientActor(c, ctx, samples[c]) for c in clients]
         await control.send_multipart(wire.encode(wire.Control(
             op="ready", args={"host": name, "samples": {str(k): v for k, v in samples.items()}})),
             copy=False)
@@ -127,9 +141,7 @@ async def run_host(sc: Scenario, host_id: int, clients: list[int], control_addre
         ctx.timers = TimerHeap(ctx.clock)
         ctx.monitor = FidelityMonitor(dilation=ctx.clock.dilation)
         ctx.spec = wire.TensorSpec([(tuple(s), "float32") for s in args["shapes"]])
-        if sc.algorithm.name == "scaffold":  # model + control variate
-            ctx.spec = ctx.spec.repeated(2)
-        actors = [ClientActor(c, ctx, samples[c]) for c in clients]
+        ctx.spec = ctx.spec.repeated(get(sc.algorithm.name).task_copies)
         await ctx.timers.sleep_until(0.0)
         tasks = [asyncio.create_task(a.run(), name=f"client-{a.cid}") for a in actors]
 

@@ -26,7 +26,7 @@ from netem.clock import Clock, monotonic
 
 if TYPE_CHECKING:
     from fedsim.actors.server import Server
-    from fedsim.actors.strategies import Step
+    from fedsim.algorithms.api import Step
 
 __all__ = ["STOP_REASONS", "RunState", "fidelity"]
 
@@ -68,10 +68,11 @@ def fidelity(server: Server) -> dict[str, Any]:
 class RunState:
     """The run's records and counters (owned by the server actor)."""
 
-    def __init__(self, sc: Scenario, run_dir: Path, kind: str, data_stats: dict[str, Any]) -> None:
+    def __init__(self, sc: Scenario, run_dir: Path, cadence: str,
+                 data_stats: dict[str, Any]) -> None:
         self.sc = sc
         self.run_dir = run_dir
-        self.kind = kind
+        self.cadence = cadence
         self.events = EventLog(run_dir / "events.jsonl")
         self.metrics = MetricsTable(run_dir / "metrics.csv")
         self.staleness = StalenessStats()
@@ -126,28 +127,31 @@ class RunState:
         return self._arrays[1]
 
     def applied(self, server: Server, now: float, step: Step) -> None:
-        for client, reason in step.rejected:
-            self.event(now, "discard", client=client, reason=reason)
-        for info in step.applied:
-            n = len(info.get("clients", [info.get("client")]))
-            self.updates += n
-            if step.round_closed is not None:
-                self.rounds += 1
-            d = info.get("staleness")
-            if self.kind == "async" and "stalenesses" in info:  # FedBuff: a buffer per step
-                for x in info["stalenesses"]:
-                    self.staleness.add(int(x))
-            elif self.kind == "async" and d is not None:
-                self.staleness.add(int(d))
-            self.event(now, "aggregate", **{k: v for k, v in info.items() if k != "clients"},
-                       clients=info.get("clients"), updates=self.updates)
-            self._evals_since += 1 if self.kind == "sync" else n
+        for d in step.discarded:
+            self.event(now, "discard", client=d.client, reason=d.reason,
+                       **({} if d.staleness is None else {"staleness": d.staleness}))
+        self.rounds += step.rounds_closed
+        for a in step.applied:
+            self.updates += a.updates
+            for x in a.staleness:
+                self.staleness.add(x)
+            fields: dict[str, Any] = {"version": a.version, "clients": list(a.clients)}
+            if a.round is not None:
+                fields["round"] = a.round
+            if a.base_version is not None:
+                fields["base_version"] = a.base_version
+            if len(a.staleness) == 1:
+                fields["staleness"] = a.staleness[0]
+            elif a.staleness:
+                fields["stalenesses"] = list(a.staleness)
+            self.event(now, "aggregate", **fields, **a.metrics, updates=self.updates)
+            self._evals_since += 1 if self.cadence == "rounds" else a.updates
             if self._eval_due():
                 self.request_eval(server, now, server.strategy)
 
     def _eval_due(self) -> bool:
         ev = self.sc.eval
-        if self.kind == "sync":
+        if self.cadence == "rounds":
             every = ev.every_rounds
         else:
             every = ev.every_updates or (None if ev.every_seconds else self.sc.data.num_clients)
@@ -162,7 +166,7 @@ class RunState:
         snap = {"t": now, "version": strategy.version, "round": getattr(strategy, "round", 0),
                 "updates": self.updates, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
                 "staleness_mean": self.staleness.window_mean(), "final": final}
-        arrays = self.model_arrays(strategy.version, strategy.x, server.shapes)
+        arrays = self.model_arrays(strategy.version, strategy.model(), server.shapes)
         task = wire.Task(client=-1, version=strategy.version, round=snap["round"], task_id=0,
                          tensors=arrays, config={"op": "eval"})
         self._evals.append(asyncio.create_task(self._eval(server, task, snap)))

@@ -23,11 +23,11 @@ import torch
 
 from fedsim import wire
 from fedsim.actors._hostctl import HostControl
-from fedsim.actors._setup import build_data, build_model, model_shapes
+from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
 from fedsim.actors._workers import WorkerHandle
 from fedsim.actors.runstate import RunState
-from fedsim.actors.strategies import Step, make_strategy
-from fedsim.algorithms import ClientResult, flatten, unflatten
+from fedsim.algorithms import ClientResult, flatten, get, unflatten
+from fedsim.algorithms.api import ServerContext, Step
 from fedsim.network import NetPlan
 from fedsim.scenario import Scenario
 from fedsim.transport import Transport, ipc_address
@@ -90,18 +90,22 @@ class Server:
         model = build_model(self.sc, tuple(data.input_shape), int(data.num_classes))
         shapes = model_shapes(model)
         self.shapes = shapes
-        self.spec = wire.TensorSpec([(s, "float32") for s in shapes])
-        if self.sc.algorithm.name == "scaffold":  # model + control variate both ways
-            self.spec = self.spec.repeated(2)
+        self.alg = get(self.sc.algorithm.name)
+        model_spec = wire.TensorSpec([(s, "float32") for s in shapes])
+        self.spec = model_spec.repeated(self.alg.update_copies)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        strategy = make_strategy(self.sc, flatten(trainable))
+        ctx = ServerContext(x0=flatten(trainable), num_clients=self.sc.data.num_clients,
+                            seed=self.sc.seed, local=local_config(self.sc))
+        strategy = self.alg.server(self.sc.algorithm, ctx)
         self.strategy = strategy
-        self.state = state = RunState(self.sc, self.run_dir, strategy.kind, data.stats())
+        self.state = state = RunState(self.sc, self.run_dir, strategy.cadence, data.stats())
         self.evaluator = WorkerHandle(self.transport, ipc_address(self.run_id, "eval"),
                                       self.scenario_file, "evaluator")
         readers: list[asyncio.Task[Any]] = []
         try:
-            await asyncio.gather(self.evaluator.start(), self.hostctl.wait_ready(host_exits))
+            await asyncio.gather(
+                self.evaluator.start(),
+                self.hostctl.wait_ready(host_exits, within=self.sc.deploy.start_timeout))
             self.clock = Clock(dilation=self.dilation, epoch=monotonic() + 0.05)
             self.timers = TimerHeap(self.clock)
             state.start(self.clock)
@@ -122,10 +126,8 @@ class Server:
                 self.timers.call_at(budget, self.queue.put_nowait, ("stop", "time_budget"))
             if self.sc.eval.every_seconds:
                 self._arm_eval_timer(self.sc.eval.every_seconds)
-            join_wait = 5.0 if strategy.kind == "sync" else None
-            if join_wait is not None:
-                self.timers.call_at(join_wait, self.queue.put_nowait, ("start_rounds", None))
             state.request_eval(self, 0.0, strategy)
+            await self._begin()
             await self._loop()
             state.stopped_at = self.clock.now()
             state.request_eval(self, self.clock.now(), strategy, final=True)
@@ -211,9 +213,13 @@ class Server:
             step: Step | None = None
             if kind == "client":
                 cid, msg = item
-                step = self._on_client(now, cid, msg)
-            elif kind == "start_rounds" and strategy.kind == "sync" and not strategy.started:
-                step = strategy.start(now)
+                try:
+                    step = self._on_client(now, cid, msg)
+                except Exception as exc:  # an algorithm error must not end the run
+                    log.exception("the algorithm failed on %s from client %d", type(msg).__name__,
+                                  cid)
+                    state.event(now, "discard", client=cid,
+                                reason=f"algorithm error: {type(exc).__name__}: {exc}")
             elif kind == "strategy_timer":
                 step = strategy.on_timer(now)
             elif kind == "eval_timer":
@@ -233,37 +239,48 @@ class Server:
             if reason and self.stop_reason is None:
                 self.stop_reason = reason
 
+    async def _begin(self) -> None:
+        """The federation begins (t = 0) with every client its hosts registered."""
+        assert self.state is not None
+        registered = self.hostctl.registered()
+        missing = sorted(self.clients - set(registered))
+        if missing:
+            log.warning("%d of %d clients never registered: %s", len(missing),
+                        len(self.clients), _ranges(missing))
+            self.state.event(0.0, "missing", clients=missing)
+            self.clients -= set(missing)
+        for cid, n in registered.items():
+            self.state.samples[cid] = n
+        self.joined = set(registered)
+        step = self.strategy.start(sorted(registered), 0.0)
+        if not step.dispatch and self.strategy.in_flight() == 0:
+            self.stop_reason = ("failed: no round could start "
+                                f"({len(registered)} of {self.sc.data.num_clients} clients "
+                                "registered)")
+            return
+        await self._apply(0.0, step)
+
     def _on_client(self, now: float, cid: int, msg: Any) -> Step | None:
         assert self.state is not None
         strategy = self.strategy
-        if isinstance(msg, wire.Register) and cid in self.joined:  # back after a reset
-            return self._back(cid, now)
-        if isinstance(msg, wire.Register):
-            self.joined.add(cid)
-            self.state.samples[cid] = msg.num_samples
-            step = strategy.on_join(cid, now)
-            everyone = len(self.joined) == len(self.clients)
-            if strategy.kind == "sync" and not strategy.started and everyone:
-                more = strategy.start(now)
-                step.dispatch.extend(more.dispatch)
-            return step
+        if isinstance(msg, wire.Register):  # back after a connection reset
+            return strategy.rejoin(cid, now, reset=True)
         if isinstance(msg, wire.Heartbeat):
-            if msg.status == "ready":
-                return self._back(cid, now)
-            if msg.status == "suspended":
-                return strategy.on_away(cid, now, "suspend")
-            return None
+            return strategy.rejoin(cid, now, reset=False) if msg.status == "ready" else None
         if isinstance(msg, wire.Update):
+            steps = msg.stats.get("steps", 0)
+            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+                self.state.event(now, "discard", client=cid, reason=f"bad steps {steps!r}")
+                return None
             arrays = msg.tensors
             flat = (np.concatenate([np.asarray(a).reshape(-1) for a in arrays]) if arrays
                     else np.zeros(0, np.float32))
             result = ClientResult(client=cid, base_version=msg.base_version,
                                   params=torch.from_numpy(flat), num_samples=msg.num_samples,
-                                  steps=int(msg.stats.get("steps", 0)), stats=msg.stats,
-                                  task_id=msg.task_id)
-            return strategy.on_update(result, msg.round, now)
+                                  steps=steps, task_id=msg.task_id, round=msg.round)
+            return strategy.update(result, now)
         if isinstance(msg, wire.Bye):
-            return strategy.on_away(cid, now, "lose")
+            return strategy.lost(cid, now)
         if isinstance(msg, wire.Error):
             return self._client_failed(cid, now, msg.reason)
         return None
@@ -276,20 +293,9 @@ class Server:
         log.error("client %d failed: %s", cid, reason)
         self.state.event(now, "client_failed", client=cid, reason=reason)
         self.clients.discard(cid)
-        step = self.strategy.on_away(cid, now, "lose")
+        step = self.strategy.lost(cid, now)
         if not self.clients:
             self.stop_reason = f"failed: every client failed (last: {reason})"
-        return step
-
-    def _back(self, cid: int, now: float) -> Step:
-        """A client that was away is ready again: its old task is abandoned."""
-        strategy = self.strategy
-        if strategy.kind == "async":
-            return strategy.on_join(cid, now)
-        step = strategy.on_away(cid, now, "suspend")
-        more = strategy.on_join(cid, now)
-        step.dispatch.extend(more.dispatch)
-        step.applied.extend(more.applied)
         return step
 
     async def _apply(self, now: float, step: Step) -> None:
@@ -298,26 +304,22 @@ class Server:
         self.state.applied(self, now, step)
         for cid in step.dispatch:
             await self._dispatch(now, cid)
-        pending = getattr(self.strategy, "broadcast", None)
-        while pending:
-            round_, mean = pending.pop(0)
-            await self._broadcast(now, round_, mean)
+        for b in step.broadcasts:
+            await self._broadcast(now, b)
         nxt = self.strategy.next_timer()
         if nxt is not None:
             self.timers.call_at(nxt, self.queue.put_nowait, ("strategy_timer", nxt))
 
     async def _dispatch(self, now: float, cid: int) -> None:
         assert self.state is not None
-        strategy = self.strategy
-        tensors = self.state.model_arrays(strategy.version, strategy.x, self.shapes)
-        extra = strategy.task_extra() if hasattr(strategy, "task_extra") else None
-        if extra is not None:
-            tensors = tensors + tuple(
-                t.numpy() for t in unflatten(extra.to(torch.float32).contiguous(), self.shapes))
-        task = wire.Task(client=cid, version=strategy.version, round=strategy.round,
-                         task_id=next(self.task_ids), tensors=tensors,
-                         config=strategy.task_config(cid))
-        strategy.bind(cid, task.task_id)
+        d = self.strategy.task(cid, next(self.task_ids))
+        config: dict[str, Any] = {}
+        if d.budget is not None and d.budget.steps is not None:
+            config["steps"] = d.budget.steps
+        if d.budget is not None and d.budget.epochs is not None:
+            config["epochs"] = d.budget.epochs
+        task = wire.Task(client=cid, version=d.version, round=d.round, task_id=d.task_id,
+                         tensors=self._frames(d.payload), config=config)
         if self.egress is not None:
             # A shared downlink bottleneck at the server: the message really
             # waits here until the shared stage has sent it.
@@ -330,13 +332,18 @@ class Server:
                 return
         await self._send_task(cid, task, now)
 
-    async def _broadcast(self, now: float, round_: int, mean: torch.Tensor) -> None:
-        """Send a round's average to every running client (DGA)."""
-        arrays = tuple(t.numpy() for t in unflatten(
-            mean.to(torch.float32).contiguous(), self.shapes))
-        msg = wire.Aggregate(round=round_, version=self.strategy.version, tensors=arrays)
-        for cid in sorted(self.strategy.running):
-            await self._send(cid, msg, now, kind="aggregate", round=round_)
+    def _frames(self, payload: torch.Tensor) -> tuple[np.ndarray, ...]:
+        """A flat payload (one or more model copies) as wire tensors (views, no copy)."""
+        vec = payload.detach().to(torch.float32).contiguous()
+        copies = vec.numel() // max(1, sum(int(np.prod(s)) for s in self.shapes))
+        return tuple(t.numpy() for t in unflatten(vec, self.shapes * max(1, copies)))
+
+    async def _broadcast(self, now: float, b: Any) -> None:
+        """Send a round's result (e.g. an average) to the clients it is for."""
+        msg = wire.Aggregate(round=b.round, version=self.strategy.version,
+                             tensors=self._frames(b.payload))
+        for cid in b.clients:
+            await self._send(cid, msg, now, kind="aggregate", round=b.round)
 
     def _send_later(self, cid: int, task: wire.Task) -> None:
         t = asyncio.ensure_future(self._send_task(cid, task, self.clock.now()))
@@ -374,9 +381,7 @@ class Server:
         step = Step()
         for cid in lost:
             self.clients.discard(cid)
-            s = self.strategy.on_away(cid, now, "lose")
-            step.dispatch.extend(s.dispatch)
-            step.applied.extend(s.applied)
+            step.then(self.strategy.lost(cid, now))
         if not self.hostctl.any_alive:
             self.stop_reason = "failed: all client hosts lost"
         return step
@@ -397,6 +402,17 @@ class Server:
 def wire_size(msg: Any) -> int:
     """Bytes ``msg`` takes on the wire (header and tensor frames)."""
     return sum(len(memoryview(f)) for f in wire.encode(msg))
+
+
+def _ranges(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
+    out: list[str] = []
+    for i in ids:
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
 
 
 def _client_id(ident: bytes) -> int:

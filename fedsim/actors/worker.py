@@ -14,7 +14,6 @@ Run as ``python -m fedsim.actors.worker --scenario FILE --endpoint ADDR
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import math
@@ -31,10 +30,9 @@ import zmq
 from fedsim import wire
 from fedsim.actors import _proc
 from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
-from fedsim.algorithms import LocalConfig, local_train, unflatten
-from fedsim.algorithms.fedspeed import FedSpeedConfig, fedspeed_local_train
+from fedsim.algorithms import get, local_train, unflatten
+from fedsim.algorithms.api import Budget, ClientContext, LocalRun
 from fedsim.algorithms.local import load_vector
-from fedsim.algorithms.scaffold import scaffold_local_train
 from fedsim.scenario import Scenario, parse
 
 __all__ = ["evaluate", "main", "run_seed"]
@@ -90,7 +88,7 @@ def evaluate(
 
 
 class Worker:
-    """Holds the model, the shards of its clients, and serves requests."""
+    """Holds the model, the shards of its clients and the algorithm's client side."""
 
     def __init__(self, sc: Scenario, role: str, clients: list[int]) -> None:
         self.sc = sc
@@ -105,9 +103,8 @@ class Worker:
             shard = data.clients[c]
             self.shards[c] = (torch.as_tensor(shard.x), torch.as_tensor(shard.y))
         self.test = (torch.as_tensor(data.test_x), torch.as_tensor(data.test_y))
-        # Per-client state kept across rounds (FedSpeed's g_hat, SCAFFOLD's c_i).
-        self.state: dict[int, torch.Tensor] = {}
-        self.dga: Any = None
+        ctx = ClientContext(model=self.model, local=self.local, seed=sc.seed)
+        self.client = get(sc.algorithm.name).client(sc.algorithm, ctx)
 
     def warm_up(self) -> None:
         """Run one throw-away step so torch's lazy start-up is not billed to a task."""
@@ -118,59 +115,6 @@ class Worker:
         else:
             evaluate(self.model, self.test[0][:8], self.test[1][:8])
         load_vector(self.model, x0)
-
-    def local_for(self, msg: wire.Task) -> LocalConfig:
-        """The local config, with the task's own budget (AsyncFedED's adaptive K)."""
-        if "epochs" in msg.config:
-            return dataclasses.replace(self.local, steps=None, epochs=float(msg.config["epochs"]))
-        if "steps" in msg.config:
-            return dataclasses.replace(self.local, epochs=None, steps=int(msg.config["steps"]))
-        return self.local
-
-    def train(self, msg: wire.Task, x0: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-              gen: torch.Generator) -> tuple[torch.Tensor, dict[str, Any]]:
-        """One local run of the scenario's client algorithm; returns the upload."""
-        alg = self.sc.algorithm
-        local = self.local_for(msg)
-        c = msg.client
-        if _injected_failure(c):
-            raise RuntimeError(f"injected training failure of client {c} (FEDSIM_FAIL_TRAIN)")
-        if alg.name == "fedspeed":
-            cfg = FedSpeedConfig(
-                prox_lambda=alg.prox_lambda, perturb_alpha=alg.perturb_alpha,
-                ascent_rho=alg.ascent_rho, ascent_mode=alg.ascent_mode, prox=alg.prox,
-                correction=alg.correction, perturbation=alg.perturbation,
-                clip_norm=alg.clip_norm)
-            upload, self.state[c], stats = fedspeed_local_train(
-                self.model, x0, x, y, local, cfg, self.state.get(c), gen)
-            return upload, stats
-        if alg.name == "scaffold":
-            n = x0.numel() // 2
-            w, c_global = x0[:n], x0[n:]
-            c_old = self.state.get(c)
-            y_i, c_new, stats = scaffold_local_train(
-                self.model, w, c_global, c_old, x, y, local, gen, option=alg.option)
-            delta_c = c_new - (c_old if c_old is not None else torch.zeros_like(c_new))
-            self.state[c] = c_new
-            return torch.cat([y_i.to(torch.float32), delta_c.to(torch.float32)]), stats
-        return local_train(self.model, x0, x, y, local, gen)
-
-    def handle_dga(self, msg: wire.Task, x0: torch.Tensor, x: torch.Tensor,
-                   y: torch.Tensor) -> wire.Update:
-        from fedsim.actors.dga import DGAWorkerState
-
-        if self.dga is None:
-            self.dga = DGAWorkerState(self.sc, self.model, self.sc.seed)
-        out: torch.Tensor | None = None
-        if msg.config["op"] == "dga_init":
-            self.dga.init(msg.client, x0, len(y))
-            stats: dict[str, Any] = {"action": "init"}
-        else:
-            out, stats = self.dga.step(msg.client, msg, x, y, self.n_params)
-        return wire.Update(
-            client=msg.client, task_id=msg.task_id, base_version=int(stats.get("round", 0)),
-            round=int(stats.get("round", 0)), num_samples=len(y),
-            tensors=() if out is None else vector_frames(out, self.shapes), stats=stats)
 
     def hello(self) -> wire.Control:
         return wire.Control(
@@ -183,7 +127,8 @@ class Worker:
             raise ValueError(f"worker got unexpected message {type(msg).__name__}")
         x0 = to_vector(msg.tensors)
         started = time.perf_counter()
-        if msg.config.get("op") == "eval":
+        op = msg.config.get("op")
+        if op == "eval":
             load_vector(self.model, x0)
             loss, acc = evaluate(self.model, *self.test)
             return wire.Control(
@@ -193,19 +138,35 @@ class Worker:
                     "accuracy": acc, "seconds": time.perf_counter() - started,
                 },
             )
-        x, y = self.shards[msg.client]
-        op = msg.config.get("op")
-        if op in ("dga_init", "dga_step"):
-            return self.handle_dga(msg, x0, x, y)
-        gen = torch.Generator().manual_seed(run_seed(self.sc.seed, msg.client, msg.task_id))
-        vec, stats = self.train(msg, x0, x, y, gen)
-        stats["compute_s"] = time.perf_counter() - started
-        return wire.Update(
-            client=msg.client, task_id=msg.task_id, base_version=msg.version,
-            round=msg.round, num_samples=len(y),
-            tensors=vector_frames(vec, self.shapes * (vec.numel() // self.n_params)),
-            stats=stats,
-        )
+        c = msg.client
+        x, y = self.shards[c]
+        if _injected_failure(c):
+            raise RuntimeError(f"injected training failure of client {c} (FEDSIM_FAIL_TRAIN)")
+        if op == "advance":
+            rounds = [int(r) for r in msg.config.get("rounds", [])]
+            averages = [(r, x0[i * self.n_params:(i + 1) * self.n_params])
+                        for i, r in enumerate(rounds)]
+            out = self.client.advance(c, averages, x, y)
+        else:
+            budget = None
+            if "steps" in msg.config or "epochs" in msg.config:
+                budget = Budget(steps=msg.config.get("steps"), epochs=msg.config.get("epochs"))
+            gen = torch.Generator().manual_seed(run_seed(self.sc.seed, c, msg.task_id))
+            run = LocalRun(client=c, task_id=msg.task_id, version=msg.version, round=msg.round,
+                           payload=x0, budget=budget)
+            out = self.client.begin(run, x, y, gen)
+        stats: dict[str, Any] = {
+            "steps": out.steps, "loss": out.loss, "next": out.next,
+            "compute_s": time.perf_counter() - started, **out.notes}
+        if out.upload_round is not None:
+            stats["upload_round"] = out.upload_round
+        if out.wait_round is not None:
+            stats["wait_round"] = out.wait_round
+        vec = out.upload
+        tensors = () if vec is None else vector_frames(
+            vec.to(torch.float32), self.shapes * (vec.numel() // self.n_params))
+        return wire.Update(client=c, task_id=msg.task_id, base_version=msg.version,
+                           round=msg.round, num_samples=len(y), tensors=tensors, stats=stats)
 
 
 def serve(sock: zmq.Socket, worker: Worker) -> None:

@@ -10,12 +10,25 @@ Rules
    ``(model, data, config)`` to a result. The actors in ``fedsim.actors``
    decide *when* these run; the functions here decide *what* they compute.
 
+Every algorithm registers an :class:`AlgorithmSpec` (:mod:`fedsim.algorithms.api`)
+when this package is imported; :func:`get` finds it by ``algorithm.name``.
+
 Models travel through these functions as flat float32 vectors (one
 contiguous ``torch.Tensor`` of the trainable parameters); norms and inner
 products that drive a decision are accumulated in float64 (ALGORITHMS.md
 §0.1, §8.2).
 """
 
+from fedsim.algorithms import (
+    asyncfeded,
+    dga,
+    fedasync,
+    fedavg,
+    fedbuff,
+    fedopt,
+    fedspeed,
+    scaffold,
+)
 from fedsim.algorithms._kernels import (
     check_finite,
     flatten,
@@ -23,6 +36,15 @@ from fedsim.algorithms._kernels import (
     norm64,
     unflatten,
     weighted_average,
+)
+from fedsim.algorithms.api import (
+    AlgorithmConfig,
+    AlgorithmSpec,
+    ClientAlgorithm,
+    ServerAlgorithm,
+    algorithm_names,
+    get,
+    register,
 )
 from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
 from fedsim.algorithms.fedasync import FedAsync, fedasync_mix, staleness_weight
@@ -35,9 +57,16 @@ from fedsim.algorithms.scheduling import (
     SchedulerError,
 )
 
+#: The built-in homes; importing each registers its algorithm.
+BUILTIN = (fedavg, fedasync, asyncfeded, fedbuff, fedspeed, scaffold, dga, fedopt)
+
 __all__ = [
+    "BUILTIN",
     "OPTIMIZERS",
+    "AlgorithmConfig",
+    "AlgorithmSpec",
     "AsyncScheduler",
+    "ClientAlgorithm",
     "ClientResult",
     "FedAsync",
     "FedAvg",
@@ -46,14 +75,18 @@ __all__ = [
     "OptimizerConfig",
     "RoundScheduler",
     "SchedulerError",
+    "ServerAlgorithm",
+    "algorithm_names",
     "check_finite",
     "fedasync_mix",
     "fedavg_aggregate",
     "flatten",
+    "get",
     "lerp",
     "local_train",
     "make_optimizer",
     "norm64",
+    "register",
     "staleness_weight",
     "unflatten",
     "weighted_average",

@@ -41,26 +41,23 @@ from typing import Any, Literal
 
 import torch
 
-from fedsim.algorithms._kernels import (
-    check_async_update,
-    norm64,
-    pack_tensor,
-    pseudo_gradient,
-    unpack_tensor,
-)
+from fedsim._schema import NonNeg, Pos
+from fedsim.algorithms._kernels import check_async_update, norm64, pack_tensor, unpack_tensor
+from fedsim.algorithms.api import AlgorithmSpec, Budget, ServerContext, register
 from fedsim.algorithms.base import ClientResult
+from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
+from fedsim.algorithms.sgdclient import local_sgd_client
 
 __all__ = [
     "K_ROUNDINGS",
     "K_UNITS",
+    "SPEC",
     "AsyncFedED",
+    "AsyncFedEDConfig",
     "asyncfeded_step",
     "clamp_k",
     "euclidean_staleness",
     "next_k_value",
-    "pack_tensor",
-    "pseudo_gradient",
-    "unpack_tensor",
 ]
 
 KRounding = Literal["accumulate", "floor", "ceil", "round", "trunc"]
@@ -139,7 +136,7 @@ def _finite(value: float | None, low: float, strict: bool = False) -> bool:
     return value is not None and math.isfinite(value) and (value > low if strict else value >= low)
 
 
-class AsyncFedED:
+class AsyncFedED(AsyncRule):
     """AsyncFedED server rule with its model history and per-client K.
 
     Parameters
@@ -209,6 +206,7 @@ class AsyncFedED:
             _check(name, value, whole, f"must be whole with k_rounding={k_rounding!r}")
         _check("gamma_max", gamma_max, gamma_max is None or _finite(gamma_max, 0, True), "> 0")
         _check("zero_tol", zero_tol, _finite(zero_tol, 0), "must be finite and >= 0")
+        super().__init__()
         self.k_initial = float(k_initial)
         self.k_min = float(k_min)
         self.k_max = None if k_max is None else float(k_max)
@@ -225,7 +223,26 @@ class AsyncFedED:
         self._current: int | None = None
         self._k: dict[int, float] = {}
 
+    takes = "delta"
+
     # -- per-client K ---------------------------------------------------------
+
+    def budget(self, client: int) -> Budget:
+        """The next task of ``client`` runs ``floor(K_i)`` epochs or steps."""
+        k = self.local_units(client)
+        return Budget(epochs=k) if self.k_unit == "epochs" else Budget(steps=k)
+
+    def keep(self, version: int, x: torch.Tensor) -> None:
+        """A task left from ``version``: hold its snapshot (the GMIS)."""
+        self.hold(version)
+
+    def base(self, version: int) -> torch.Tensor:
+        """The snapshot of ``version``."""
+        return self.model(version)
+
+    def drop(self, version: int) -> None:
+        """The task from ``version`` is answered or abandoned."""
+        self.release(version)
 
     def next_k(self, client: int) -> float:
         """Return ``K_i`` to dispatch to ``client`` (``k_initial`` if never seen)."""
@@ -398,3 +415,36 @@ class AsyncFedED:
                 raise ValueError(f"Invalid K in state for client {c}: {k}")
         self.applied = int(state["applied"])
         self._history, self._holds, self._current, self._k = history, holds, current, ks
+
+
+class AsyncFedEDConfig(AsyncConfig):
+    """``[algorithm]`` of AsyncFedED: Euclidean-distance staleness, adaptive K.
+
+    ``concurrency`` defaults to every client (each trains as soon as it is
+    free, as in the paper)."""
+
+    name: Literal["asyncfeded"]
+    lam: Pos = 5.0
+    epsilon: Pos = 5.0
+    gamma_bar: NonNeg = 3.0
+    kappa: NonNeg = 1.0
+    k_initial: Pos = 1.0
+    k_min: Pos = 1.0
+    k_max: Pos | None = None
+    k_rounding: Literal["accumulate", "floor", "ceil", "round", "trunc"] = "accumulate"
+    k_unit: Literal["epochs", "steps"] = "epochs"
+    reset_k_on_reconnect: bool = False
+
+
+def _server(cfg: AsyncFedEDConfig, ctx: ServerContext) -> AsyncFlow:
+    rule = AsyncFedED(lam=cfg.lam, epsilon=cfg.epsilon, gamma_bar=cfg.gamma_bar,
+                      kappa=cfg.kappa, k_initial=cfg.k_initial, k_min=cfg.k_min,
+                      k_max=cfg.k_max, k_rounding=cfg.k_rounding, k_unit=cfg.k_unit,
+                      reset_k_on_reconnect=cfg.reset_k_on_reconnect)
+    rule.snapshot(0, ctx.x0)
+    return AsyncFlow.build(rule, cfg, ctx)
+
+
+SPEC = register(AlgorithmSpec(
+    names=("asyncfeded",), config=AsyncFedEDConfig, server=_server, client=local_sgd_client,
+    summary="gamma = ||x_t - x_tau|| / ||Delta||, eta_g = lambda / (gamma + eps), adaptive K"))

@@ -36,6 +36,8 @@ class ClientResult:
         Extra per-run statistics (loss, step sizes ...), logged as given.
     task_id : int or None
         Id of the task this result answers (None when not tracked).
+    round : int
+        The round the result belongs to (synchronous and pipelined rules).
     """
 
     client: int
@@ -45,3 +47,4 @@ class ClientResult:
     steps: int = 0
     stats: Mapping[str, Any] = field(default_factory=dict)
     task_id: int | None = None
+    round: int = 0

@@ -25,14 +25,26 @@ The client side is local SGD on ``f(x) + rho/2 ||x - x_tau||^2``: see
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field
 
+from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import check_async_update, lerp
+from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.base import ClientResult
+from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
+from fedsim.algorithms.sgdclient import local_sgd_client
 
-__all__ = ["STALENESS_FUNCTIONS", "FedAsync", "fedasync_mix", "staleness_weight"]
+__all__ = [
+    "SPEC",
+    "STALENESS_FUNCTIONS",
+    "FedAsync",
+    "FedAsyncConfig",
+    "fedasync_mix",
+    "staleness_weight",
+]
 
 StalenessFn = Literal["const", "poly", "hinge"]
 STALENESS_FUNCTIONS: tuple[str, ...] = ("const", "poly", "hinge")
@@ -68,7 +80,7 @@ def fedasync_mix(
     return lerp(global_, local, alpha_t)
 
 
-class FedAsync:
+class FedAsync(AsyncRule):
     """FedAsync server rule: mix each arriving model into the global one.
 
     Parameters
@@ -117,6 +129,7 @@ class FedAsync:
             raise ValueError(f"Invalid alpha_decay: {alpha_decay} (must be in (0, 1])")
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(f"Invalid max_staleness: {max_staleness} (must be >= 0)")
+        super().__init__()
         self.alpha = float(alpha)
         self.staleness = staleness
         self.a = float(a)
@@ -166,3 +179,33 @@ class FedAsync:
             raise ValueError(f"Invalid alpha in state: {alpha}")
         self.alpha = alpha
         self.applied = int(state["applied"])
+
+
+class FedAsyncConfig(AsyncConfig):
+    """``[algorithm]`` of FedAsync (``rho``: the client's proximal weight, W5)."""
+
+    name: Literal["fedasync"]
+    alpha: Annotated[float, Field(gt=0, le=1)] = 0.6
+    staleness: Literal["const", "poly", "hinge"] = "const"
+    a: Pos = 0.5
+    b: NonNeg = 4.0
+    rho: NonNeg = 0.0
+    staleness_offset: Literal[0, 1] = 0
+    alpha_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    max_staleness: Annotated[int, Field(ge=0)] | None = None
+    concurrency: Annotated[int, Field(ge=1)] | None = 4
+
+    def prox_mu(self) -> float:
+        return self.rho
+
+
+def _server(cfg: FedAsyncConfig, ctx: ServerContext) -> AsyncFlow:
+    rule = FedAsync(alpha=cfg.alpha, staleness=cfg.staleness, a=cfg.a, b=cfg.b,
+                    staleness_offset=cfg.staleness_offset, alpha_decay=cfg.alpha_decay,
+                    max_staleness=cfg.max_staleness)
+    return AsyncFlow.build(rule, cfg, ctx)
+
+
+SPEC = register(AlgorithmSpec(
+    names=("fedasync",), config=FedAsyncConfig, server=_server, client=local_sgd_client,
+    summary="staleness-weighted mixing (const, poly, hinge; rho)"))

@@ -16,11 +16,16 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+from pydantic import model_validator
 
+from fedsim._schema import NonNeg
 from fedsim.algorithms._kernels import check_round, weighted_average
+from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.base import ClientResult
+from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
+from fedsim.algorithms.sgdclient import local_sgd_client
 
-__all__ = ["FedAvg", "fedavg_aggregate"]
+__all__ = ["SPEC", "FedAvg", "FedAvgConfig", "fedavg_aggregate"]
 
 WEIGHTINGS = ("samples", "uniform")
 
@@ -46,7 +51,7 @@ def fedavg_aggregate(
     return x + server_lr * (avg - x)
 
 
-class FedAvg:
+class FedAvg(RoundRule):
     """FedAvg server rule over one round's results.
 
     Parameters
@@ -86,3 +91,30 @@ class FedAvg:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore state saved by :meth:`state_dict`."""
         self.rounds = int(state["rounds"])
+
+
+class FedAvgConfig(RoundsConfig):
+    """``[algorithm]`` of FedAvg and FedProx (``mu``: FedProx's proximal weight)."""
+
+    name: Literal["fedavg", "fedprox"]
+    weighting: Literal["samples", "uniform"] = "samples"
+    mu: NonNeg = 0.0
+
+    @model_validator(mode="after")
+    def _mu_only_for_fedprox(self) -> FedAvgConfig:
+        if self.name == "fedavg" and self.mu != 0.0:
+            raise ValueError(f"mu={self.mu} is FedProx's proximal weight; use name = \"fedprox\"")
+        return self
+
+    def prox_mu(self) -> float:
+        return self.mu
+
+
+def _server(cfg: FedAvgConfig, ctx: ServerContext) -> RoundsFlow:
+    return RoundsFlow.build(FedAvg(server_lr=cfg.server_lr, weighting=cfg.weighting), cfg, ctx)
+
+
+SPEC = register(AlgorithmSpec(
+    names=("fedavg", "fedprox"), config=FedAvgConfig, server=_server, client=local_sgd_client,
+    summary="synchronous rounds with sampling, deadline and over-selection; "
+            "FedProx adds the proximal term mu"))

@@ -27,15 +27,20 @@ sum (the only thing the step uses) plus one small record per update.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field
 
+from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import check_async_update, check_shape, pack_tensor, unpack_tensor
+from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.fedasync import STALENESS_FUNCTIONS, staleness_weight
+from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
+from fedsim.algorithms.sgdclient import local_sgd_client
 
-__all__ = ["FedBuff", "fedbuff_step"]
+__all__ = ["SPEC", "FedBuff", "FedBuffConfig", "fedbuff_step"]
 
 _F64 = torch.float64
 
@@ -50,7 +55,7 @@ def fedbuff_step(x: torch.Tensor, acc: torch.Tensor, count: int, server_lr: floa
     return x.to(_F64).add(acc.to(_F64), alpha=float(server_lr) / count).to(x.dtype)
 
 
-class FedBuff:
+class FedBuff(AsyncRule):
     """FedBuff server rule: average every ``buffer_size`` weighted deltas.
 
     Parameters
@@ -93,6 +98,7 @@ class FedBuff:
             raise ValueError(f"Invalid b: {b} (must be finite and >= 0)")
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(f"Invalid max_staleness: {max_staleness} (must be >= 0)")
+        super().__init__()
         self.buffer_size = buffer_size
         self.server_lr = float(server_lr)
         self.staleness = staleness
@@ -102,6 +108,8 @@ class FedBuff:
         self.flushes = 0
         self._acc: torch.Tensor | None = None
         self._entries: list[tuple[int, int, float]] = []  # (client, staleness, weight)
+
+    takes = "delta"
 
     def weight(self, d: int) -> float:
         """Return ``s(d)``, the weight of an update with staleness ``d``."""
@@ -180,3 +188,26 @@ class FedBuff:
             raise ValueError("Invalid buffer in state: non-finite sum")
         self.flushes = int(state["flushes"])
         self._acc, self._entries = acc, entries
+
+
+class FedBuffConfig(AsyncConfig):
+    """``[algorithm]`` of FedBuff: buffered asynchronous aggregation."""
+
+    name: Literal["fedbuff"]
+    buffer_size: Annotated[int, Field(ge=1)] = 4
+    server_lr: Pos = 1.0
+    staleness: Literal["const", "poly", "hinge"] = "poly"
+    a: Pos = 0.5
+    b: NonNeg = 4.0
+    max_staleness: Annotated[int, Field(ge=0)] | None = None
+
+
+def _server(cfg: FedBuffConfig, ctx: ServerContext) -> AsyncFlow:
+    rule = FedBuff(buffer_size=cfg.buffer_size, server_lr=cfg.server_lr,
+                   staleness=cfg.staleness, a=cfg.a, b=cfg.b, max_staleness=cfg.max_staleness)
+    return AsyncFlow.build(rule, cfg, ctx)
+
+
+SPEC = register(AlgorithmSpec(
+    names=("fedbuff",), config=FedBuffConfig, server=_server, client=local_sgd_client,
+    summary="buffered asynchronous aggregation of staleness-weighted deltas"))

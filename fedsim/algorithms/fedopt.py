@@ -55,10 +55,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field
 
+from fedsim._schema import Pos
 from fedsim.algorithms._kernels import (
     check_round,
     norm64,
@@ -67,12 +69,17 @@ from fedsim.algorithms._kernels import (
     unpack_tensor,
     weighted_average,
 )
+from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.base import ClientResult
+from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
+from fedsim.algorithms.sgdclient import local_sgd_client
 
 __all__ = [
     "FEDOPT_OPTIMIZERS",
+    "SPEC",
     "AdaptiveServerOptimizer",
     "FedOpt",
+    "FedOptConfig",
     "fedopt_delta",
     "fedopt_init",
     "fedopt_moments",
@@ -244,7 +251,7 @@ class AdaptiveServerOptimizer(torch.optim.Optimizer):
 # Server rule.
 
 
-class FedOpt:
+class FedOpt(RoundRule):
     """FedOpt server rule over one round's results (FedAdam, FedYogi, FedAdagrad, FedAvgM).
 
     Parameters
@@ -469,3 +476,38 @@ class FedOpt:
 
 
 FEDOPT_OPTIMIZERS: tuple[str, ...] = ("adam", "yogi", "adagrad", "avgm")
+
+
+# --------------------------------------------------------------------------
+# The algorithm's home: ``algorithm.name`` picks the server optimizer.
+
+_BY_NAME: dict[str, Literal["adam", "yogi", "adagrad", "avgm"]] = {
+    "fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad", "fedavgm": "avgm"}
+
+
+class FedOptConfig(RoundsConfig):
+    """``[algorithm]`` of FedAdam, FedYogi, FedAdagrad and FedAvgM.
+
+    ``server_lr`` defaults to 0.1 for the adaptive rules and 1.0 for FedAvgM;
+    ``beta1``, ``beta2`` and ``tau`` are Algorithm 2's; ``momentum`` is
+    FedAvgM's server momentum. ``weighting`` defaults to the plain mean.
+    """
+
+    name: Literal["fedadam", "fedyogi", "fedadagrad", "fedavgm"]
+    server_lr: Pos | None = None  # type: ignore[assignment]
+    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.99
+    tau: Pos = 1e-3
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+
+
+def _server(cfg: FedOptConfig, ctx: ServerContext) -> RoundsFlow:
+    rule = FedOpt(_BY_NAME[cfg.name], server_lr=cfg.server_lr, beta1=cfg.beta1,
+                  beta2=cfg.beta2, tau=cfg.tau, momentum=cfg.momentum, weighting=cfg.weighting)
+    return RoundsFlow.build(rule, cfg, ctx)
+
+
+SPEC = register(AlgorithmSpec(
+    names=tuple(_BY_NAME), config=FedOptConfig, server=_server, client=local_sgd_client,
+    summary="FedAvg rounds with a server optimizer on the pseudo-gradient: FedAdam, FedYogi, "
+            "FedAdagrad (Reddi et al. 2021, no bias correction, v starts at tau^2), FedAvgM"))

@@ -37,14 +37,35 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from fedsim.algorithms._kernels import check_round, check_shape, flatten, unflatten
+from fedsim._schema import NonNeg, Pos, Prob
+from fedsim.algorithms._kernels import (
+    check_round,
+    check_shape,
+    flatten,
+    pack_tensor,
+    unflatten,
+    unpack_tensor,
+)
+from fedsim.algorithms.api import (
+    AlgorithmSpec,
+    ClientAlgorithm,
+    ClientContext,
+    LocalRun,
+    Outcome,
+    ServerContext,
+    register,
+)
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.fedavg import WEIGHTINGS, fedavg_aggregate
+from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
 
 __all__ = [
+    "SPEC",
+    "FedSpeedClient",
     "FedSpeedConfig",
+    "FedSpeedScenarioConfig",
     "FedSpeedServer",
     "ascent_scale",
     "fedspeed_amend",
@@ -328,7 +349,7 @@ def fedspeed_local_train(
 # Server rule.
 
 
-class FedSpeedServer:
+class FedSpeedServer(RoundRule):
     """FedSpeed's server step over one round's uploads.
 
     Parameters
@@ -410,3 +431,64 @@ class FedSpeedServer:
             int(c): torch.tensor(v, dtype=torch.float64).reshape(shape)
             for c, v in state.get("h", {}).items()
         }
+
+
+# The algorithm's home: scenario config, client side, registration.
+
+
+class FedSpeedScenarioConfig(RoundsConfig):
+    """``[algorithm]`` of FedSpeed: prox-correction + gradient perturbation (Table 7 switches)."""
+
+    name: Literal["fedspeed"]
+    prox_lambda: Pos = 10.0
+    perturb_alpha: Prob = 0.9375
+    ascent_rho: NonNeg = 0.1
+    ascent_mode: Literal["normalized", "constant"] = "normalized"
+    prox: bool = True
+    correction: bool = True
+    perturbation: bool = True
+    clip_norm: Pos | None = None
+
+    def client_config(self) -> FedSpeedConfig:
+        """The client's hyperparameters."""
+        return FedSpeedConfig(
+            prox_lambda=self.prox_lambda, perturb_alpha=self.perturb_alpha,
+            ascent_rho=self.ascent_rho, ascent_mode=self.ascent_mode, prox=self.prox,
+            correction=self.correction, perturbation=self.perturbation,
+            clip_norm=self.clip_norm)
+
+
+class FedSpeedClient(ClientAlgorithm):
+    """FedSpeed's client side; keeps each client's ``g_hat`` between its rounds."""
+
+    def __init__(self, cfg: FedSpeedConfig, ctx: ClientContext) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.g_hat: dict[int, torch.Tensor] = {}
+
+    def begin(
+        self, run: LocalRun, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+    ) -> Outcome:
+        local = run.budget.apply(self.ctx.local) if run.budget else self.ctx.local
+        upload, self.g_hat[run.client], stats = fedspeed_local_train(
+            self.ctx.model, run.payload, x, y, local, self.cfg, self.g_hat.get(run.client), gen)
+        return Outcome(steps=int(stats["steps"]), loss=float(stats["loss"]), upload=upload,
+                       notes={"ascent_scale": stats["ascent_scale"]})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"g_hat": {c: pack_tensor(g) for c, g in sorted(self.g_hat.items())}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.g_hat = {int(c): unpack_tensor(g) for c, g in state["g_hat"].items()}
+
+
+def _server(cfg: FedSpeedScenarioConfig, ctx: ServerContext) -> RoundsFlow:
+    rule = FedSpeedServer(server_lr=cfg.server_lr, weighting=cfg.weighting)
+    return RoundsFlow.build(rule, cfg, ctx)
+
+
+SPEC = register(AlgorithmSpec(
+    names=("fedspeed",), config=FedSpeedScenarioConfig, server=_server,
+    client=lambda cfg, ctx: FedSpeedClient(cfg.client_config(), ctx),
+    summary="quasi-gradient with normalized ascent, prox 1/lambda, persistent g_hat",
+    optimizers=("sgd", "sgdm", "adam", "adagrad")))

@@ -32,16 +32,32 @@ from fedsim.algorithms._kernels import (
     check_round,
     check_shape,
     flatten,
+    pack_tensor,
     unflatten,
+    unpack_tensor,
     weighted_average,
 )
+from fedsim.algorithms.api import (
+    AlgorithmSpec,
+    ClientAlgorithm,
+    ClientContext,
+    LocalRun,
+    Outcome,
+    ServerContext,
+    register,
+)
 from fedsim.algorithms.base import ClientResult
+from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
 
 __all__ = [
     "CONTROL_OPTIONS",
+    "SPEC",
     "Scaffold",
+    "ScaffoldClient",
+    "ScaffoldConfig",
+    "ScaffoldRounds",
     "scaffold_control_update",
     "scaffold_local_train",
     "scaffold_server_step",
@@ -305,3 +321,85 @@ class Scaffold:
             return
         dtype = getattr(torch, state["dtype"])
         self._c = torch.tensor(state["c"], dtype=dtype).reshape(state["shape"])
+
+
+# --------------------------------------------------------------------------
+# The algorithm's home: a task carries (x, c), an update (y_i, delta_c_i),
+# each as two model-sized vectors back to back.
+
+
+class ScaffoldConfig(RoundsConfig):
+    """``[algorithm]`` of SCAFFOLD: control variates, option II (or I)."""
+
+    name: Literal["scaffold"]
+    option: Literal["I", "II"] = "II"
+
+
+class ScaffoldRounds(RoundRule):
+    """:class:`Scaffold` as a round rule over (model, control variate) payloads."""
+
+    def __init__(self, server_lr: float, total_clients: int) -> None:
+        self.rule = Scaffold(server_lr, total_clients=total_clients)
+
+    def payload(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, self.rule.control(x).to(x.dtype)])
+
+    def aggregate(
+        self, x: torch.Tensor, results: Sequence[ClientResult]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        n = x.numel()
+        for r in results:
+            if r.params.numel() != 2 * n:
+                raise ValueError(f"Invalid upload from client {r.client}: "
+                                 f"{r.params.numel()} values, expected 2 x {n}")
+        ys = [ClientResult(client=r.client, base_version=r.base_version, params=r.params[:n],
+                           num_samples=r.num_samples, steps=r.steps, stats=r.stats,
+                           round=r.round) for r in results]
+        return self.rule.aggregate(x, ys, [r.params[n:] for r in results])
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.rule.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rule.load_state_dict(state)
+
+
+class ScaffoldClient(ClientAlgorithm):
+    """SCAFFOLD's client side; keeps each client's ``c_i`` between its rounds."""
+
+    def __init__(self, option: Literal["I", "II"], ctx: ClientContext) -> None:
+        self.option = option
+        self.ctx = ctx
+        self.c: dict[int, torch.Tensor] = {}
+
+    def begin(
+        self, run: LocalRun, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+    ) -> Outcome:
+        local = run.budget.apply(self.ctx.local) if run.budget else self.ctx.local
+        n = run.payload.numel() // 2
+        w, c_global = run.payload[:n], run.payload[n:]
+        c_old = self.c.get(run.client)
+        y_i, c_new, stats = scaffold_local_train(
+            self.ctx.model, w, c_global, c_old, x, y, local, gen, option=self.option)
+        delta_c = c_new - (c_old if c_old is not None else torch.zeros_like(c_new))
+        self.c[run.client] = c_new
+        upload = torch.cat([y_i.to(torch.float32), delta_c.to(torch.float32)])
+        return Outcome(steps=int(stats["steps"]), loss=float(stats["loss"]), upload=upload)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"c": {k: pack_tensor(v) for k, v in sorted(self.c.items())}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.c = {int(k): unpack_tensor(v) for k, v in state["c"].items()}
+
+
+def _server(cfg: ScaffoldConfig, ctx: ServerContext) -> RoundsFlow:
+    return RoundsFlow.build(ScaffoldRounds(cfg.server_lr, ctx.num_clients), cfg, ctx)
+
+
+SPEC = register(AlgorithmSpec(
+    names=("scaffold",), config=ScaffoldConfig, server=_server,
+    client=lambda cfg, ctx: ScaffoldClient(cfg.option, ctx),
+    summary="control variates (option II; I as option); tasks carry (x, c), "
+            "updates (y_i, delta c_i)",
+    task_copies=2, update_copies=2, optimizers=("sgd", "sgdm", "adam", "adagrad")))

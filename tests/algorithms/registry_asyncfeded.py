@@ -22,7 +22,8 @@ import dataclasses
 import torch
 from _registry import AlgoInfo, AlgoInput, _draw_async, _err
 
-from fedsim.algorithms.asyncfeded import AsyncFedED, pseudo_gradient
+from fedsim.algorithms._kernels import pseudo_gradient
+from fedsim.algorithms.asyncfeded import AsyncFedED
 
 _WINDOW = 5  # the largest staleness _draw_async produces
 

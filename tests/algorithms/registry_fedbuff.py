@@ -16,7 +16,7 @@ import dataclasses
 import torch
 from _registry import AlgoInfo, AlgoInput, _draw_async, _err
 
-from fedsim.algorithms.asyncfeded import pseudo_gradient
+from fedsim.algorithms._kernels import pseudo_gradient
 from fedsim.algorithms.fedbuff import FedBuff
 
 

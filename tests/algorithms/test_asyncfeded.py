@@ -10,15 +10,13 @@ import pytest
 import torch
 
 from fedsim.algorithms import ClientResult, NonFiniteUpdate
+from fedsim.algorithms._kernels import pack_tensor, pseudo_gradient, unpack_tensor
 from fedsim.algorithms.asyncfeded import (
     AsyncFedED,
     asyncfeded_step,
     clamp_k,
     euclidean_staleness,
     next_k_value,
-    pack_tensor,
-    pseudo_gradient,
-    unpack_tensor,
 )
 
 F64 = torch.float64

@@ -26,6 +26,7 @@ Client ``i`` runs rounds of ``K`` local steps. With ``D = s K + r``,
 
 from __future__ import annotations
 
+from fedsim.algorithms.api import AlgorithmSpec, register
 from fedsim.algorithms.dga._client import (
     CLIENT_TRANSITIONS,
     Corrected,
@@ -44,20 +45,33 @@ from fedsim.algorithms.dga._core import (
     dga_final_average,
     dga_split_delay,
 )
+from fedsim.algorithms.dga._home import DGAClientWork, DGAFlow, DGAScenarioConfig, dga_config
 from fedsim.algorithms.dga._reducer import DGAServer
+
+SPEC = register(AlgorithmSpec(
+    names=("dga",), config=DGAScenarioConfig,
+    server=lambda cfg, ctx: DGAFlow(dga_config(cfg, ctx.local), ctx.x0),
+    client=lambda cfg, ctx: DGAClientWork(dga_config(cfg, ctx.local), cfg.chunk_steps, ctx),
+    summary="delayed gradient averaging: clients keep stepping while the average travels",
+    optimizers=("sgd", "sgdm")))
 
 __all__ = [
     "CLIENT_TRANSITIONS",
+    "SPEC",
     "Corrected",
     "DGAClient",
+    "DGAClientWork",
     "DGAConfig",
+    "DGAFlow",
     "DGAProtocolError",
+    "DGAScenarioConfig",
     "DGAServer",
     "Done",
     "Send",
     "Step",
     "Wait",
     "dga_c_beta",
+    "dga_config",
     "dga_correction",
     "dga_direction",
     "dga_final_average",

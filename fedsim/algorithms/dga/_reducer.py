@@ -86,6 +86,30 @@ class DGAServer:
         self._closed.add(round_id)
         return (part.total / part.expected).to(part.dtype)
 
+    def expected(self, round_id: int) -> int | None:
+        """The reports that complete the open round ``round_id`` (None if not open)."""
+        part = self._open.get(round_id)
+        return None if part is None else part.expected
+
+    def forget(self, client: int) -> list[tuple[int, torch.Tensor]]:
+        """``client`` is gone: open rounds it has not reported need one report less.
+
+        Returns ``(round, mbar)`` of every round this completes, in round
+        order; a round left with no report at all is dropped.
+        """
+        done: list[tuple[int, torch.Tensor]] = []
+        for t in sorted(self._open):
+            part = self._open[t]
+            if client in part.clients:
+                continue
+            part.expected -= 1
+            if part.expected <= 0 or len(part.clients) < part.expected:
+                continue
+            del self._open[t]
+            self._closed.add(t)
+            done.append((t, (part.total / len(part.clients)).to(part.dtype)))
+        return done
+
     @staticmethod
     def final_average(models: Sequence[torch.Tensor]) -> torch.Tensor:
         """C18: the mean of the clients' final models."""

@@ -1,0 +1,389 @@
+"""The protocol between an algorithm and the actors that run it.
+
+Rules
+-----
+1. An algorithm is one home: a module (or a small package) under
+   :mod:`fedsim.algorithms` holding its scenario config, its server side
+   and its client side, and one :class:`AlgorithmSpec` that joins them. The
+   actors in :mod:`fedsim.actors` only call the two small interfaces below;
+   they never name an algorithm.
+2. Both sides are sans-I/O. The server side (:class:`ServerAlgorithm`)
+   answers events (start, an update, a client back or lost, a timer) with a
+   :class:`Step` of *decisions*: whom to dispatch a task to, what to
+   broadcast, what was applied or discarded. The client side
+   (:class:`ClientAlgorithm`) runs in a torch worker and answers "begin this
+   task" (and, for pipelined algorithms such as DGA, "advance with these
+   averages") with an :class:`Outcome`: steps taken, what to upload, and
+   whether the client is done, has more to do, or must wait for a round's
+   average. Time is passed in as emulated seconds.
+3. A model travels as one flat float32 vector. An algorithm whose task or
+   upload carries several model-sized vectors (SCAFFOLD: the model and a
+   control variate) says so with ``task_copies`` / ``update_copies``.
+4. A new algorithm, inside or outside this package, is one call to
+   :func:`register`; the scenario loader then accepts its name under
+   ``[algorithm]`` and validates its table with the spec's config class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+from fedsim._schema import SchemaModel
+from fedsim.algorithms.base import ClientResult
+from fedsim.algorithms.local import LocalConfig
+
+__all__ = [
+    "AlgorithmConfig",
+    "AlgorithmSpec",
+    "Applied",
+    "Broadcast",
+    "Budget",
+    "ClientAlgorithm",
+    "ClientContext",
+    "Discarded",
+    "Dispatch",
+    "LocalRun",
+    "Outcome",
+    "ServerAlgorithm",
+    "ServerContext",
+    "Step",
+    "algorithm_names",
+    "get",
+    "register",
+]
+
+Number = float | int | bool | None
+
+
+# -- scenario config ---------------------------------------------------------------
+
+
+class AlgorithmConfig(SchemaModel):
+    """Base of every ``[algorithm]`` table: ``name`` picks the registered spec."""
+
+    name: str
+
+    def prox_mu(self) -> float:
+        """Weight of the proximal term ``mu/2 ||y - x||^2`` in local training (0: none)."""
+        return 0.0
+
+    def tasks_at_once(self, num_clients: int) -> int:
+        """How many clients train at the same time (sizes ``--dilation auto``)."""
+        return num_clients
+
+
+# -- values exchanged with the actors -----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A task's own local budget (AsyncFedED's adaptive K); None fields: the scenario's."""
+
+    steps: int | None = None
+    epochs: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError(f"Invalid budget: steps={self.steps} and epochs={self.epochs}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"Invalid budget steps: {self.steps} (must be >= 1)")
+        if self.epochs is not None and not self.epochs > 0:
+            raise ValueError(f"Invalid budget epochs: {self.epochs} (must be > 0)")
+
+    def apply(self, local: LocalConfig) -> LocalConfig:
+        """``local`` with this budget in place of its own (unchanged if both unset)."""
+        from dataclasses import replace
+
+        if self.steps is not None:
+            return replace(local, steps=self.steps, epochs=None)
+        if self.epochs is not None:
+            return replace(local, steps=None, epochs=self.epochs)
+        return local
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A task for one client: the payload it trains from and its budget."""
+
+    client: int
+    task_id: int
+    version: int
+    round: int
+    payload: torch.Tensor
+    budget: Budget | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast:
+    """A round's result sent to a set of clients (DGA's average)."""
+
+    round: int
+    payload: torch.Tensor
+    clients: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """One change of the global model, for the log and the counters.
+
+    ``updates`` client updates went into it; ``staleness`` holds one value
+    per update for asynchronous rules (what really happened), and is empty
+    for rounds. ``metrics`` are the rule's own numbers (alpha_t, eta_g, ...).
+    """
+
+    version: int
+    clients: tuple[int, ...]
+    staleness: tuple[int, ...] = ()
+    round: int | None = None
+    base_version: int | None = None
+    metrics: Mapping[str, Number] = field(default_factory=dict)
+
+    @property
+    def updates(self) -> int:
+        """Client updates applied."""
+        return len(self.clients)
+
+
+@dataclass(frozen=True, slots=True)
+class Discarded:
+    """A client's update that was not applied, and why."""
+
+    client: int
+    reason: str
+    staleness: int | None = None
+
+
+@dataclass(slots=True)
+class Step:
+    """The decisions one event leads to."""
+
+    dispatch: list[int] = field(default_factory=list)
+    broadcasts: list[Broadcast] = field(default_factory=list)
+    applied: list[Applied] = field(default_factory=list)
+    discarded: list[Discarded] = field(default_factory=list)
+    rounds_closed: int = 0
+
+    def then(self, other: Step) -> Step:
+        """This step followed by ``other`` (in place; returns self)."""
+        self.dispatch.extend(other.dispatch)
+        self.broadcasts.extend(other.broadcasts)
+        self.applied.extend(other.applied)
+        self.discarded.extend(other.discarded)
+        self.rounds_closed += other.rounds_closed
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRun:
+    """A task as the client side sees it."""
+
+    client: int
+    task_id: int
+    version: int
+    round: int
+    payload: torch.Tensor
+    budget: Budget | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a piece of local work produced.
+
+    ``next`` is ``"done"`` (the task is finished), ``"more"`` (a pipelined
+    client keeps stepping: call :meth:`ClientAlgorithm.advance` again) or
+    ``"wait"`` (do not advance before the average of ``wait_round`` has
+    arrived). ``upload`` is sent as the update of ``upload_round`` (the
+    task's round when None). ``notes`` are numbers for the log.
+    """
+
+    steps: int
+    loss: float | None = None
+    upload: torch.Tensor | None = None
+    upload_round: int | None = None
+    next: Literal["done", "more", "wait"] = "done"
+    wait_round: int | None = None
+    notes: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerContext:
+    """What a server side is built from."""
+
+    x0: torch.Tensor
+    num_clients: int
+    seed: int
+    local: LocalConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ClientContext:
+    """What a client side is built from (in a torch worker)."""
+
+    model: nn.Module
+    local: LocalConfig
+    seed: int
+
+
+# -- the two interfaces ----------------------------------------------------------------
+
+
+class ServerAlgorithm(ABC):
+    """The server side: global state, scheduling decisions, aggregation.
+
+    ``cadence`` says what the run's progress is counted in: ``"updates"``
+    (asynchronous rules) or ``"rounds"``.
+    """
+
+    cadence: ClassVar[Literal["updates", "rounds"]]
+    version: int
+    round: int
+
+    @abstractmethod
+    def model(self) -> torch.Tensor:
+        """The global model to evaluate (flat float32)."""
+
+    @abstractmethod
+    def start(self, clients: Sequence[int], now: float) -> Step:
+        """The federation begins with these registered clients."""
+
+    @abstractmethod
+    def rejoin(self, client: int, now: float, reset: bool) -> Step:
+        """``client`` is available again after being away; a task it held is abandoned."""
+
+    @abstractmethod
+    def lost(self, client: int, now: float) -> Step:
+        """``client`` is gone for good (left, failed, unreachable, its host died)."""
+
+    @abstractmethod
+    def update(self, upload: ClientResult, now: float) -> Step:
+        """An update arrived (``upload.params`` has ``update_copies`` model sizes)."""
+
+    @abstractmethod
+    def timer(self, now: float) -> Step:
+        """The time asked for by :meth:`next_timer` has come."""
+
+    @abstractmethod
+    def next_timer(self) -> float | None:
+        """Emulated time at which :meth:`timer` must be called, if any."""
+
+    @abstractmethod
+    def task(self, client: int, task_id: int) -> Dispatch:
+        """Build the task for a client this algorithm just dispatched."""
+
+    @abstractmethod
+    def in_flight(self) -> int:
+        """Clients currently working on a task."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The server side's state (for a checkpoint)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+
+
+class ClientAlgorithm(ABC):
+    """The client side, in a torch worker: one object serves many clients.
+
+    Per-client state that persists between tasks (FedSpeed's ``g_hat``,
+    SCAFFOLD's ``c_i``, DGA's running client) lives here, keyed by client id,
+    and is saved by :meth:`state_dict`.
+    """
+
+    @abstractmethod
+    def begin(
+        self, run: LocalRun, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+    ) -> Outcome:
+        """Start (and, for most algorithms, finish) a task's local work."""
+
+    def advance(
+        self,
+        client: int,
+        averages: Sequence[tuple[int, torch.Tensor]],
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> Outcome:
+        """Continue a pipelined client with the round averages that arrived."""
+        raise NotImplementedError(f"{type(self).__name__} runs each task in one piece")
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Per-client state, as plain comparable data."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+
+
+# -- the registry -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One algorithm as the rest of fedsim sees it.
+
+    Attributes
+    ----------
+    names
+        The ``algorithm.name`` values it answers to (FedAvg and FedProx share one).
+    config
+        The ``[algorithm]`` table's model (a subclass of :class:`AlgorithmConfig`
+        whose ``name`` is a ``Literal`` of ``names``).
+    server, client
+        Builders of the two sides from the validated config.
+    summary
+        One line for ``fedsim algorithms`` and the docs.
+    task_copies, update_copies
+        Model-sized vectors a task / an update carries.
+    optimizers
+        Client optimizers it can drive (None: every one).
+    """
+
+    names: tuple[str, ...]
+    config: type[AlgorithmConfig]
+    server: Callable[[Any, ServerContext], ServerAlgorithm]
+    client: Callable[[Any, ClientContext], ClientAlgorithm]
+    summary: str = ""
+    task_copies: int = 1
+    update_copies: int = 1
+    optimizers: tuple[str, ...] | None = None
+
+
+_REGISTRY: dict[str, AlgorithmSpec] = {}
+
+
+def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
+    """Make ``spec`` available under each of its names; returns it."""
+    if not spec.names:
+        raise ValueError("Invalid AlgorithmSpec: no names")
+    if not (isinstance(spec.config, type) and issubclass(spec.config, AlgorithmConfig)):
+        raise ValueError(f"Invalid config for {spec.names}: {spec.config!r} "
+                         "(must subclass fedsim.algorithms.api.AlgorithmConfig)")
+    for n in spec.names:
+        if n in _REGISTRY and not replace and _REGISTRY[n] is not spec:
+            raise ValueError(f"Invalid name {n!r}: already registered (pass replace=True)")
+    for n in spec.names:
+        _REGISTRY[n] = spec
+    return spec
+
+
+def get(name: str) -> AlgorithmSpec:
+    """The spec registered under ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown algorithm {name!r} (registered: {', '.join(algorithm_names())})"
+        ) from None
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Every registered name, in registration order."""
+    return tuple(_REGISTRY)

@@ -1,0 +1,253 @@
+"""DGA as fedsim runs it: the scenario config, the server side, the client side.
+
+* :class:`DGAFlow` (server): sends every client the initial model once,
+  reduces each round's uploads with :class:`DGAServer` and broadcasts the
+  mean. The model it evaluates is the *virtual average*
+  ``x0 - lr * sum(mean_t)`` (``x0 - sum(mean_t)`` with displacement
+  accumulation), which every client's model equals on average once its
+  corrections are in (the DGA mean invariant, Lemma A.1; with momentum it is
+  the plain-SGD reading). A lost client leaves the reduction: rounds it has
+  not reported complete with the others.
+* :class:`DGAClientWork` (torch worker): one :class:`DGAClient` and a
+  minibatch stream per client. A task begins a client that never stops
+  stepping; each :meth:`~DGAClientWork.advance` takes up to ``chunk_steps``
+  steps and returns what to send, or the round whose average it must wait
+  for. The client actor holds each chunk until its emulated compute time
+  has passed and passes on the averages that arrived, so the overlap of
+  communication and computation, and in auto mode the delay ``D`` itself,
+  come from the emulated network.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+import torch
+from pydantic import Field
+
+from fedsim._schema import Pos
+from fedsim.algorithms._kernels import flatten, pack_tensor, unpack_tensor
+from fedsim.algorithms.api import (
+    AlgorithmConfig,
+    Applied,
+    Broadcast,
+    ClientAlgorithm,
+    ClientContext,
+    Discarded,
+    Dispatch,
+    LocalRun,
+    Outcome,
+    ServerAlgorithm,
+    Step,
+)
+from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
+from fedsim.algorithms.dga._client import DGAClient, Done, Send, Wait
+from fedsim.algorithms.dga._client import Step as DGAStep
+from fedsim.algorithms.dga._core import DGAConfig, DGAProtocolError
+from fedsim.algorithms.dga._reducer import DGAServer
+from fedsim.algorithms.local import LocalConfig, _batches, load_vector
+
+__all__ = ["DGAClientWork", "DGAFlow", "DGAScenarioConfig", "dga_config"]
+
+log = logging.getLogger(__name__)
+
+
+class DGAScenarioConfig(AlgorithmConfig):
+    """``[algorithm]`` of DGA: clients keep stepping while their round's average travels.
+
+    ``delay`` is D in local steps (``mode = "paper"``: a real barrier at step
+    D after sending; ``"auto"``: the correction lands whenever the average
+    arrives). ``local_steps`` is K; the client's lr and momentum come from
+    ``[client]`` (``optimizer = "sgd"`` or ``"sgdm"``). ``chunk_steps`` local
+    steps are taken per request to the torch worker; ``max_pending`` caps the
+    rounds awaiting their average in auto mode (default ``4 (s + 1)``,
+    ``s = (delay - 1) // local_steps``)."""
+
+    name: Literal["dga"]
+    local_steps: Annotated[int, Field(ge=1)] = 10
+    delay: Annotated[int, Field(ge=0)] = 5
+    mode: Literal["paper", "auto"] = "paper"
+    accumulate: Literal["raw", "displacement"] = "raw"
+    correction: Literal["full", "none", "overwrite"] = "full"
+    c_beta: Literal["paper"] | Pos = "paper"
+    chunk_steps: Annotated[int, Field(ge=1)] = 1
+    max_pending: Annotated[int, Field(ge=1)] | None = None
+
+
+def dga_config(cfg: DGAScenarioConfig, local: LocalConfig) -> DGAConfig:
+    """The pure DGA config (lr and momentum from the client optimizer)."""
+    opt = local.optimizer
+    if opt.name not in ("sgd", "sgdm"):
+        raise ValueError(f"client.optimizer = {opt.name!r}: DGA runs sgd or sgdm")
+    return DGAConfig(
+        local_steps=cfg.local_steps, delay=cfg.delay, lr=opt.lr,
+        momentum=opt.momentum if opt.name == "sgdm" else 0.0, mode=cfg.mode,
+        accumulate=cfg.accumulate, correction=cfg.correction, c_beta=cfg.c_beta,
+        max_pending=cfg.max_pending,
+    )
+
+
+class DGAFlow(ServerAlgorithm):
+    """Server side of DGA: start everyone once, reduce and broadcast each round."""
+
+    cadence = "rounds"
+
+    def __init__(self, cfg: DGAConfig, x0: torch.Tensor) -> None:
+        self.cfg = cfg
+        if cfg.momentum > 0 and cfg.c_beta == "paper" and cfg.delay > 1:
+            log.warning("DGA: c_beta = 'paper' with momentum over-corrects (v already carries "
+                        "the momentum) and clients drift apart; algorithm.c_beta = 1 is the "
+                        "exact correction")
+        self.reducer = DGAServer()
+        self.x = x0
+        self.version = 0
+        self.running: set[int] = set()
+
+    @property
+    def round(self) -> int:  # type: ignore[override]
+        return self.version
+
+    def model(self) -> torch.Tensor:
+        return self.x
+
+    def start(self, clients: Sequence[int], now: float) -> Step:
+        self.running = set(clients)
+        return Step(dispatch=sorted(self.running))
+
+    def rejoin(self, client: int, now: float, reset: bool) -> Step:
+        # A DGA client pauses while away and resumes its session where it was.
+        return Step()
+
+    def lost(self, client: int, now: float) -> Step:
+        self.running.discard(client)
+        step = Step()
+        for round_, mean in self.reducer.forget(client):
+            step.then(self._closed(round_, mean))
+        return step
+
+    def task(self, client: int, task_id: int) -> Dispatch:
+        return Dispatch(client=client, task_id=task_id, version=self.version, round=0,
+                        payload=self.x)
+
+    def update(self, upload: ClientResult, now: float) -> Step:
+        if upload.client not in self.running:
+            return Step(discarded=[Discarded(upload.client, "not a running client")])
+        round_ = upload.round
+        expected = self.reducer.expected(round_) or max(1, len(self.running))
+        try:
+            mean = self.reducer.add(round_, upload.client, upload.params, expected=expected)
+        except (NonFiniteUpdate, ValueError, DGAProtocolError) as exc:
+            return Step(discarded=[Discarded(upload.client, str(exc))])
+        return Step() if mean is None else self._closed(round_, mean)
+
+    def _closed(self, round_: int, mean: torch.Tensor) -> Step:
+        scale = 1.0 if self.cfg.accumulate == "displacement" else self.cfg.lr
+        self.x = self.x - scale * mean.to(self.x.dtype)
+        self.version += 1
+        clients = tuple(sorted(self.running))
+        return Step(
+            broadcasts=[Broadcast(round=round_, payload=mean.to(torch.float32),
+                                  clients=clients)],
+            applied=[Applied(version=self.version, clients=clients, round=round_)],
+            rounds_closed=1)
+
+    def timer(self, now: float) -> Step:
+        return Step()
+
+    def next_timer(self) -> float | None:
+        return None
+
+    def in_flight(self) -> int:
+        return len(self.running)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"x": pack_tensor(self.x), "version": self.version,
+                "running": sorted(self.running), "reducer": self.reducer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.x = unpack_tensor(state["x"])
+        self.version = int(state["version"])
+        self.running = set(state["running"])
+        self.reducer.load_state_dict(state["reducer"])
+
+
+class DGAClientWork(ClientAlgorithm):
+    """The client side: a :class:`DGAClient` and a minibatch stream per client."""
+
+    def __init__(self, cfg: DGAConfig, chunk_steps: int, ctx: ClientContext) -> None:
+        self.cfg = cfg
+        self.chunk = chunk_steps
+        self.ctx = ctx
+        self.clients: dict[int, DGAClient] = {}
+        self.batches: dict[int, Any] = {}
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+
+    def _grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+              idx: torch.Tensor) -> tuple[torch.Tensor, float]:
+        model = self.ctx.model
+        load_vector(model, w)
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:
+            p.grad = None
+        loss = self.loss_fn(model(x[idx]), y[idx])
+        loss.backward()
+        return flatten([p.grad for p in params]), float(loss.detach())  # type: ignore[misc]
+
+    def begin(
+        self, run: LocalRun, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+    ) -> Outcome:
+        self.clients[run.client] = DGAClient(self.cfg, run.payload, client=run.client)
+        stream = torch.Generator().manual_seed(self.ctx.seed + run.client)
+        self.batches[run.client] = _batches(len(y), self.ctx.local.batch_size, stream)
+        return self.advance(run.client, (), x, y)
+
+    def advance(
+        self,
+        client: int,
+        averages: Sequence[tuple[int, torch.Tensor]],
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> Outcome:
+        dga = self.clients[client]
+        corrections = []
+        for round_, mean in averages:
+            corrections.extend(dga.apply_average(round_, mean))
+        steps, losses = 0, []
+        while True:
+            action = dga.next_action()
+            if isinstance(action, DGAStep):
+                if steps >= self.chunk:
+                    out = Outcome(steps=steps, next="more")
+                    break
+                g, loss = self._grad(dga.w, x, y, next(self.batches[client]))
+                corrections.extend(dga.step(g))
+                losses.append(loss)
+                steps += 1
+            elif isinstance(action, Send):
+                dga.sent(action.round)
+                out = Outcome(steps=steps, upload=action.m.to(torch.float32),
+                              upload_round=action.round, next="more")
+                break
+            elif isinstance(action, Wait):
+                out = Outcome(steps=steps, next="wait", wait_round=action.round)
+                break
+            elif isinstance(action, Done):
+                out = Outcome(steps=steps, next="done")
+                break
+        notes = {"corrections": [[c.round, c.delay] for c in corrections]} if corrections else {}
+        return Outcome(steps=out.steps, loss=sum(losses) / len(losses) if losses else None,
+                       upload=out.upload, upload_round=out.upload_round, next=out.next,
+                       wait_round=out.wait_round, notes=notes)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"clients": {c: d.state_dict() for c, d in sorted(self.clients.items())}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for c, s in state["clients"].items():
+            client = DGAClient(self.cfg, torch.zeros(0), client=int(c)) \
+                if int(c) not in self.clients else self.clients[int(c)]
+            client.load_state_dict(s)
+            self.clients[int(c)] = client

@@ -1,0 +1,406 @@
+"""Two server sides most algorithms are made of: asynchronous updates and rounds.
+
+:class:`AsyncFlow` keeps ``concurrency`` clients training and applies each
+update as it arrives (FedAsync, AsyncFedED, FedBuff); :class:`RoundsFlow`
+runs synchronous rounds with sampling, over-selection and a deadline
+(FedAvg, FedProx, FedSpeed, SCAFFOLD, FedOpt). Each composes a scheduler
+from :mod:`fedsim.algorithms.scheduling` with a *rule*, the algorithm's own
+math, behind a small base class (:class:`AsyncRule`, :class:`RoundRule`);
+an algorithm module supplies the rule and these do the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Annotated, Any, ClassVar, Literal
+
+import torch
+from pydantic import Field
+
+from fedsim._schema import NonNeg, Pos
+from fedsim.algorithms._kernels import pack_tensor, pseudo_gradient, unpack_tensor
+from fedsim.algorithms.api import (
+    AlgorithmConfig,
+    Applied,
+    Budget,
+    Discarded,
+    Dispatch,
+    ServerAlgorithm,
+    ServerContext,
+    Step,
+)
+from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
+from fedsim.algorithms.scheduling import AsyncScheduler, RoundScheduler
+
+__all__ = ["AsyncConfig", "AsyncFlow", "AsyncRule", "RoundRule", "RoundsConfig", "RoundsFlow"]
+
+Info = dict[str, Any]
+
+
+def _metrics(info: Info, drop: tuple[str, ...]) -> dict[str, Any]:
+    """A rule's info dict as log metrics: scalars only, bookkeeping keys dropped."""
+    return {k: v for k, v in info.items()
+            if k not in drop and (v is None or isinstance(v, bool | int | float))}
+
+
+class AsyncConfig(AlgorithmConfig):
+    """Keys every asynchronous algorithm shares.
+
+    ``concurrency``: tasks in flight at once (None: every client, each
+    training as soon as it is free); ``task_timeout``: emulated seconds after
+    which a task that has not come back frees its client.
+    """
+
+    concurrency: Annotated[int, Field(ge=1)] | None = None
+    task_timeout: Pos | None = None
+
+    def tasks_at_once(self, num_clients: int) -> int:
+        return min(num_clients, self.concurrency or num_clients)
+
+
+class RoundsConfig(AlgorithmConfig):
+    """Keys every synchronous-round algorithm shares.
+
+    ``fraction`` of all clients a round needs (at least ``min_clients``);
+    ``over_selection`` asks that many more and closes on the first results;
+    ``round_deadline`` (emulated s) closes a round with what arrived;
+    ``server_lr`` and ``weighting`` of the average.
+    """
+
+    fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    min_clients: Annotated[int, Field(ge=1)] = 1
+    over_selection: NonNeg = 0.0
+    round_deadline: Pos | None = None
+    server_lr: Pos = 1.0
+    weighting: Literal["samples", "uniform"] = "uniform"
+
+    def tasks_at_once(self, num_clients: int) -> int:
+        m = max(self.min_clients, math.ceil(self.fraction * num_clients - 1e-9))
+        return min(num_clients, math.ceil(m * (1 + self.over_selection) - 1e-9))
+
+
+class AsyncRule(ABC):
+    """An asynchronous server rule: one update in, maybe a new model out.
+
+    ``takes`` says what :meth:`aggregate` expects in ``result.params``: the
+    client's local model (``"model"``) or its pseudo-gradient
+    ``x_local - x_base`` (``"delta"``), which the flow forms in float64 from
+    the base model the task was sent with. The base models of tasks in
+    flight are kept by :meth:`keep` / :meth:`base` / :meth:`drop`, a
+    reference-counted history a rule may replace with its own (AsyncFedED's
+    GMIS).
+    """
+
+    takes: ClassVar[Literal["model", "delta"]] = "model"
+
+    def __init__(self) -> None:
+        self._bases: dict[int, list[Any]] = {}  # version -> [model, holders]
+
+    @abstractmethod
+    def aggregate(
+        self, x: torch.Tensor, version: int, result: ClientResult
+    ) -> tuple[torch.Tensor | None, Info]:
+        """Apply one result; the new model, or None (buffered or discarded)."""
+
+    def budget(self, client: int) -> Budget | None:
+        """The local budget of ``client``'s next task (None: the scenario's)."""
+        return None
+
+    def keep(self, version: int, x: torch.Tensor) -> None:
+        """A task was dispatched from ``x`` at ``version``: hold it."""
+        entry = self._bases.setdefault(version, [x, 0])
+        entry[1] += 1
+
+    def base(self, version: int) -> torch.Tensor:
+        """The model a task at ``version`` was sent."""
+        try:
+            return self._bases[version][0]  # type: ignore[no-any-return]
+        except KeyError:
+            raise ValueError(f"Invalid base version {version}: not held") from None
+
+    def drop(self, version: int) -> None:
+        """Release one hold on ``version``."""
+        entry = self._bases.get(version)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del self._bases[version]
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The rule's state."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+
+
+class AsyncFlow(ServerAlgorithm):
+    """Asynchronous updates: ``concurrency`` clients in flight, every result applied.
+
+    A client's task is abandoned when it comes back from being away, when
+    its task times out (``task_timeout``) or when it is lost; a result of an
+    abandoned task is discarded with the reason logged.
+    """
+
+    cadence = "updates"
+
+    @classmethod
+    def build(cls, rule: AsyncRule, cfg: AsyncConfig, ctx: ServerContext) -> AsyncFlow:
+        """The flow of an algorithm whose config extends :class:`AsyncConfig`."""
+        return cls(rule, ctx.x0, concurrency=cfg.concurrency or ctx.num_clients,
+                   task_timeout=cfg.task_timeout, seed=ctx.seed)
+
+    def __init__(self, rule: AsyncRule, x0: torch.Tensor, *, concurrency: int,
+                 task_timeout: float | None, seed: int) -> None:
+        self.rule = rule
+        self.sched = AsyncScheduler(concurrency, task_timeout=task_timeout, seed=seed)
+        self.x = x0
+        self.version = 0
+        self.round = 0
+        self.task_version: dict[int, int] = {}
+
+    def model(self) -> torch.Tensor:
+        return self.x
+
+    def _release(self, client: int) -> None:
+        v = self.task_version.pop(client, None)
+        if v is not None and self.rule.takes == "delta":
+            self.rule.drop(v)
+
+    def start(self, clients: Sequence[int], now: float) -> Step:
+        for c in clients:
+            self.sched.add(c)
+        return Step(dispatch=self.sched.fill(now))
+
+    def rejoin(self, client: int, now: float, reset: bool) -> Step:
+        self._release(client)
+        self.sched.add(client)
+        return Step(dispatch=self.sched.fill(now))
+
+    def lost(self, client: int, now: float) -> Step:
+        self._release(client)
+        self.sched.remove(client, "lose")
+        return Step(dispatch=self.sched.fill(now))
+
+    def task(self, client: int, task_id: int) -> Dispatch:
+        self._release(client)
+        self.sched.bind(client, task_id)
+        self.task_version[client] = self.version
+        if self.rule.takes == "delta":
+            self.rule.keep(self.version, self.x)
+        return Dispatch(client=client, task_id=task_id, version=self.version, round=0,
+                        payload=self.x, budget=self.rule.budget(client))
+
+    def update(self, upload: ClientResult, now: float) -> Step:
+        step = Step()
+        current = self.sched.on_result(upload.client, upload.task_id)
+        if not current:
+            step.discarded.append(Discarded(upload.client,
+                                            f"result of an abandoned task {upload.task_id}"))
+            step.dispatch = self.sched.fill(now)
+            return step
+        try:
+            result = upload
+            if self.rule.takes == "delta":
+                delta = pseudo_gradient(self.rule.base(upload.base_version), upload.params)
+                result = ClientResult(
+                    client=upload.client, base_version=upload.base_version,
+                    params=delta, num_samples=upload.num_samples, steps=upload.steps,
+                    stats=upload.stats, task_id=upload.task_id, round=upload.round)
+            new, info = self.rule.aggregate(self.x, self.version, result)
+        except (NonFiniteUpdate, ValueError, KeyError) as exc:
+            new, info = None, {}
+            step.discarded.append(Discarded(upload.client, str(exc)))
+        self._release(upload.client)
+        if new is not None:
+            self.x = new
+            self.version += 1
+            clients = tuple(info.get("clients") or (upload.client,))
+            stale = tuple(int(s) for s in info.get("stalenesses") or (info["staleness"],))
+            step.applied.append(Applied(
+                version=self.version, clients=clients, staleness=stale,
+                base_version=upload.base_version,
+                metrics=_metrics(info, ("staleness", "clients", "stalenesses", "buffered"))))
+        elif not step.discarded and info.get("discarded"):
+            why = info.get("reason") or f"staleness {info.get('staleness')} above max_staleness"
+            step.discarded.append(Discarded(upload.client, why, info.get("staleness")))
+        step.dispatch = self.sched.fill(now)
+        return step
+
+    def timer(self, now: float) -> Step:
+        for c in self.sched.expire(now):
+            self._release(c)
+        return Step(dispatch=self.sched.fill(now))
+
+    def next_timer(self) -> float | None:
+        return self.sched.next_expiry()
+
+    def in_flight(self) -> int:
+        return len(self.sched.training())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"x": pack_tensor(self.x), "version": self.version,
+                "rule": self.rule.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.x = unpack_tensor(state["x"])
+        self.version = int(state["version"])
+        self.rule.load_state_dict(state["rule"])
+
+
+class RoundRule(ABC):
+    """A synchronous server rule: one round's results in, a new model out."""
+
+    @abstractmethod
+    def aggregate(
+        self, x: torch.Tensor, results: Sequence[ClientResult]
+    ) -> tuple[torch.Tensor, Info]:
+        """Aggregate one round; raise (NonFiniteUpdate, ValueError) before changing state."""
+
+    def payload(self, x: torch.Tensor) -> torch.Tensor:
+        """What a task carries (the model; SCAFFOLD appends its control variate)."""
+        return x
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The rule's state."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+
+
+class RoundsFlow(ServerAlgorithm):
+    """Synchronous rounds with sampling, over-selection and a deadline.
+
+    A round opens over the available clients, closes when it has the results
+    it needs (or its deadline passes, or every selected client dropped out),
+    aggregates what arrived, and the next one opens at once.
+    """
+
+    cadence = "rounds"
+
+    @classmethod
+    def build(cls, rule: RoundRule, cfg: RoundsConfig, ctx: ServerContext) -> RoundsFlow:
+        """The flow of an algorithm whose config extends :class:`RoundsConfig`."""
+        return cls(rule, ctx.x0, fraction=cfg.fraction, min_clients=cfg.min_clients,
+                   over_selection=cfg.over_selection, deadline=cfg.round_deadline,
+                   seed=ctx.seed, total=ctx.num_clients)
+
+    def __init__(self, rule: RoundRule, x0: torch.Tensor, *, fraction: float,
+                 min_clients: int, over_selection: float, deadline: float | None,
+                 seed: int, total: int) -> None:
+        self.rule = rule
+        self.sched = RoundScheduler(fraction, min_clients=min_clients,
+                                    over_selection=over_selection, deadline=deadline,
+                                    seed=seed)
+        self.total = total
+        self.x = x0
+        self.version = 0
+        self.available: set[int] = set()
+        self.busy: set[int] = set()
+        self.results: list[ClientResult] = []
+        self.started = False
+        self._payload: tuple[int, torch.Tensor] | None = None
+
+    @property
+    def round(self) -> int:  # type: ignore[override]
+        return self.sched.round
+
+    def model(self) -> torch.Tensor:
+        return self.x
+
+    def _open(self, now: float) -> list[int]:
+        pool = self.available - self.busy
+        if not pool or self.sched.state != "closed":
+            return []
+        plan = self.sched.open_round(now, pool, self.total)
+        self.busy.update(plan.selected)
+        self.results = []
+        return list(plan.selected)
+
+    def start(self, clients: Sequence[int], now: float) -> Step:
+        self.started = True
+        self.available.update(clients)
+        return Step(dispatch=self._open(now))
+
+    def rejoin(self, client: int, now: float, reset: bool) -> Step:
+        step = self._drop(client, now)
+        self.available.add(client)
+        if self.started and self.sched.state == "closed":
+            step.dispatch.extend(self._open(now))
+        return step
+
+    def lost(self, client: int, now: float) -> Step:
+        self.available.discard(client)
+        return self._drop(client, now)
+
+    def _drop(self, client: int, now: float) -> Step:
+        self.busy.discard(client)
+        self.sched.on_dropped(client)
+        return self._close(now) if self.sched.complete() else Step()
+
+    def task(self, client: int, task_id: int) -> Dispatch:
+        if self._payload is None or self._payload[0] != self.version:
+            self._payload = (self.version, self.rule.payload(self.x))
+        return Dispatch(client=client, task_id=task_id, version=self.version,
+                        round=self.sched.round, payload=self._payload[1])
+
+    def update(self, upload: ClientResult, now: float) -> Step:
+        self.busy.discard(upload.client)
+        if not self.sched.on_result(upload.round, upload.client):
+            return Step(discarded=[Discarded(upload.client, f"late for round {upload.round}")])
+        self.results.append(upload)
+        return self._close(now) if self.sched.complete() else Step()
+
+    def _close(self, now: float) -> Step:
+        step = Step(rounds_closed=1)
+        closed = self.sched.round
+        used = set(self.sched.close(now))
+        good = []
+        for r in self.results:
+            if r.client not in used:
+                continue
+            if not bool(torch.isfinite(r.params).all()):
+                step.discarded.append(Discarded(r.client, "non-finite update"))
+            else:
+                good.append(r)
+        self.results = []
+        if good:
+            try:
+                new, info = self.rule.aggregate(self.x, good)
+            except (NonFiniteUpdate, ValueError) as exc:
+                step.discarded.extend(Discarded(r.client, str(exc)) for r in good)
+            else:
+                self.x = new
+                self.version += 1
+                step.applied.append(Applied(
+                    version=self.version, clients=tuple(r.client for r in good), round=closed,
+                    metrics=_metrics(info, ("clients",))))
+        step.dispatch = self._open(now)
+        return step
+
+    def timer(self, now: float) -> Step:
+        if self.sched.deadline_passed(now):
+            return self._close(now)
+        return Step(dispatch=self._open(now) if self.started else [])
+
+    def next_timer(self) -> float | None:
+        cur = self.sched.current
+        return None if cur is None else cur.plan.deadline_at
+
+    def in_flight(self) -> int:
+        return len(self.busy)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"x": pack_tensor(self.x), "version": self.version,
+                "rule": self.rule.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.x = unpack_tensor(state["x"])
+        self.version = int(state["version"])
+        self.rule.load_state_dict(state["rule"])

@@ -1,0 +1,195 @@
+"""The algorithm protocol: the two generic server flows, DGA's flow and the registry.
+
+Each bug fixed at this layer has its regression test here, named after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pytest
+import torch
+
+from fedsim.algorithms import ClientResult, get
+from fedsim.algorithms.api import (
+    AlgorithmConfig,
+    AlgorithmSpec,
+    ServerContext,
+    algorithm_names,
+    register,
+)
+from fedsim.algorithms.dga import DGAFlow, DGAScenarioConfig, dga_config
+from fedsim.algorithms.fedavg import FedAvg
+from fedsim.algorithms.fedbuff import FedBuff
+from fedsim.algorithms.flows import AsyncFlow, RoundRule, RoundsFlow
+from fedsim.algorithms.local import LocalConfig
+from fedsim.algorithms.optim import OptimizerConfig
+from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.scenario import parse
+
+N = 6
+
+
+def _ctx(x0: torch.Tensor, clients: int = 4) -> ServerContext:
+    local = LocalConfig(steps=2, optimizer=OptimizerConfig(name="sgd", lr=0.1))
+    return ServerContext(x0=x0, num_clients=clients, seed=0, local=local)
+
+
+def _result(client: int, params: torch.Tensor, *, task_id: int | None = None,
+            base: int = 0, round_: int = 0) -> ClientResult:
+    return ClientResult(client=client, base_version=base, params=params, num_samples=10,
+                        steps=1, task_id=task_id, round=round_)
+
+
+def test_every_builtin_algorithm_is_registered_with_its_config():
+    names = set(algorithm_names())
+    assert {"fedavg", "fedprox", "fedasync", "asyncfeded", "fedbuff", "fedspeed", "scaffold",
+            "dga"} <= names
+    for name in names:
+        spec = get(name)
+        assert name in spec.names
+        cfg = spec.config.model_validate({"name": name})
+        assert cfg.name == name
+
+
+def test_fedbuff_discard_for_max_staleness_is_reported_with_a_non_empty_buffer():
+    """Bug 4: FedBuff dropped an update for max_staleness without a trace when its
+    buffer held other updates."""
+    x0 = torch.zeros(N)
+    flow = AsyncFlow(FedBuff(buffer_size=2, max_staleness=0), x0, concurrency=3,
+                     task_timeout=None, seed=0)
+    step = flow.start([0, 1, 2], 0.0)
+    tasks = {c: flow.task(c, 10 + c) for c in step.dispatch}
+    # client 0's update fills half the buffer (version stays 0)
+    s0 = flow.update(_result(0, torch.ones(N), task_id=tasks[0].task_id), 1.0)
+    assert s0.applied == []
+    assert s0.discarded == []
+    # a flush needs a second update; make one of staleness 1 by flushing first
+    s1 = flow.update(_result(1, torch.ones(N), task_id=tasks[1].task_id), 1.1)
+    assert len(s1.applied) == 1
+    assert flow.version == 1
+    # client 0 again (fresh), buffered: buffer non-empty
+    t0 = flow.task(0, 20)
+    flow.update(_result(0, torch.ones(N), task_id=t0.task_id, base=1), 1.2)
+    # client 2 trained from version 0: staleness 1 > max_staleness 0
+    s2 = flow.update(_result(2, torch.ones(N), task_id=tasks[2].task_id, base=0), 1.3)
+    assert [d.client for d in s2.discarded] == [2]
+    assert "max_staleness" in s2.discarded[0].reason
+    assert s2.discarded[0].staleness == 1
+
+
+class _Exploding(RoundRule):
+    def aggregate(self, x, results):
+        raise ValueError("Invalid round: the rule refuses it")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def test_an_aggregation_error_in_a_round_is_a_discard_not_a_crash():
+    """Bug 6: an aggregation error in a synchronous round crashed the server."""
+    flow = RoundsFlow(_Exploding(), torch.zeros(N), fraction=1.0, min_clients=1,
+                      over_selection=0.0, deadline=None, seed=0, total=2)
+    step = flow.start([0, 1], 0.0)
+    assert sorted(step.dispatch) == [0, 1]
+    for c in (0, 1):
+        flow.task(c, c + 1)
+    flow.update(_result(0, torch.ones(N), round_=1), 1.0)
+    step = flow.update(_result(1, torch.ones(N), round_=1), 1.0)
+    assert step.applied == []
+    assert sorted(d.client for d in step.discarded) == [0, 1]
+    assert "refuses" in step.discarded[0].reason
+    assert step.rounds_closed == 1
+    assert sorted(step.dispatch) == [0, 1]  # the next round opens
+
+
+def _dga(clients: int) -> DGAFlow:
+    cfg = DGAScenarioConfig(name="dga", local_steps=2, delay=1)
+    return DGAFlow(dga_config(cfg, _ctx(torch.zeros(N)).local), torch.zeros(N))
+
+
+def test_dga_round_completes_without_a_lost_client():
+    """Bug 2: after a client was lost, the reducer rejected every later upload
+    of an open round (it fixed the expected count), and DGA stalled."""
+    flow = _dga(3)
+    assert flow.start([0, 1, 2], 0.0).dispatch == [0, 1, 2]
+    assert flow.update(_result(0, torch.ones(N), round_=1), 1.0).applied == []
+    step = flow.lost(2, 1.1)  # round 1 still waits for client 1
+    assert step.applied == []
+    step = flow.update(_result(1, 3 * torch.ones(N), round_=1), 1.2)
+    assert step.discarded == []
+    assert [a.round for a in step.applied] == [1]
+    (b,) = step.broadcasts
+    assert b.clients == (0, 1)
+    assert torch.allclose(b.payload, 2 * torch.ones(N))
+    # round 2: two reports close it
+    flow.update(_result(0, torch.ones(N), round_=2), 2.0)
+    assert flow.update(_result(1, torch.ones(N), round_=2), 2.1).rounds_closed == 1
+
+
+def test_dga_losing_the_last_missing_client_closes_the_round():
+    flow = _dga(3)
+    flow.start([0, 1, 2], 0.0)
+    flow.update(_result(0, torch.ones(N), round_=1), 1.0)
+    flow.update(_result(1, 3 * torch.ones(N), round_=1), 1.0)
+    step = flow.lost(2, 1.1)
+    assert [a.round for a in step.applied] == [1]
+    assert step.broadcasts[0].clients == (0, 1)
+
+
+class _HalfConfig(AlgorithmConfig):
+    name: Literal["halfway"]
+
+
+class _Halfway(RoundRule):
+    """x <- (x + mean(y)) / 2: an algorithm defined outside the package."""
+
+    def aggregate(self, x, results):
+        mean = torch.stack([r.params for r in results]).mean(0)
+        return (x + mean) / 2, {"clients": [r.client for r in results]}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def test_an_algorithm_defined_outside_the_package_registers_and_validates():
+    spec = register(AlgorithmSpec(
+        names=("halfway",), config=_HalfConfig,
+        server=lambda cfg, ctx: RoundsFlow(_Halfway(), ctx.x0, fraction=1.0, min_clients=1,
+                                           over_selection=0.0, deadline=None, seed=ctx.seed,
+                                           total=ctx.num_clients),
+        client=local_sgd_client), replace=True)
+    sc = parse({"algorithm": {"name": "halfway"}})
+    assert isinstance(sc.algorithm, _HalfConfig)
+    server = get("halfway").server(sc.algorithm, _ctx(torch.zeros(N), clients=1))
+    server.start([0], 0.0)
+    server.task(0, 1)
+    step = server.update(_result(0, 2 * torch.ones(N), round_=1), 1.0)
+    assert torch.equal(server.model(), torch.ones(N))
+    assert step.applied[0].clients == (0,)
+    with pytest.raises(ValueError, match="already registered"):
+        register(AlgorithmSpec(names=("halfway",), config=_HalfConfig, server=spec.server,
+                               client=spec.client))
+
+
+def test_unknown_algorithm_names_the_registered_ones():
+    with pytest.raises(ValueError, match=r"unknown algorithm .nope.*fedavg"):
+        parse({"algorithm": {"name": "nope"}})
+
+
+def test_rounds_flow_reproduces_fedavg_rule():
+    rule = FedAvg()
+    flow = RoundsFlow(rule, torch.zeros(N), fraction=1.0, min_clients=1, over_selection=0.0,
+                      deadline=None, seed=0, total=2)
+    flow.start([0, 1], 0.0)
+    flow.update(_result(0, torch.ones(N), round_=1), 1.0)
+    step = flow.update(_result(1, 3 * torch.ones(N), round_=1), 1.0)
+    assert torch.equal(flow.model(), 2 * torch.ones(N))
+    assert step.applied[0].version == 1
+    assert flow.version == 1
