@@ -41,15 +41,16 @@ What the virtual loop relies on
 Public hooks: :meth:`~asyncio.loop.time` (all of asyncio's scheduling goes
 through it) and the ``selector`` argument of
 :class:`asyncio.SelectorEventLoop` (its ``select(timeout)`` is where the
-loop blocks, and ``timeout`` is ``None`` when nothing is scheduled). One
-internal, present since Python 3.4: the loop's heap of scheduled handles
-``_scheduled``, read (never written) to jump *exactly* to the next deadline
-rather than to ``time() + timeout``, which can be off by a rounding error;
-and the attribute ``_clock_resolution``, which ``_run_once`` adds to
-``time()`` to decide which timers are due: the virtual loop makes it the gap
-to the next float, so that a timer runs when its deadline is reached and not
-up to a nanosecond early as on the real clock. Both are in every CPython
-since 3.4; a test (tests/test_testing.py) fails if either changes meaning.
+loop blocks, and ``timeout`` is ``None`` when nothing is scheduled). Two
+internals of :class:`asyncio.BaseEventLoop`, both in every CPython since
+3.4: the heap of scheduled handles ``_scheduled``, read (never written) to
+jump *exactly* to the next deadline rather than to ``time() + timeout``,
+which can be off by a rounding error; and ``_clock_resolution``, which
+``_run_once`` adds to ``time()`` to decide which timers are due: the virtual
+loop makes it the gap to the next float, so that a timer runs when its
+deadline is reached and not up to a nanosecond early as on the real clock.
+``test_timers_run_in_deadline_order_at_exactly_their_deadlines`` fails if
+either changes meaning.
 On Linux, ``/proc/self/fd`` tells a timerfd apart in
 :meth:`~VirtualTimeLoop.add_reader`.
 
