@@ -1096,8 +1096,8 @@ EVENT_KINDS: tuple[str, ...] = (
     "discard",
     "evaluate",
     "correction",
-    "dga_wait",
-    "dga_resume",
+    "barrier_wait",
+    "barrier_resume",
     "client_failed",
     "host_lost",
     "host_rejected",
@@ -1163,6 +1163,16 @@ class Event(_Record):
             shadowed = [k for k in self.extra if k in _EVENT_NAMES]
             if shadowed:
                 raise _Bad(f": keys {shadowed} shadow Event fields; set those", ".extra")
+
+    @classmethod
+    def of(cls, t: float, real: float, ev: str, **fields: Any) -> Event:
+        """An event from keyword fields: the typed ones in their slots, the rest in ``extra``.
+
+        Fields set to None are left out.
+        """
+        typed = {k: v for k, v in fields.items() if k in _EVENT_NAMES and v is not None}
+        extra = {k: v for k, v in fields.items() if k not in _EVENT_NAMES and v is not None}
+        return cls(t=t, real=real, ev=ev, extra=extra, **typed)
 
     def to_json_dict(self) -> dict[str, Any]:
         """The events.jsonl line: ``t``, ``real``, ``ev``, the optional fields
@@ -1276,11 +1286,13 @@ class HostHello(_Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Start(_Record):
-    """Server -> host, when every host is ready: clock epoch (server monotonic), dilation, spec."""
+    """Server -> host, when the federation begins: clock epoch (server monotonic), dilation,
+    the model's tensor spec, and how many model copies a Task carries."""
 
     epoch: float
     dilation: float
     spec: TensorSpec
+    task_copies: int = 1
 
 
 @_message

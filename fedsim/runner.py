@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedsim.actors.server import Server
 from fedsim.metrics import write_json_atomic
 from fedsim.scenario import Scenario, resolved, to_toml
 
@@ -108,33 +107,52 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None)
     return float(2 ** max(0, math.ceil(math.log2(need)))) if need > 1 else 1.0
 
 
-async def _run(sc: Scenario, run_dir: Path, dilation: float,
+async def _run(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, Any],
                on_progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    from fedsim.actors._proc import fedsim_version
+    from fedsim.actors._setup import build_data, build_model, model_shapes
+    from fedsim.actors._workers import WorkerHandle
+    from fedsim.actors.server import Server
+    from fedsim.algorithms import flatten
+    from fedsim.messages import TensorSpec
+    from fedsim.scenario import scenario_hash
+    from fedsim.transport import ZmqContext, cleanup_ipc, ipc_address
+
     run_id = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
     scenario_file = str((run_dir / "scenario.json").resolve())
+    fed = build_data(sc)
+    write_json_atomic(run_dir / "data.json", fed.stats())
+    model = build_model(sc, tuple(fed.input_shape), int(fed.num_classes))
+    x0 = flatten([p for p in model.parameters() if p.requires_grad])
+    spec = TensorSpec([("float32", s) for s in model_shapes(model)])
+    del fed, model
     plan = plan_hosts(sc)
-    server = Server(sc, run_dir, hosts=len(plan), scenario_file=scenario_file,
-                    run_id=run_id, dilation=dilation)
+    zmq_ctx = ZmqContext(max_message_bytes=int(sc.deploy.max_message_mb * 1e6))
+    address = (ipc_address(run_id, "server") if sc.deploy.transport == "ipc"
+               else "tcp://127.0.0.1:0")
+    endpoint = zmq_ctx.endpoint(address)
+    evaluator = WorkerHandle(zmq_ctx, ipc_address(run_id, "eval"), scenario_file, "evaluator")
+    server = Server(sc, run_dir, endpoint=endpoint, evaluator=evaluator, hosts=len(plan),
+                    dilation=dilation, fedsim_version=fedsim_version(),
+                    scenario_hash=scenario_hash(data), model_x0=x0, model_spec=spec)
     server.on_progress = on_progress
-    data_addr, ctl_addr = server.bind()
-    exits: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
     procs: dict[str, asyncio.subprocess.Process] = {}
     stopping = {"flag": False}
 
     async def watch(name: str, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
         if code != 0 or not stopping["flag"]:
-            exits.put_nowait((name, code))
+            server.host_exited(name, f"exit code {code}")
 
     for h, clients in enumerate(plan):
         name = f"host-{h}"
         procs[name] = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fedsim.actors.host", "--control", ctl_addr,
-            "--data", data_addr, "--host-id", str(h), "--clients", ",".join(map(str, clients)),
+            sys.executable, "-m", "fedsim.actors.host", "--connect", endpoint.address,
+            "--host-id", str(h), "--clients", ",".join(map(str, clients)),
             "--scenario", scenario_file, "--run-id", run_id, "--parent", str(os.getpid()),
             stdin=asyncio.subprocess.DEVNULL)
     write_json_atomic(run_dir / "endpoints.json", {
-        "data": data_addr, "control": ctl_addr, "run_id": run_id, "pid": os.getpid(),
+        "server": endpoint.address, "run_id": run_id, "pid": os.getpid(),
         "hosts": {n: {"pid": p.pid, "clients": plan[i]} for i, (n, p) in enumerate(procs.items())},
     })
     watchers = [asyncio.create_task(watch(n, p)) for n, p in procs.items()]
@@ -145,7 +163,7 @@ async def _run(sc: Scenario, run_dir: Path, dilation: float,
     def on_sigint() -> None:
         interrupts["n"] += 1
         if interrupts["n"] == 1:
-            server.queue.put_nowait(("stop", "interrupted"))
+            server.request_stop("interrupted")
         elif main is not None:
             main.cancel()
 
@@ -153,7 +171,7 @@ async def _run(sc: Scenario, run_dir: Path, dilation: float,
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         loop.add_signal_handler(signal.SIGTERM, on_sigint)
     try:
-        summary = await server.run(exits)
+        summary = await server.run()
     finally:
         stopping["flag"] = True
         for p in procs.values():
@@ -165,6 +183,11 @@ async def _run(sc: Scenario, run_dir: Path, dilation: float,
                 await p.wait()
         for w in watchers:
             w.cancel()
+        with contextlib.suppress(Exception):
+            await evaluator.close()
+        endpoint.close()
+        zmq_ctx.close(linger_ms=500)
+        cleanup_ipc(run_id)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
@@ -200,16 +223,9 @@ def run_scenario(sc: Scenario, out: str | Path | None = None, *,
     (run_dir / "scenario.toml").write_text(
         "# Resolved scenario: every default filled in (keys set to none are omitted).\n"
         + to_toml(data))
-    coro = _run(sc, run_dir, float(choice), on_progress)
-    if sc.deploy.loop == "uvloop":
-        try:
-            import uvloop
+    from fedsim.actors._proc import run_loop
 
-            summary = uvloop.run(coro)
-        except ImportError:
-            summary = asyncio.run(coro)
-    else:
-        summary = asyncio.run(coro)
+    summary = run_loop(_run(sc, run_dir, float(choice), data, on_progress), sc.deploy.loop)
     from fedsim.plots import plot_run
 
     try:

@@ -26,7 +26,15 @@ from fedsim._netconfig import AvailabilityConfig, DevicesConfig, NetworkConfig
 from fedsim._schema import NonNeg, Pos, Prob, SchemaModel
 from fedsim.algorithms import AlgorithmConfig
 
-__all__ = ["DEFAULT_ALGORITHM", "Scenario", "ScenarioError", "load", "parse", "resolved"]
+__all__ = [
+    "DEFAULT_ALGORITHM",
+    "Scenario",
+    "ScenarioError",
+    "load",
+    "parse",
+    "resolved",
+    "scenario_hash",
+]
 
 #: The algorithm of an ``[algorithm]`` table without a ``name``.
 DEFAULT_ALGORITHM = "fedasync"
@@ -275,6 +283,14 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: not valid TOML: {exc}") from None
     return parse(apply_overrides(raw, overrides or []), str(p))
+
+
+def scenario_hash(data: dict[str, Any]) -> str:
+    """SHA-256 of a resolved scenario's canonical JSON (hosts must run the server's)."""
+    import hashlib
+
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def resolved(scenario: Scenario) -> dict[str, Any]:

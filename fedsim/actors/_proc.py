@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import logging
 import os
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "configure_child_logging",
     "die_with_parent",
+    "fedsim_version",
     "ignore_sigint",
+    "run_loop",
     "yield_cpu_to_loops",
 ]
 
@@ -68,3 +75,28 @@ def yield_cpu_to_loops() -> str:
     except OSError:
         return "normal"
     return choice
+
+
+def fedsim_version() -> str:
+    """The installed fedsim version (hosts refuse to join a server with another)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedsim")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def run_loop(coro: Coroutine[Any, Any, T], kind: str) -> T:
+    """Run ``coro`` to completion on a uvloop (``kind = "uvloop"``, when installed) or asyncio.
+
+    Only the import is guarded: a coroutine is awaited once, whatever fails inside it.
+    """
+    if kind == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            uvloop = None
+        if uvloop is not None:
+            return uvloop.run(coro)  # type: ignore[no-any-return]
+    return asyncio.run(coro)

@@ -1,17 +1,23 @@
-"""An asyncio handle on a torch worker process (see :mod:`.worker`)."""
+"""An asyncio handle on a torch worker process (see :mod:`.worker`).
+
+Requests carry ids and replies are matched by id, not by position: a reply
+to a request that was abandoned or answered out of order can never be
+handed to another request. If the process dies, every pending request fails
+with :class:`WorkerDied` naming the worker.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
+import itertools
 import logging
 import os
 import sys
-from typing import Any
 
-from fedsim import wire
-from fedsim.transport import Transport
+from fedsim.codec import decode, encode
+from fedsim.messages import Message, Shutdown, WireError, WorkerReady
+from fedsim.transport import ZmqContext
 
 __all__ = ["WorkerDied", "WorkerHandle"]
 
@@ -23,45 +29,42 @@ class WorkerDied(RuntimeError):
 
 
 class WorkerHandle:
-    """Spawn a worker, send it requests, get replies in order.
+    """Spawn a worker, send it requests, get each reply by its request id.
 
     Parameters
     ----------
-    transport : Transport
-        The process's transport (owns the PAIR socket).
-    endpoint : str
-        ipc:// address the parent binds and the worker connects to.
-    scenario_file : str
+    zmq_ctx
+        The process's ZeroMQ context (owns the PAIR socket).
+    endpoint
+        ipc:// address this process binds and the worker connects to.
+    scenario_file
         Path of the resolved scenario JSON the worker loads.
-    role : {"trainer", "evaluator"}
-    clients : list[int]
+    role
+        ``"trainer"`` or ``"evaluator"``.
+    clients
         Clients whose shards the worker holds.
     """
 
-    def __init__(
-        self,
-        transport: Transport,
-        endpoint: str,
-        scenario_file: str,
-        role: str,
-        clients: list[int] | None = None,
-    ) -> None:
-        self.transport = transport
+    def __init__(self, zmq_ctx: ZmqContext, endpoint: str, scenario_file: str, role: str,
+                 clients: list[int] | None = None) -> None:
         self.endpoint = endpoint
         self.scenario_file = scenario_file
         self.role = role
         self.clients = clients or []
-        self.sock = transport.pair(endpoint, bind=True)
+        self.conn = zmq_ctx.pair(endpoint, bind=True)
         self.proc: asyncio.subprocess.Process | None = None
-        self._pending: collections.deque[asyncio.Future[Any]] = collections.deque()
-        self._reader: asyncio.Task[None] | None = None
-        self._watch: asyncio.Task[None] | None = None
-        self.hello: wire.Control | None = None
+        self._pending: dict[int, asyncio.Future[Message]] = {}
+        self._ids = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
         self.died = asyncio.Event()
         self.closing = False
 
-    async def start(self, ready_within: float = 120.0) -> wire.Control:
-        """Start the process and wait for its hello (dataset built, model ready)."""
+    def next_id(self) -> int:
+        """A fresh request id."""
+        return next(self._ids)
+
+    async def start(self, ready_within: float = 120.0) -> WorkerReady:
+        """Start the process and wait for its WorkerReady (data built, model ready)."""
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "fedsim.actors.worker",
             "--scenario", self.scenario_file, "--endpoint", self.endpoint,
@@ -69,20 +72,19 @@ class WorkerHandle:
             "--parent", str(os.getpid()),
             stdin=asyncio.subprocess.DEVNULL,
         )
-        self._watch = asyncio.create_task(self._watch_exit())
-        hello_task = asyncio.ensure_future(self.sock.recv_multipart(copy=False))
+        self._tasks.append(asyncio.create_task(self._watch_exit()))
+        hello = asyncio.ensure_future(self.conn.recv())
         died = asyncio.ensure_future(self.died.wait())
-        done, _ = await asyncio.wait({hello_task, died}, timeout=ready_within,
+        done, _ = await asyncio.wait({hello, died}, timeout=ready_within,
                                      return_when=asyncio.FIRST_COMPLETED)
         died.cancel()
-        if hello_task not in done:
-            hello_task.cancel()
+        if hello not in done:
+            hello.cancel()
             raise WorkerDied(f"{self.role} worker did not start (exit {self.returncode})")
-        msg, _ = wire.decode(hello_task.result(), check_finite=False)
-        if not isinstance(msg, wire.Control) or msg.op != "ready":
-            raise WorkerDied(f"{self.role} worker sent {msg!r} instead of its hello")
-        self.hello = msg
-        self._reader = asyncio.create_task(self._read())
+        msg, _ = decode(hello.result(), check_finite=False)
+        if not isinstance(msg, WorkerReady):
+            raise WorkerDied(f"{self.role} worker sent {type(msg).__name__} instead of ready")
+        self._tasks.append(asyncio.create_task(self._read()))
         return msg
 
     @property
@@ -95,53 +97,60 @@ class WorkerHandle:
         self.died.set()
         if not self.closing:
             log.error("%s worker exited with %s", self.role, self.proc.returncode)
-        while self._pending:
-            fut = self._pending.popleft()
+        for fut in self._pending.values():
             if not fut.done():
-                fut.set_exception(WorkerDied(f"{self.role} worker exited ({self.proc.returncode})"))
+                fut.set_exception(WorkerDied(f"{self.role} worker exited "
+                                             f"({self.proc.returncode})"))
+        self._pending.clear()
 
     async def _read(self) -> None:
         while True:
-            frames = await self.sock.recv_multipart(copy=False)
-            msg, _ = wire.decode(frames, check_finite=False)
-            if not self._pending:
-                log.warning("%s worker sent an unrequested %s", self.role, type(msg).__name__)
+            frames = await self.conn.recv()
+            try:
+                msg, _ = decode(frames, check_finite=False)
+            except WireError as exc:
+                log.error("%s worker sent an unreadable reply: %s", self.role, exc)
                 continue
-            fut = self._pending.popleft()
-            if not fut.done():
+            fut = self._pending.pop(getattr(msg, "request_id", -1), None)
+            if fut is None:
+                log.warning("%s worker sent a reply to no request: %s", self.role,
+                            type(msg).__name__)
+            elif not fut.done():
                 fut.set_result(msg)
 
-    async def request(self, msg: Any) -> Any:
-        """Send one request and wait for its reply."""
+    async def request(self, msg: Message) -> Message:
+        """Send one request (its ``request_id`` from :meth:`next_id`) and await its reply."""
         if self.died.is_set():
             raise WorkerDied(f"{self.role} worker is not running")
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append(fut)
-        await self.sock.send_multipart(wire.encode(msg), copy=False)
-        return await fut
-
-    @property
-    def queued(self) -> int:
-        """Requests sent and not yet answered."""
-        return len(self._pending)
+        rid = getattr(msg, "request_id", None)
+        if rid is None or rid in self._pending:
+            raise ValueError(f"Invalid request id {rid!r}: missing or already pending")
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            await self.conn.send(encode(msg))
+            return await fut
+        finally:
+            self._pending.pop(rid, None)
 
     async def close(self, grace: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not."""
         self.closing = True
         if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    self.sock.send_multipart(wire.encode(wire.Bye(sender=-1, reason="close"))),
-                    0.5,
-                )
+                await asyncio.wait_for(self.conn.send(encode(Shutdown())), 0.5)
             try:
                 await asyncio.wait_for(self.proc.wait(), grace)
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
-        for task in (self._reader, self._watch):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        self.transport.close_socket(self.sock)
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.conn.close()
+
+    def pending(self) -> int:
+        """Requests sent and not yet answered."""
+        return len(self._pending)
+

@@ -1,43 +1,67 @@
-"""A client-host process: many client actors on one event loop.
+"""A client host: many client actors on one event loop, one connection to the server.
 
-One host runs a few thousand client actors on one asyncio loop (no thread
-or process per client), one torch worker process that trains their tasks,
-and a control connection to the server over which it announces itself,
-learns the run's epoch and dilation, ships its event-log records and is
-told to stop. Control traffic bypasses the emulated network.
+The host builds its torch worker (which loads the clients' data), registers
+its clients and their sample counts with a :class:`~fedsim.messages.HostHello`
+(set-up, before the emulated clock starts), and waits for the server's
+:class:`~fedsim.messages.Start` (the clock's epoch and dilation, the model's
+tensor spec). It then demultiplexes the connection: each Task or Average
+goes to its client's downlink, then to the client's inbox; clients send
+through :meth:`ClientHost.send`. Event-log records go to the server in
+batches; on :class:`~fedsim.messages.Stop` the host stops its clients and
+says goodbye with its own measurements (downlink fidelity, compute
+overruns, rejected messages). Its tasks run in one ``asyncio.TaskGroup``.
 
-Run as ``python -m fedsim.actors.host --control ADDR --data ADDR
---host-id N --clients 0,2,4 --scenario FILE``.
+Run as ``python -m fedsim.actors.host --connect ADDR --host-id N --clients
+0,2,4 --scenario FILE``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import itertools
 import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from fedsim import wire
 from fedsim.actors import _proc
+from fedsim.actors._refusal import Refusal
 from fedsim.actors._setup import local_config
-from fedsim.actors._workers import WorkerHandle
 from fedsim.actors.client import ClientActor
-from fedsim.algorithms import get
+from fedsim.codec import decode, encode
+from fedsim.messages import (
+    Average,
+    ClockReply,
+    Event,
+    EventBatch,
+    HostBye,
+    HostHello,
+    Message,
+    Ready,
+    Refused,
+    Start,
+    Stop,
+    Task,
+    TensorSpec,
+    WireError,
+)
 from fedsim.network import NetPlan
-from fedsim.scenario import Scenario, parse
-from fedsim.transport import Transport, ipc_address
+from fedsim.scenario import Scenario
+from fedsim.transport import Connection
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.timers import TimerHeap
 
-__all__ = ["HostContext", "main", "run_host"]
+__all__ = ["ClientHost", "boot_id", "main"]
 
 log = logging.getLogger(__name__)
+
+#: Exit code of a host the server refused.
+EXIT_REFUSED = 4
 
 
 def boot_id() -> str:
@@ -49,142 +73,167 @@ def boot_id() -> str:
         return ""
 
 
-class HostContext:
-    """What the client actors of one host share."""
+class ClientHost:
+    """The client actors of one host and what they share."""
 
-    def __init__(self, sc: Scenario, name: str, transport: Transport, data_address: str,
-                 control: Any, trainer: WorkerHandle) -> None:
+    def __init__(self, sc: Scenario, name: str, clients: list[int], conn: Connection,
+                 trainer: Any, *, fedsim_version: str, scenario_hash: str,
+                 real_clock: Callable[[], float] = monotonic, use_timerfd: bool = True) -> None:
         self.sc = sc
         self.name = name
-        self.transport = transport
-        self.data_address = data_address
-        self.control = control
+        self.client_ids = clients
+        self.conn = conn
         self.trainer = trainer
-        self.clock = Clock()
-        self.timers: TimerHeap | None = None  # type: ignore[assignment]
-        self.spec: wire.TensorSpec | None = None
-        self.max_bytes = int(sc.deploy.max_message_mb * 1e6)
-        self.events: list[dict[str, Any]] = []
-        self.overruns = 0
-        self.compute_deadlines = 0
+        self.fedsim_version = fedsim_version
+        self.scenario_hash = scenario_hash
+        self.real_clock = real_clock
+        self.use_timerfd = use_timerfd
         self.plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
         self.local = local_config(sc)
+        self.max_bytes = int(sc.deploy.max_message_mb * 1e6)
+        self.clock = Clock()
+        self.timers: TimerHeap | None = None
         self.monitor = FidelityMonitor()
+        self.model_spec = TensorSpec(())
+        self.task_spec = TensorSpec(())
+        self.clients: dict[int, ClientActor] = {}
+        self.events: list[Event] = []
+        self.overruns = 0
+        self.compute_deadlines = 0
+        self.rejected = 0
+        self.seq = itertools.count()
+        self._stop = asyncio.Event()
 
-    def make_link(self, cid: int, direction: str) -> Any:
-        return self.plan.make_link(cid, direction)
-
-    def expected_steps(self, task: wire.Task, num_samples: int) -> int:
-        """Local steps ``task`` will take on ``num_samples`` samples (its own budget first)."""
-        local = self.local
-        if "steps" in task.config:
-            return int(task.config["steps"])
-        if "epochs" in task.config:
-            per_epoch = -(-num_samples // local.batch_size)
-            return max(1, round(float(task.config["epochs"]) * per_epoch))
-        return local.num_steps(num_samples)
-
-    def compute_time(self, actor: Any, steps: int, run_index: int) -> float:
-        """Emulated compute time of ``steps`` local steps on this client's device."""
-        return actor.device.compute_time(steps, actor.device_rng, run_index)
-
+    # -- what client actors use ------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
         """Queue an event-log record for the server."""
-        rec = {"t": round(self.clock.now(), 6),
-               "real": round(monotonic() - self.clock.epoch, 6), "ev": ev}
-        rec.update(fields)
-        self.events.append(rec)
+        self.events.append(Event.of(round(self.clock.now(), 6),
+                                    round(self.clock.real() - self.clock.epoch, 6), ev,
+                                    **fields))
+
+    async def send(self, msg: Message) -> None:
+        """Stamp a client's message with the emulated send time and send it."""
+        frames = encode(msg, sent_at=self.clock.now(), seq=next(self.seq))
+        await self.conn.send(frames)
+        self.emit("send", client=getattr(msg, "client", None), kind=type(msg).__name__.lower(),
+                  dir="up", bytes=sum(memoryview(f).nbytes for f in frames),
+                  reset=msg.reset if isinstance(msg, Ready) else None)
+
+    def expected_steps(self, task: Task, num_samples: int) -> int:
+        """Local steps ``task`` will take on ``num_samples`` samples (its own budget first)."""
+        local = self.local
+        if task.work is not None and task.work.steps is not None:
+            return task.work.steps
+        if task.work is not None and task.work.epochs is not None:
+            per_epoch = -(-num_samples // local.batch_size)
+            return max(1, round(task.work.epochs * per_epoch))
+        return local.num_steps(num_samples)
+
+    # -- the host's life ---------------------------------------------------------------
+    async def run(self) -> int:
+        """Register, run the clients until the server says stop, say goodbye."""
+        ready = await self.trainer.start()
+        samples = dict(zip(self.client_ids, ready.samples, strict=True))
+        await self.conn.send(encode(HostHello(
+            host=self.name, pid=os.getpid(), clients=tuple(self.client_ids),
+            samples=tuple(samples[c] for c in self.client_ids), boot_id=boot_id(),
+            fedsim_version=self.fedsim_version, scenario_hash=self.scenario_hash)))
+        start = await self._await_start()
+        if start is None:
+            return EXIT_REFUSED
+        clock = Clock(dilation=start.dilation, epoch=start.epoch)
+        clock._real_clock = self.real_clock
+        self.clock = clock
+        self.timers = TimerHeap(clock, use_timerfd=self.use_timerfd)
+        self.monitor = FidelityMonitor(dilation=start.dilation)
+        self.model_spec = start.spec
+        self.task_spec = start.spec.repeated(start.task_copies)
+        self.clients = {c: ClientActor(c, self, samples[c]) for c in self.client_ids}
+        try:
+            async with asyncio.TaskGroup() as tg:
+                reader = tg.create_task(self._read(), name=f"{self.name}-reader")
+                flusher = tg.create_task(self._flusher(), name=f"{self.name}-events")
+                await self.timers.sleep_until(0.0)
+                runs = [tg.create_task(a.run(), name=f"client-{a.cid}")
+                        for a in self.clients.values()]
+                await self._stop.wait()
+                for a in self.clients.values():
+                    a.stop()
+                _, pending = await asyncio.wait(runs, timeout=5.0)
+                for t in pending:
+                    t.cancel()
+                flusher.cancel()
+                reader.cancel()
+            await self.flush_events()
+            for a in self.clients.values():
+                self.monitor.record_loss(a.kind, a.down.loss_stats)
+            await self.conn.send(encode(HostBye(
+                host=self.name, overruns=self.overruns,
+                compute_deadlines=self.compute_deadlines,
+                rejected=self.rejected + sum(a.rejected for a in self.clients.values()),
+                fidelity=self.monitor.export())))
+        finally:
+            self.timers.close()
+        return 0
+
+    async def _await_start(self) -> Start | None:
+        while True:
+            try:
+                msg, _ = decode(await self.conn.recv(), max_bytes=self.max_bytes)
+            except WireError as exc:
+                log.warning("%s: rejected a message before the start: %s", self.name, exc)
+                continue
+            if isinstance(msg, Start):
+                return msg
+            if isinstance(msg, Refused):
+                log.error("%s: the server refused this host: %s", self.name, msg.reason)
+                return None
+            if isinstance(msg, Stop):
+                log.error("%s: the run ended before it started: %s", self.name, msg.reason)
+                return None
+
+    async def _read(self) -> None:
+        """Route every message: a client's to its downlink, control messages here."""
+        while True:
+            frames = await self.conn.recv()
+            try:
+                msg, meta = decode(frames, max_bytes=self.max_bytes)
+                if isinstance(msg, Task | Average):
+                    want = self.task_spec if isinstance(msg, Task) else self.model_spec
+                    if msg.model.spec != want:
+                        raise Refusal("shape_mismatch", f"{meta.kind}: model spec differs")
+                    actor = self.clients.get(msg.client)
+                    if actor is None:
+                        raise Refusal("unknown_client", f"client {msg.client} is not here")
+                    actor.arrived(msg, meta)
+                elif isinstance(msg, Stop):
+                    self._stop.set()
+                elif not isinstance(msg, ClockReply):
+                    raise Refusal("unexpected_kind", f"a {type(msg).__name__} is not for a host")
+            except (WireError, Refusal) as exc:
+                self.rejected += 1
+                log.warning("%s rejected a message: %s", self.name, exc)
+                self.emit("reject", reason=exc.reason, detail=str(exc)[:300])
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            await self.flush_events()
 
     async def flush_events(self) -> None:
-        if self.events:
-            batch, self.events = self.events, []
-            await self.control.send_multipart(
-                wire.encode(wire.EventBatch(host=self.name, events=tuple(batch))), copy=False)
-
-
-async def _recv_control(sock: Any) -> Any:
-    frames = await sock.recv_multipart(copy=False)
-    msg, _ = wire.decode(frames, check_finite=False)
-    return msg
-
-
-async def run_host(sc: Scenario, host_id: int, clients: list[int], control_address: str,
-                   data_address: str, scenario_file: str, run_id: str) -> int:
-    """Run one client host until the server says stop."""
-    name = f"host-{host_id}"
-    transport = Transport(max_sockets=len(clients) + 16)
-    control = transport.dealer(control_address, identity=name.encode())
-    trainer = WorkerHandle(transport, ipc_address(run_id, f"{name}-trainer"), scenario_file,
-                           "trainer", clients)
-    ctx = HostContext(sc, name, transport, data_address, control, trainer)
-    actors: list[ClientActor] = []
-    try:
-        t_hello = monotonic()
-        await control.send_multipart(wire.encode(wire.HostHello(
-            host=name, clients=tuple(clients), pid=os.getpid(),
-            info={"boot_id": boot_id(), "mono": t_hello})), copy=False)
-        hello = await trainer.start()
-        samples = {int(k): int(v) for k, v in hello.args["samples"].items()}
-        # The clients' connections are made before the host says it is ready,
-        # so the server can send to every client from t = 0.
-        actors = [ClientActor(c, ctx, samples[c]) for c in clients]
-        await control.send_multipart(wire.encode(wire.Control(
-            op="ready", args={"host": name, "samples": {str(k): v for k, v in samples.items()}})),
-            copy=False)
-        start = await _recv_control(control)
-        if not isinstance(start, wire.Control) or start.op != "start":
-            log.error("%s expected start, got %r", name, start)
-            return 3
-        args = start.args
-        offset = 0.0 if args.get("boot_id") == boot_id() else float(args.get("offset", 0.0))
-        ctx.clock = Clock(dilation=float(args["dilation"]), epoch=float(args["epoch"]) - offset)
-        ctx.timers = TimerHeap(ctx.clock)
-        ctx.monitor = FidelityMonitor(dilation=ctx.clock.dilation)
-        ctx.spec = wire.TensorSpec([(tuple(s), "float32") for s in args["shapes"]])
-        ctx.spec = ctx.spec.repeated(get(sc.algorithm.name).task_copies)
-        await ctx.timers.sleep_until(0.0)
-        tasks = [asyncio.create_task(a.run(), name=f"client-{a.cid}") for a in actors]
-
-        async def flusher() -> None:
-            while True:
-                await asyncio.sleep(0.25)
-                await ctx.flush_events()
-
-        flush_task = asyncio.create_task(flusher())
-        while True:
-            msg = await _recv_control(control)
-            if isinstance(msg, wire.Control) and msg.op == "stop":
-                break
-            if isinstance(msg, wire.Bye):
-                break
-        for a in actors:
-            a.stop()
-        _, pending = await asyncio.wait(tasks, timeout=5.0)
-        for t in pending:
-            t.cancel()
-        flush_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await flush_task
-        await ctx.flush_events()
-        for a in actors:
-            ctx.monitor.record_loss(a.kind, a.down.loss_stats)
-        await control.send_multipart(wire.encode(wire.Control(op="bye", args={
-            "host": name, "overruns": ctx.overruns, "compute_deadlines": ctx.compute_deadlines,
-            "fidelity": ctx.monitor.export(),
-            "rejected": sum(a.rejected for a in actors)})), copy=False)
-        return 0
-    finally:
-        await trainer.close()
-        if ctx.timers is not None:
-            ctx.timers.close()
-        transport.close(linger_ms=1000)
+        while self.events:
+            batch, self.events = self.events[:5000], self.events[5000:]
+            await self.conn.send(encode(EventBatch(host=self.name, events=tuple(batch))))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a client-host process."""
+    from fedsim.actors._workers import WorkerHandle
+    from fedsim.scenario import parse, scenario_hash
+    from fedsim.transport import ZmqContext, ipc_address
+
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--control", required=True)
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--connect", required=True, help="the server's address")
     ap.add_argument("--host-id", type=int, required=True)
     ap.add_argument("--clients", required=True)
     ap.add_argument("--scenario", required=True, help="resolved scenario JSON")
@@ -195,18 +244,28 @@ def main(argv: list[str] | None = None) -> int:
         _proc.die_with_parent(args.parent)
     _proc.ignore_sigint()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    _proc.configure_child_logging(f"host-{args.host_id}")
+    name = f"host-{args.host_id}"
+    _proc.configure_child_logging(name)
     with open(args.scenario) as fh:
-        sc = parse(json.load(fh), args.scenario)
+        raw = json.load(fh)
+    sc = parse(raw, args.scenario)
     clients = [int(c) for c in args.clients.split(",") if c]
-    coro = run_host(sc, args.host_id, clients, args.control, args.data, args.scenario,
-                    args.run_id)
-    if sc.deploy.loop == "uvloop":
-        with contextlib.suppress(ImportError):
-            import uvloop
 
-            return uvloop.run(coro)
-    return asyncio.run(coro)
+    async def go() -> int:
+        zmq_ctx = ZmqContext(max_message_bytes=int(sc.deploy.max_message_mb * 1e6))
+        conn = zmq_ctx.connect(args.connect, name.encode())
+        trainer = WorkerHandle(zmq_ctx, ipc_address(args.run_id, f"{name}-trainer"),
+                               args.scenario, "trainer", clients)
+        host = ClientHost(sc, name, clients, conn, trainer,
+                          fedsim_version=_proc.fedsim_version(),
+                          scenario_hash=scenario_hash(raw))
+        try:
+            return await host.run()
+        finally:
+            await trainer.close()
+            zmq_ctx.close(linger_ms=1000)
+
+    return _proc.run_loop(go(), sc.deploy.loop)
 
 
 if __name__ == "__main__":

@@ -1,34 +1,31 @@
-"""Everything a run records: events, metrics, staleness, bytes, summary.
+"""Everything a run records: events, metrics, staleness, bytes, evaluations, summary.
 
-Kept apart from the server actor so the actor only routes messages. The
-summary is rewritten atomically at every evaluation, so a run killed at any
-moment still leaves a summary of what it had done.
+Kept apart from the server actor, which only routes messages; it is given
+what it needs (the evaluator, a fidelity report, the hosts' totals), never
+the server. The summary is rewritten atomically at every evaluation, so a
+run killed at any moment leaves a summary of what it had done.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
+import itertools
 import logging
 import math
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
-import torch
 
-from fedsim import wire
-from fedsim.algorithms import unflatten
+from fedsim.algorithms.api import Step
+from fedsim.messages import Evaluate, Evaluated, Event, Model
 from fedsim.metrics import EventLog, MetricsTable, StalenessStats, write_json_atomic
 from fedsim.scenario import Scenario
-from netem.clock import Clock, monotonic
+from netem.clock import Clock
 
-if TYPE_CHECKING:
-    from fedsim.actors.server import Server
-    from fedsim.algorithms.api import Step
-
-__all__ = ["STOP_REASONS", "RunState", "fidelity"]
+__all__ = ["STOP_REASONS", "Evaluator", "RunState"]
 
 #: Reasons a run ends normally.
 STOP_REASONS = ("time_budget", "max_updates", "max_rounds", "target_accuracy")
@@ -36,47 +33,62 @@ STOP_REASONS = ("time_budget", "max_updates", "max_rounds", "target_accuracy")
 log = logging.getLogger(__name__)
 
 
-def _q(values: list[float] | np.ndarray, q: float) -> float | None:
-    return float(np.percentile(values, q)) if len(values) else None
+class Evaluator(Protocol):
+    """Something that evaluates a model (a torch worker)."""
+
+    def next_id(self) -> int:
+        """A fresh request id."""
+        ...
+
+    async def request(self, msg: Evaluate) -> object:
+        """Send a request; its reply (matched by id)."""
+        ...
 
 
-def fidelity(server: Server) -> dict[str, Any]:
-    """netem's fidelity verdict over the server's and every client host's observations.
-
-    The server measured the uplinks, each host its clients' downlinks and
-    compute deadlines (sent in its ``bye``); their monitors are merged into a
-    copy, so this can be called while the run goes on.
-    """
-    if server.monitor is None:
-        return {"verdict": "fail", "reasons": ["the run never started"],
-                "lateness_ms": {"p50": None, "p99": None, "max": None},
-                "suggested_dilation": server.dilation}
-    mon = copy.deepcopy(server.monitor)
-    for cid, link in getattr(server, "links", {}).items():
-        mon.record_loss(server.plan.kind(cid, "up"), link.loss_stats)
-    hosts_reported = 0
-    for info in server.hosts.values():
-        data = (info.get("bye") or {}).get("fidelity")
-        if data:
-            mon.merge(data)
-            hosts_reported += 1
-    report = mon.report()
-    report["hosts_reported"] = hosts_reported
-    return report
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    t: float
+    version: int
+    round: int
+    updates: int
+    bytes_up: int
+    bytes_down: int
+    staleness_mean: float
+    final: bool
 
 
 class RunState:
-    """The run's records and counters (owned by the server actor)."""
+    """The run's records and counters (owned by the server actor).
 
-    def __init__(self, sc: Scenario, run_dir: Path, cadence: str,
-                 data_stats: dict[str, Any]) -> None:
+    Parameters
+    ----------
+    cadence
+        ``"updates"`` or ``"rounds"``: what ``eval.every_*`` counts.
+    clock
+        The run's emulated clock (its epoch is the run's real start).
+    fidelity, totals
+        Callables giving the fidelity report and the hosts' totals
+        (overruns, compute deadlines, rejected messages) when the summary
+        is written.
+    on_target
+        Called once when the target accuracy is reached and the scenario
+        says to stop there.
+    """
+
+    def __init__(self, sc: Scenario, run_dir: Path, cadence: str, clock: Clock,
+                 evaluator: Evaluator, *, fidelity: Callable[[], dict[str, Any]],
+                 totals: Callable[[], dict[str, Any]], on_target: Callable[[], None]) -> None:
         self.sc = sc
         self.run_dir = run_dir
         self.cadence = cadence
+        self.clock = clock
+        self.evaluator = evaluator
+        self._fidelity = fidelity
+        self._totals = totals
+        self._on_target = on_target
         self.events = EventLog(run_dir / "events.jsonl")
         self.metrics = MetricsTable(run_dir / "metrics.csv")
         self.staleness = StalenessStats()
-        write_json_atomic(run_dir / "data.json", data_stats)
         self.bytes_up = 0
         self.bytes_down = 0
         self.updates = 0
@@ -84,70 +96,59 @@ class RunState:
         self.rejects: dict[str, int] = {}
         self.samples: dict[int, int] = {}
         self.host_failures: list[dict[str, Any]] = []
-        self.best = (math.nan, None)
+        self.missing: list[int] = []
+        self.best = (math.nan, 0.0)
         self.final_accuracy: float | None = None
         self.final_loss: float | None = None
         self.time_to_target: float | None = None
-        self.clock: Clock | None = None
-        self.real_start = time.monotonic()
-        self._arrays: tuple[int, tuple[np.ndarray, ...]] | None = None
-        self._evals: list[asyncio.Task[None]] = []
+        self._evals: set[asyncio.Task[None]] = set()
         self._evals_since = 0
+        self._eval_seq = itertools.count()
         self.summary: dict[str, Any] = {}
         self.stopped_at: float | None = None
 
-    def start(self, clock: Clock) -> None:
-        self.clock = clock
-        self.real_start = clock.epoch
+    def real(self) -> float:
+        """Real seconds since the run's epoch."""
+        return self.clock.real() - self.clock.epoch
 
     # -- records ----------------------------------------------------------------
     def event(self, t: float, ev: str, **fields: Any) -> None:
-        rec = {"t": round(t, 6), "real": round(monotonic() - self.real_start, 6), "ev": ev}
-        rec.update(fields)
-        self.events.write(rec)
+        """Write one record of the event log (a :class:`~fedsim.messages.Event`)."""
+        e = Event.of(round(t, 6), round(self.real(), 6), ev, **fields)
+        self.events.write(e.to_json_dict())
 
-    def host_events(self, records: tuple[Any, ...]) -> None:
-        for rec in records:
-            self.events.write(rec if isinstance(rec, dict) else {"raw": list(rec)})
+    def write_events(self, events: tuple[Event, ...], host: str) -> None:
+        """Records a host sent; each is stamped with the host's name."""
+        for e in events:
+            rec = e.to_json_dict()
+            rec.setdefault("host", host)
+            self.events.write(rec)
 
-    def rejected(self, t: float, ident: bytes, exc: wire.WireError) -> None:
-        self.rejects[exc.reason] = self.rejects.get(exc.reason, 0) + 1
-        log.warning("rejected a message from %r: %s", ident, exc)
-        self.event(t, "reject", sender=ident.decode(errors="replace"), reason=exc.reason,
-                   detail=str(exc)[:300])
+    def rejected(self, t: float, sender: str, reason: str, detail: str) -> None:
+        """A message was refused: counted by reason, logged, and recorded."""
+        self.rejects[reason] = self.rejects.get(reason, 0) + 1
+        log.warning("rejected a message from %s: %s: %s", sender, reason, detail[:300])
+        self.event(t, "reject", reason=reason, sender=sender, detail=detail[:300])
 
     def flush(self) -> None:
         self.events.flush()
 
-    def model_arrays(self, version: int, x: torch.Tensor,
-                     shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
-        """The global model as wire tensors, built once per version (zero-copy views)."""
-        if self._arrays is None or self._arrays[0] != version:
-            self._arrays = (version, tuple(t.numpy() for t in unflatten(x.contiguous(), shapes)))
-        return self._arrays[1]
-
-    def applied(self, server: Server, now: float, step: Step) -> None:
+    def applied(self, now: float, step: Step) -> bool:
+        """Record a step's outcome; True when an evaluation is due."""
         for d in step.discarded:
-            self.event(now, "discard", client=d.client, reason=d.reason,
-                       **({} if d.staleness is None else {"staleness": d.staleness}))
+            self.event(now, "discard", client=d.client, reason=d.reason, staleness=d.staleness)
         self.rounds += step.rounds_closed
         for a in step.applied:
             self.updates += a.updates
             for x in a.staleness:
                 self.staleness.add(x)
-            fields: dict[str, Any] = {"version": a.version, "clients": list(a.clients)}
-            if a.round is not None:
-                fields["round"] = a.round
-            if a.base_version is not None:
-                fields["base_version"] = a.base_version
-            if len(a.staleness) == 1:
-                fields["staleness"] = a.staleness[0]
-            elif a.staleness:
-                fields["stalenesses"] = list(a.staleness)
-            self.event(now, "aggregate", **fields, **a.metrics, updates=self.updates)
+            self.event(now, "aggregate", version=a.version, clients=list(a.clients),
+                       round=a.round, base_version=a.base_version,
+                       staleness=a.staleness[0] if len(a.staleness) == 1 else None,
+                       stalenesses=list(a.staleness) if len(a.staleness) > 1 else None,
+                       updates=self.updates, **a.metrics)
             self._evals_since += 1 if self.cadence == "rounds" else a.updates
-            if self._eval_due():
-                self.request_eval(server, now, server.strategy)
+        return self._eval_due()
 
     def _eval_due(self) -> bool:
         ev = self.sc.eval
@@ -158,50 +159,52 @@ class RunState:
         return every is not None and self._evals_since >= every
 
     # -- evaluation -------------------------------------------------------------
-    def request_eval(self, server: Server, now: float, strategy: Any, final: bool = False) -> None:
+    def request_eval(self, now: float, version: int, round_: int, model: Model,
+                     final: bool = False) -> None:
+        """Evaluate ``model`` in the background (at most 3 at once, the final always)."""
         self._evals_since = 0
-        self._evals = [t for t in self._evals if not t.done()]
         if len(self._evals) >= 3 and not final:
             return
-        snap = {"t": now, "version": strategy.version, "round": getattr(strategy, "round", 0),
-                "updates": self.updates, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
-                "staleness_mean": self.staleness.window_mean(), "final": final}
-        arrays = self.model_arrays(strategy.version, strategy.model(), server.shapes)
-        task = wire.Task(client=-1, version=strategy.version, round=snap["round"], task_id=0,
-                         tensors=arrays, config={"op": "eval"})
-        self._evals.append(asyncio.create_task(self._eval(server, task, snap)))
+        snap = _Snapshot(now, version, round_, self.updates, self.bytes_up, self.bytes_down,
+                         self.staleness.window_mean(), final)
+        msg = Evaluate(request_id=self.evaluator.next_id(), version=version, model=model)
+        task = asyncio.ensure_future(self._eval(msg, snap))
+        self._evals.add(task)
+        task.add_done_callback(self._evals.discard)
 
-    async def _eval(self, server: Server, task: wire.Task, snap: dict[str, Any]) -> None:
+    async def _eval(self, msg: Evaluate, snap: _Snapshot) -> None:
         try:
-            reply = await server.evaluator.request(task)
+            reply = await self.evaluator.request(msg)
         except Exception as exc:
             log.error("evaluation failed: %s", exc)
             return
-        if not isinstance(reply, wire.Control):
+        if not isinstance(reply, Evaluated):
             log.error("evaluation failed: %r", reply)
             return
-        acc, loss = float(reply.args["accuracy"]), float(reply.args["loss"])
-        row = dict(snap, accuracy=acc, loss=loss,
-                   real=round(monotonic() - self.real_start, 3))
-        self.metrics.append(row)
-        self.event(snap["t"], "evaluate", version=snap["version"], accuracy=acc, loss=loss,
-                   updates=snap["updates"])
+        acc, loss = reply.accuracy, reply.loss
+        self.metrics.append({
+            "t": snap.t, "real": round(self.real(), 3), "version": snap.version,
+            "round": snap.round, "updates": snap.updates, "accuracy": acc, "loss": loss,
+            "staleness_mean": snap.staleness_mean, "bytes_up": snap.bytes_up,
+            "bytes_down": snap.bytes_down})
+        self.event(snap.t, "evaluate", version=snap.version, accuracy=acc,
+                   loss=loss if math.isfinite(loss) else None, updates=snap.updates)
         self.final_accuracy, self.final_loss = acc, loss
         if math.isnan(self.best[0]) or acc > self.best[0]:
-            self.best = (acc, snap["t"])
+            self.best = (acc, snap.t)
         target = self.sc.run.target_accuracy
         if target is not None and self.time_to_target is None and acc >= target:
-            self.time_to_target = snap["t"]
+            self.time_to_target = snap.t
             if self.sc.run.stop_at_target:
-                server.queue.put_nowait(("stop", "target_accuracy"))
-        self.write_summary(server, "running")
+                self._on_target()
+        self.write_summary("running")
 
     async def drain_evals(self) -> None:
         if self._evals:
             await asyncio.gather(*self._evals, return_exceptions=True)
 
     # -- control ----------------------------------------------------------------
-    def should_stop(self, strategy: Any) -> str | None:
+    def should_stop(self) -> str | None:
         run = self.sc.run
         if run.max_updates is not None and self.updates >= run.max_updates:
             return "max_updates"
@@ -209,38 +212,30 @@ class RunState:
             return "max_rounds"
         return None
 
-    def progress(self, now: float, strategy: Any) -> dict[str, Any]:
+    def progress(self, now: float, version: int, in_flight: int) -> dict[str, Any]:
         s = self.staleness.values
         return {
             "t": now, "budget": self.sc.run.time_budget, "updates": self.updates,
-            "rounds": self.rounds, "version": strategy.version,
-            "accuracy": self.final_accuracy, "in_flight": strategy.in_flight(),
-            "staleness_mean": float(np.mean(s)) if s else None,
-            "real": monotonic() - self.real_start,
+            "rounds": self.rounds, "version": version,
+            "accuracy": self.final_accuracy, "in_flight": in_flight,
+            "staleness_mean": float(np.mean(s)) if s else None, "real": self.real(),
         }
 
     # -- summary ----------------------------------------------------------------
-    def write_summary(self, server: Server, status: str, durable: bool = False) -> None:
-        now = self.clock.now() if self.clock is not None else 0.0
-        overruns = deadlines = 0
-        host_rejects = 0
-        for info in server.hosts.values():
-            bye = info.get("bye") or {}
-            overruns += int(bye.get("overruns", 0))
-            deadlines += int(bye.get("compute_deadlines", 0))
-            host_rejects += int(bye.get("rejected", 0))
-        if self.stopped_at is not None:
-            now = self.stopped_at
+    def write_summary(self, status: str, durable: bool = False) -> None:
+        now = self.stopped_at if self.stopped_at is not None else max(0.0, self.clock.now())
+        totals = self._totals()
         self.summary = {
             "status": "completed" if status in STOP_REASONS else status,
             "stop_reason": status if status in STOP_REASONS else None,
             "scenario": self.sc.name,
             "algorithm": self.sc.algorithm.name,
             "clients": self.sc.data.num_clients,
+            "clients_missing": self.missing,
             "updates": self.updates,
             "rounds": self.rounds,
             "emulated_seconds": round(now, 6),
-            "real_seconds": round(monotonic() - self.real_start, 3),
+            "real_seconds": round(self.real(), 3),
             "final_accuracy": self.final_accuracy,
             "final_loss": self.final_loss,
             "best_accuracy": None if math.isnan(self.best[0]) else self.best[0],
@@ -249,14 +244,16 @@ class RunState:
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
             "staleness": self.staleness.summary(),
-            "rejected_messages": {"server": dict(self.rejects), "clients": host_rejects},
+            "rejected_messages": {"server": dict(self.rejects),
+                                  "clients": totals.get("rejected", 0)},
             "host_failures": self.host_failures,
-            "fidelity": fidelity(server),
+            "fidelity": self._fidelity(),
         }
         write_json_atomic(self.run_dir / "summary.json", self.summary, durable=durable)
 
-    def finish(self, server: Server, status: str) -> None:
-        self.event(self.clock.now() if self.clock else 0.0, "end", status=status)
-        self.write_summary(server, status, durable=True)
+    def finish(self, status: str) -> None:
+        self.event(self.stopped_at if self.stopped_at is not None else self.clock.now(), "end",
+                   status=status)
+        self.write_summary(status, durable=True)
         self.events.close()
         self.metrics.close()

@@ -1,11 +1,15 @@
-"""A torch worker process: trains client tasks or evaluates the global model.
+"""A torch worker: trains client tasks or evaluates the global model.
 
-Training runs here, in its own process with one torch thread, never on an
-event loop: a thread holding the GIL next to a loop delays its timers by
-tens of milliseconds to seconds (MEASUREMENTS.md §2). The worker serves
-one request at a time over a private PAIR socket; the client host (or the
-server, for evaluation) decides when the result counts, against emulated
-time.
+Training runs here, never on an event loop: a thread holding the GIL next to
+a loop delays its timers by tens of milliseconds to seconds (measured on
+this kind of machine), so a client host or the server hands the work to a
+worker process over a private PAIR socket and decides, against emulated
+time, when the result counts. The worker calls the scenario's
+:class:`~fedsim.algorithms.api.ClientAlgorithm` and knows no algorithm by
+name. Every request carries an id that its reply echoes.
+
+:class:`InlineWorker` runs the same :class:`Worker` in the calling process
+(tests on virtual time; the messages still go through the codec).
 
 Run as ``python -m fedsim.actors.worker --scenario FILE --endpoint ADDR
 --role trainer|evaluator [--clients 0,1,2]``.
@@ -14,9 +18,9 @@ Run as ``python -m fedsim.actors.worker --scenario FILE --endpoint ADDR
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -27,28 +31,42 @@ import numpy as np
 import torch
 import zmq
 
-from fedsim import wire
 from fedsim.actors import _proc
 from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
-from fedsim.algorithms import get, local_train, unflatten
+from fedsim.algorithms import get, local_train
 from fedsim.algorithms.api import Budget, ClientContext, LocalRun
 from fedsim.algorithms.local import load_vector
+from fedsim.codec import decode, encode
+from fedsim.messages import (
+    Advance,
+    Evaluate,
+    Evaluated,
+    Message,
+    Model,
+    Shutdown,
+    TensorSpec,
+    Train,
+    Trained,
+    WorkerFailed,
+    WorkerReady,
+)
 from fedsim.scenario import Scenario, parse
 
-__all__ = ["evaluate", "main", "run_seed"]
+__all__ = ["InlineWorker", "Worker", "evaluate", "main", "run_seed"]
 
-# Fault injection (tests, and users checking how their setup behaves when
-# devices fail): FEDSIM_FAIL_TRAIN = "all" or a comma-separated list of client
-# ids whose every local run raises, as a crashing on-device trainer would.
-_FAIL_TRAIN = os.environ.get("FEDSIM_FAIL_TRAIN", "").strip()
+log = logging.getLogger(__name__)
+
+
+def _failing_clients() -> str:
+    # Fault injection (tests, and users checking how their setup behaves when
+    # devices fail): FEDSIM_FAIL_TRAIN = "all" or a comma-separated list of
+    # client ids whose every local run raises, as a crashing trainer would.
+    return os.environ.get("FEDSIM_FAIL_TRAIN", "").strip()
 
 
 def _injected_failure(client: int) -> bool:
-    if not _FAIL_TRAIN:
-        return False
-    return _FAIL_TRAIN == "all" or str(client) in _FAIL_TRAIN.replace(" ", "").split(",")
-
-log = logging.getLogger(__name__)
+    spec = _failing_clients()
+    return bool(spec) and (spec == "all" or str(client) in spec.replace(" ", "").split(","))
 
 
 def run_seed(seed: int, *keys: int) -> int:
@@ -57,17 +75,13 @@ def run_seed(seed: int, *keys: int) -> int:
     return int(ss.generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
 
 
-def to_vector(arrays: tuple[np.ndarray, ...]) -> torch.Tensor:
-    """One writable float32 vector from received (read-only) arrays."""
-    if not arrays:
-        return torch.zeros(0)
-    flat = np.concatenate([np.asarray(a, dtype=np.float32).reshape(-1) for a in arrays])
-    return torch.from_numpy(flat)
+def _tensor(model: Model) -> torch.Tensor:
+    """A received model's buffer as a tensor, without a copy.
 
-
-def vector_frames(vec: torch.Tensor, shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, ...]:
-    """Zero-copy numpy views of a flat vector, one per parameter tensor."""
-    return tuple(t.numpy() for t in unflatten(vec.contiguous(), shapes))
+    The memory is the received frame: the client algorithms read it (and
+    copy it into the torch model), never write to it.
+    """
+    return torch.from_dlpack(model.flat())
 
 
 @torch.no_grad()
@@ -88,16 +102,15 @@ def evaluate(
 
 
 class Worker:
-    """Holds the model, the shards of its clients and the algorithm's client side."""
+    """The model, the shards of its clients, and the algorithm's client side."""
 
-    def __init__(self, sc: Scenario, role: str, clients: list[int]) -> None:
+    def __init__(self, sc: Scenario, clients: list[int]) -> None:
         self.sc = sc
-        self.role = role
         data = build_data(sc)
         self.model = build_model(sc, tuple(data.input_shape), int(data.num_classes))
-        self.shapes = model_shapes(self.model)
-        self.n_params = sum(math.prod(s) for s in self.shapes)
+        self.spec = TensorSpec([("float32", s) for s in model_shapes(self.model)])
         self.local = local_config(sc)
+        self.clients = clients
         self.shards: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for c in clients:
             shard = data.clients[c]
@@ -116,73 +129,90 @@ class Worker:
             evaluate(self.model, self.test[0][:8], self.test[1][:8])
         load_vector(self.model, x0)
 
-    def hello(self) -> wire.Control:
-        return wire.Control(
-            op="ready",
-            args={"samples": {str(c): len(y) for c, (_, y) in self.shards.items()}},
-        )
+    def ready(self) -> WorkerReady:
+        return WorkerReady(samples=tuple(len(self.shards[c][1]) for c in self.clients),
+                           spec=self.spec)
 
-    def handle(self, msg: Any) -> Any:
-        if not isinstance(msg, wire.Task):
-            raise ValueError(f"worker got unexpected message {type(msg).__name__}")
-        x0 = to_vector(msg.tensors)
+    def handle(self, msg: Message) -> Message:
+        """Answer one request; an exception becomes a WorkerFailed (the worker goes on)."""
+        rid = getattr(msg, "request_id", -1)
+        try:
+            return self._handle(msg)
+        except Exception as exc:
+            log.exception("request %d failed", rid)
+            return WorkerFailed(request_id=rid, reason=f"{type(exc).__name__}: {exc}")
+
+    def _handle(self, msg: Message) -> Message:
         started = time.perf_counter()
-        op = msg.config.get("op")
-        if op == "eval":
-            load_vector(self.model, x0)
+        if isinstance(msg, Evaluate):
+            load_vector(self.model, _tensor(msg.model))
             loss, acc = evaluate(self.model, *self.test)
-            return wire.Control(
-                op="evaluated",
-                args={
-                    "version": msg.version, "task_id": msg.task_id, "loss": loss,
-                    "accuracy": acc, "seconds": time.perf_counter() - started,
-                },
-            )
+            return Evaluated(request_id=msg.request_id, version=msg.version, loss=loss,
+                             accuracy=acc, seconds=time.perf_counter() - started)
+        if not isinstance(msg, Train | Advance):
+            raise ValueError(f"a worker does not take a {type(msg).__name__}")
         c = msg.client
+        if c not in self.shards:
+            raise ValueError(f"client {c} is not served by this worker")
         x, y = self.shards[c]
         if _injected_failure(c):
             raise RuntimeError(f"injected training failure of client {c} (FEDSIM_FAIL_TRAIN)")
-        if op == "advance":
-            rounds = [int(r) for r in msg.config.get("rounds", [])]
-            averages = [(r, x0[i * self.n_params:(i + 1) * self.n_params])
-                        for i, r in enumerate(rounds)]
+        if isinstance(msg, Advance):
+            n = self.spec.nbytes // 4
+            flat = _tensor(msg.model) if msg.model is not None else torch.zeros(0)
+            averages = [(r, flat[i * n:(i + 1) * n]) for i, r in enumerate(msg.rounds)]
             out = self.client.advance(c, averages, x, y)
         else:
             budget = None
-            if "steps" in msg.config or "epochs" in msg.config:
-                budget = Budget(steps=msg.config.get("steps"), epochs=msg.config.get("epochs"))
+            if msg.work is not None and (msg.work.steps or msg.work.epochs):
+                budget = Budget(steps=msg.work.steps, epochs=msg.work.epochs)
             gen = torch.Generator().manual_seed(run_seed(self.sc.seed, c, msg.task_id))
             run = LocalRun(client=c, task_id=msg.task_id, version=msg.version, round=msg.round,
-                           payload=x0, budget=budget)
+                           payload=_tensor(msg.model), budget=budget)
             out = self.client.begin(run, x, y, gen)
-        stats: dict[str, Any] = {
-            "steps": out.steps, "loss": out.loss, "next": out.next,
-            "compute_s": time.perf_counter() - started, **out.notes}
-        if out.upload_round is not None:
-            stats["upload_round"] = out.upload_round
-        if out.wait_round is not None:
-            stats["wait_round"] = out.wait_round
-        vec = out.upload
-        tensors = () if vec is None else vector_frames(
-            vec.to(torch.float32), self.shapes * (vec.numel() // self.n_params))
-        return wire.Update(client=c, task_id=msg.task_id, base_version=msg.version,
-                           round=msg.round, num_samples=len(y), tensors=tensors, stats=stats)
+        upload = None
+        if out.upload is not None:
+            vec = out.upload.detach().to(torch.float32).contiguous()
+            upload = Model.from_flat(vec.numpy(), self.spec.repeated(vec.numel() * 4
+                                                                     // self.spec.nbytes))
+        return Trained(request_id=msg.request_id, client=c, steps=out.steps, loss=out.loss,
+                       compute_s=time.perf_counter() - started, upload=upload,
+                       upload_round=out.upload_round, next=out.next, wait_round=out.wait_round,
+                       notes=dict(out.notes))
 
 
-def serve(sock: zmq.Socket, worker: Worker) -> None:
-    """Answer requests until a Bye arrives or the socket closes."""
-    sock.send_multipart(wire.encode(worker.hello()), copy=False)
+class InlineWorker:
+    """A :class:`Worker` in this process, with the interface of a worker handle."""
+
+    def __init__(self, sc: Scenario, clients: list[int]) -> None:
+        self.worker = Worker(sc, clients)
+        self._ids = itertools.count(1)
+
+    async def start(self) -> WorkerReady:
+        return self.worker.ready()
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    async def request(self, msg: Message) -> Message:
+        """Answer at once (the work runs on this loop; virtual time does not move)."""
+        request, _ = decode(encode(msg), check_finite=False)
+        reply, _ = decode(encode(self.worker.handle(request)), check_finite=False)
+        return reply
+
+    async def close(self) -> None:
+        pass
+
+
+def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
+    """Answer requests until a Shutdown arrives or the socket closes."""
+    sock.send_multipart(encode(worker.ready()), copy=False)
     while True:
         frames = sock.recv_multipart(copy=False)
-        msg, _ = wire.decode(frames, check_finite=False)
-        if isinstance(msg, wire.Bye):
+        msg, _ = decode(frames, check_finite=False)
+        if isinstance(msg, Shutdown):
             return
-        try:
-            reply = worker.handle(msg)
-        except Exception as exc:  # report, keep serving
-            log.exception("request failed")
-            reply = wire.Error(sender=-1, reason=f"{type(exc).__name__}: {exc}")
-        sock.send_multipart(wire.encode(reply), copy=False)
+        sock.send_multipart(encode(worker.handle(msg)), copy=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.scenario) as fh:
         sc = parse(json.load(fh), args.scenario)
     clients = [int(c) for c in args.clients.split(",") if c]
-    worker = Worker(sc, args.role, clients)
+    worker = Worker(sc, clients)
     worker.warm_up()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)

@@ -262,7 +262,7 @@ class DeltaSGD(AdaptiveStepOptimizer):
         self._buffers = list(buffers)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Take one step; ``closure`` evaluates the current minibatch."""
         closure = self._require(closure)
         group = self.param_groups[0]
@@ -373,7 +373,7 @@ class SPS(AdaptiveStepOptimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Take one step; ``closure`` evaluates the current minibatch and returns its loss."""
         closure = self._require(closure)
         group = self.param_groups[0]

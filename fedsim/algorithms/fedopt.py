@@ -224,7 +224,7 @@ class AdaptiveServerOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Take one server step on every parameter with a gradient."""
         loss = None
         if closure is not None:
@@ -338,7 +338,7 @@ class FedOpt(RoundRule):
             )
         else:
             opt = AdaptiveServerOptimizer(
-                [param], lr=self.server_lr, rule=self.optimizer,  # type: ignore[arg-type]
+                [param], lr=self.server_lr, rule=self.optimizer,
                 beta1=self.beta1, beta2=self.beta2, tau=self.tau,
             )
         self._param, self._opt = param, opt

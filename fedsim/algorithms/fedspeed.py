@@ -325,7 +325,7 @@ def fedspeed_local_train(
         opt.zero_grad(set_to_none=False)
         rng = _rng_state(data_x.device) if cfg.perturbation else None
         loss = forward()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         if rng is not None:
             scales += _perturbed_gradient(model, params, forward, cfg, rng)
         with torch.no_grad():

@@ -18,6 +18,7 @@ sees the objective's value including ``(mu / 2) ||y - x_anchor||^2``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +110,7 @@ class _MinibatchObjective:
         model: nn.Module,
         loss_fn: nn.Module,
         opt: torch.optim.Optimizer,
-        params: list[torch.Tensor],
+        params: Sequence[torch.Tensor],
         anchor: list[torch.Tensor] | None,
         mu: float,
     ) -> None:
@@ -134,7 +135,7 @@ class _MinibatchObjective:
         with torch.no_grad():
             for p, a in zip(self.params, self.anchor, strict=True):
                 diff = p - a
-                p.grad.add_(diff, alpha=self.mu)  # type: ignore[union-attr]
+                p.grad.add_(diff, alpha=self.mu)  # type: ignore[union-attr,unused-ignore]
                 sq += diff.to(torch.float64).square().sum()
         return self.loss + 0.5 * self.mu * float(sq)
 

@@ -107,7 +107,7 @@ def test_algorithm_learns(tmp_path: Path, case: str) -> None:
     if case.startswith("dga"):
         corr = [e for e in events if e["ev"] == "correction"]
         assert corr
-        bcast = [e for e in events if e["ev"] == "send" and e.get("kind") == "aggregate"]
+        bcast = [e for e in events if e["ev"] == "send" and e.get("kind") == "average"]
         assert bcast
         if case == "dga-paper":
             assert {e["delay"] for e in corr} == {12}  # D fixed: a real barrier

@@ -43,7 +43,7 @@ from fedsim.algorithms.api import (
     Step,
 )
 from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
-from fedsim.algorithms.dga._client import DGAClient, Done, Send, Wait
+from fedsim.algorithms.dga._client import Corrected, DGAClient, Done, Send, Wait
 from fedsim.algorithms.dga._client import Step as DGAStep
 from fedsim.algorithms.dga._core import DGAConfig, DGAProtocolError
 from fedsim.algorithms.dga._reducer import DGAServer
@@ -212,7 +212,7 @@ class DGAClientWork(ClientAlgorithm):
         y: torch.Tensor,
     ) -> Outcome:
         dga = self.clients[client]
-        corrections = []
+        corrections: list[Corrected] = []
         for round_, mean in averages:
             corrections.extend(dga.apply_average(round_, mean))
         steps, losses = 0, []
