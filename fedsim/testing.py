@@ -88,8 +88,9 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
+from fedsim.transport import PeerGone
 from netem.clock import Clock
 from netem.timers import TimerHeap
 
@@ -101,14 +102,11 @@ if TYPE_CHECKING:
     _Ts = TypeVarTuple("_Ts")
 
 __all__ = [
-    "Connection",
-    "Endpoint",
     "Frames",
     "MemoryConnection",
     "MemoryEndpoint",
     "MemoryNetwork",
     "Packet",
-    "PeerGone",
     "VirtualTimeDeadlock",
     "VirtualTimeLoop",
     "make_timers",
@@ -452,43 +450,6 @@ def make_timers(
 
 #: A message as the codec builds it: its frames, each bytes-like.
 Frames: TypeAlias = list[bytes | memoryview]
-
-
-class PeerGone(ConnectionError):
-    """A send to a peer that is not (or no longer) connected.
-
-    What a ROUTER with ``ROUTER_MANDATORY`` reports as ``EHOSTUNREACH``.
-    """
-
-
-@runtime_checkable
-class Endpoint(Protocol):
-    """The server's side of the transport (a ROUTER): many peers, each with an identity."""
-
-    address: str
-
-    async def recv(self) -> tuple[bytes, list[memoryview]]:
-        """The next message: the sending peer's identity and the frames."""
-
-    async def send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
-        """Send one message to one peer; :class:`PeerGone` if it is not connected."""
-
-    def close(self) -> None:
-        """Stop receiving and sending; idempotent."""
-
-
-@runtime_checkable
-class Connection(Protocol):
-    """A connection to a single peer (a host's DEALER, or one end of a pair)."""
-
-    async def recv(self) -> list[memoryview]:
-        """The next message's frames."""
-
-    async def send(self, frames: Sequence[bytes | memoryview]) -> None:
-        """Send one message."""
-
-    def close(self) -> None:
-        """Close this end; idempotent."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ import os
 import resource
 import tempfile
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import zmq
 import zmq.asyncio
@@ -78,6 +78,7 @@ class PeerGone(ConnectionError):
     """A send to a peer that is not (or no longer) connected."""
 
 
+@runtime_checkable
 class Endpoint(Protocol):
     """The server side: many peers, each known by its identity."""
 
@@ -96,6 +97,7 @@ class Endpoint(Protocol):
         ...
 
 
+@runtime_checkable
 class Connection(Protocol):
     """One end of a connection to a single peer."""
 

@@ -16,18 +16,16 @@ import time
 import pytest
 
 from fedsim.testing import (
-    Connection,
-    Endpoint,
     MemoryConnection,
     MemoryNetwork,
     Packet,
-    PeerGone,
     VirtualTimeDeadlock,
     VirtualTimeLoop,
     make_timers,
     run_virtual,
     virtual_clock,
 )
+from fedsim.transport import Connection, Endpoint, PeerGone
 from netem.timers import TimerHeap
 
 # -- virtual time ----------------------------------------------------------------
