@@ -25,7 +25,7 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,18 +33,48 @@ from fedsim.messages import (
     Advance,
     Average,
     Failed,
+    Message,
     Model,
     Ready,
     Task,
+    TensorSpec,
     Train,
     Trained,
     Update,
 )
+from fedsim.network import NetPlan
+from fedsim.scenario import Scenario
+from netem.clock import Clock
+from netem.fidelity import FidelityMonitor
+from netem.timers import TimerHeap
 
-if TYPE_CHECKING:
-    from fedsim.actors.host import ClientHost
+__all__ = ["ClientActor", "HostServices"]
 
-__all__ = ["ClientActor"]
+
+class HostServices(Protocol):
+    """What a client actor uses of its host (:class:`fedsim.actors.host.ClientHost`)."""
+
+    sc: Scenario
+    plan: NetPlan
+    clock: Clock
+    timers: TimerHeap
+    monitor: FidelityMonitor
+    trainer: Any
+    model_spec: TensorSpec
+    overruns: int
+    compute_deadlines: int
+
+    def emit(self, ev: str, **fields: Any) -> None:
+        """Record an event."""
+        ...
+
+    async def send(self, msg: Message) -> None:
+        """Send a client's message to the server."""
+        ...
+
+    def expected_steps(self, task: Task, num_samples: int) -> int:
+        """Local steps ``task`` will take."""
+        ...
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +99,7 @@ Inbox = Task | Average | _Back | _Stop
 class ClientActor:
     """Protocol of one client: train tasks, send updates, follow its availability."""
 
-    def __init__(self, cid: int, host: ClientHost, num_samples: int) -> None:
+    def __init__(self, cid: int, host: HostServices, num_samples: int) -> None:
         self.cid = cid
         self.host = host
         self.num_samples = num_samples

@@ -92,7 +92,7 @@ class ClientHost:
         self.local = local_config(sc)
         self.max_bytes = int(sc.deploy.max_message_mb * 1e6)
         self.clock = Clock()
-        self.timers: TimerHeap | None = None
+        self.timers: TimerHeap = None  # type: ignore[assignment]  # set at Start
         self.monitor = FidelityMonitor()
         self.model_spec = TensorSpec(())
         self.task_spec = TensorSpec(())

@@ -1,0 +1,102 @@
+"""fedsim's import graph has no cycles, and no module re-exports another's names.
+
+Every module of fedsim and netem is found with :func:`pkgutil.walk_packages`
+and its imports read with :mod:`ast`, all of them (module level, under
+``if TYPE_CHECKING:`` and inside functions): each is an edge of the
+dependency graph whether or not it runs at import time. A package's
+``__init__`` may gather its own submodules (that is its job), so edges from a
+package to its own children are not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import pkgutil
+from pathlib import Path
+
+import fedsim
+import netem
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for pkg in (fedsim, netem):
+        if pkg.__file__ is not None:  # netem is a namespace package
+            found[pkg.__name__] = Path(pkg.__file__)
+        for info in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg.__name__}."):
+            spec = importlib.util.find_spec(info.name)
+            assert spec is not None
+            assert spec.origin is not None
+            found[info.name] = Path(spec.origin)
+    return found
+
+
+MODULES = _modules()
+
+
+def _edges(module: str, path: Path) -> set[str]:
+    out: set[str] = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                src = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                src = node.module or ""
+            names = [f"{src}.{a.name}" if f"{src}.{a.name}" in MODULES else src
+                     for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name and name != module and not (is_package and name.startswith(module + ".")):
+                out.add(name)
+    return out
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return [*stack[stack.index(n):], n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = {m: _edges(m, p) for m, p in MODULES.items()}
+    assert len(graph) > 40
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_no_module_reexports_a_name_under_an_old_path():
+    """``from x import y as y`` is the re-export idiom; none may remain."""
+    offenders = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and any(a.asname == a.name for a in node.names):
+                offenders.append(f"{module}: line {node.lineno}")
+    assert offenders == []
