@@ -12,11 +12,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fedsim.scenario import ScenarioError, load, resolved, to_toml
+
+if TYPE_CHECKING:
+    from fedsim.actors.runstate import Progress
 
 __all__ = ["main"]
 
@@ -44,19 +47,19 @@ class Progress:
             self.live = Live(console=Console(), auto_refresh=False, transient=True)
             self.live.start()
 
-    def __call__(self, p: dict[str, Any]) -> None:
+    def __call__(self, p: Progress) -> None:
         if not self.enabled:
             return
-        budget = f"/{p['budget']:.0f}" if p.get("budget") else ""
-        line = (f"t={p['t']:7.2f}{budget} s (emulated)  real={p['real']:6.1f} s  "
-                f"updates={p['updates']}  rounds={p['rounds']}  in flight={p['in_flight']}  "
-                f"acc={_fmt(p['accuracy'])}  staleness={_fmt(p['staleness_mean'], '.2f')}")
+        budget = f"/{p.budget:.0f}" if p.budget else ""
+        line = (f"t={p.t:7.2f}{budget} s (emulated)  real={p.real:6.1f} s  "
+                f"updates={p.updates}  rounds={p.rounds}  in flight={p.in_flight}  "
+                f"acc={_fmt(p.accuracy)}  staleness={_fmt(p.staleness_mean, '.2f')}")
         if self.live is not None:
             from rich.text import Text
 
             self.live.update(Text(line), refresh=True)
-        elif p["real"] - self._last_plain >= 10.0:
-            self._last_plain = p["real"]
+        elif p.real - self._last_plain >= 10.0:
+            self._last_plain = p.real
             click.echo(line)
 
     def close(self) -> None:

@@ -21,10 +21,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedsim.metrics import write_json_atomic
 from fedsim.scenario import Scenario, resolved, to_toml
+
+if TYPE_CHECKING:
+    from fedsim.actors.runstate import Progress
 
 __all__ = ["RunResult", "calibrate_dilation", "plan_hosts", "run_scenario"]
 
@@ -108,7 +111,7 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None)
 
 
 async def _run(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, Any],
-               on_progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+               on_progress: Callable[[Progress], None] | None) -> dict[str, Any]:
     from fedsim.actors._proc import fedsim_version
     from fedsim.actors._setup import build_data, build_model, model_shapes
     from fedsim.actors._workers import WorkerHandle
@@ -196,7 +199,7 @@ async def _run(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, Any
 
 def run_scenario(sc: Scenario, out: str | Path | None = None, *,
                  dilation: float | str | None = None,
-                 on_progress: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+                 on_progress: Callable[[Progress], None] | None = None) -> RunResult:
     """Run a scenario to its end and return where its results are."""
     import torch
 

@@ -25,7 +25,7 @@ from fedsim.metrics import EventLog, MetricsTable, StalenessStats, write_json_at
 from fedsim.scenario import Scenario
 from netem.clock import Clock
 
-__all__ = ["STOP_REASONS", "Evaluator", "RunState"]
+__all__ = ["STOP_REASONS", "Evaluator", "Progress", "RunState"]
 
 #: Reasons a run ends normally.
 STOP_REASONS = ("time_budget", "max_updates", "max_rounds", "target_accuracy")
@@ -43,6 +43,21 @@ class Evaluator(Protocol):
     async def request(self, msg: Evaluate) -> object:
         """Send a request; its reply (matched by id)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where a run stands, for a live status line (emulated ``t``, ``real`` seconds)."""
+
+    t: float
+    budget: float | None
+    updates: int
+    rounds: int
+    version: int
+    accuracy: float | None
+    in_flight: int
+    staleness_mean: float | None
+    real: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,14 +227,12 @@ class RunState:
             return "max_rounds"
         return None
 
-    def progress(self, now: float, version: int, in_flight: int) -> dict[str, Any]:
+    def progress(self, now: float, version: int, in_flight: int) -> Progress:
         s = self.staleness.values
-        return {
-            "t": now, "budget": self.sc.run.time_budget, "updates": self.updates,
-            "rounds": self.rounds, "version": version,
-            "accuracy": self.final_accuracy, "in_flight": in_flight,
-            "staleness_mean": float(np.mean(s)) if s else None, "real": self.real(),
-        }
+        return Progress(t=now, budget=self.sc.run.time_budget, updates=self.updates,
+                        rounds=self.rounds, version=version, accuracy=self.final_accuracy,
+                        in_flight=in_flight, staleness_mean=float(np.mean(s)) if s else None,
+                        real=self.real())
 
     # -- summary ----------------------------------------------------------------
     def write_summary(self, status: str, durable: bool = False) -> None:

@@ -31,7 +31,7 @@ import torch
 from fedsim.actors._refusal import Refusal
 from fedsim.actors._setup import local_config
 from fedsim.actors.hosts import HostTable
-from fedsim.actors.runstate import RunState
+from fedsim.actors.runstate import Progress, RunState
 from fedsim.algorithms import ClientResult, get
 from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step
 from fedsim.codec import decode, encode, encode_body, stamp
@@ -159,7 +159,7 @@ class Server:
         self.task_ids = itertools.count(1)
         self.seq = itertools.count()
         self.stop_reason: str | None = None
-        self.on_progress: Callable[[dict[str, Any]], None] | None = None
+        self.on_progress: Callable[[Progress], None] | None = None
         self.started = False
         self.plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
         self.monitor = FidelityMonitor(dilation=dilation)
