@@ -1,0 +1,37 @@
+"""Every seed algorithm through the real actors, in one process on virtual time.
+
+The same checks as the multi-process smoke tier (tests/integration), run
+over the in-memory network (fedsim.actors.inmemory): the server and client
+hosts are the real actors, training is real torch, only the sockets and the
+wall clock are replaced.
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedsim.actors.inmemory import run_in_memory
+from fedsim.scenario import apply_overrides, parse
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from integration.conftest import SMALL  # noqa: E402
+from integration.test_algorithms import CASES, check_run  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_algorithm_learns_in_memory(tmp_path: Path, case: str) -> None:
+    sets = ["run.time_budget=5.0"]
+    if case == "asyncfeded":
+        sets += ['devices.distribution="lognormal"', "devices.spread=0.002"]
+    if case.startswith("deltasgd"):
+        sets += ['client.optimizer="deltasgd"']
+    raw = apply_overrides(tomllib.loads(SMALL + CASES[case]), sets)
+    sc = parse(raw, case)
+    run = run_in_memory(sc, tmp_path / "run", hosts=2, dilation=1.0)
+    check_run(case, run.summary, run.events())
