@@ -18,8 +18,8 @@ from fedsim.actors.inmemory import run_in_memory
 from fedsim.scenario import apply_overrides, parse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from integration.conftest import SMALL  # noqa: E402
-from integration.test_algorithms import CASES, check_run  # noqa: E402
+from integration.conftest import SMALL
+from integration.test_algorithms import CASES, check_run
 
 pytestmark = pytest.mark.timeout(120)
 
