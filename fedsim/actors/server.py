@@ -30,6 +30,7 @@ import torch
 
 from fedsim.actors._refusal import Refusal
 from fedsim.actors._setup import local_config
+from fedsim.actors._tensors import to_model, to_tensor
 from fedsim.actors.hosts import HostTable
 from fedsim.actors.runstate import Progress, RunState
 from fedsim.algorithms import ClientResult, get
@@ -45,7 +46,6 @@ from fedsim.messages import (
     HostHello,
     Leave,
     LocalWork,
-    Model,
     Ready,
     Refused,
     Start,
@@ -103,16 +103,6 @@ class Tick:
 
 
 Item = FromClient | AlgorithmTimer | EvalTimer | StopRun | HostExited | Tick
-
-
-def torch_model(model: Model) -> torch.Tensor:
-    """A received model's flat buffer as a tensor, without a copy (read-only memory)."""
-    return torch.from_dlpack(model.flat())
-
-
-def wire_model(vec: torch.Tensor, spec: TensorSpec) -> Model:
-    """A flat float32 tensor as a wire model (a view, no copy, when it is already float32)."""
-    return Model.from_flat(vec.detach().to(torch.float32).contiguous().numpy(), spec)
 
 
 class Server:
@@ -440,7 +430,7 @@ class Server:
         try:
             if isinstance(msg, Update):
                 result = ClientResult(
-                    client=cid, base_version=msg.base_version, params=torch_model(msg.model),
+                    client=cid, base_version=msg.base_version, params=to_tensor(msg.model),
                     num_samples=msg.num_samples, steps=msg.steps, task_id=msg.task_id,
                     round=msg.round, stats={"loss": msg.loss})
                 return self.strategy.update(result, now)
@@ -489,7 +479,7 @@ class Server:
         for cid in step.dispatch:
             await self._dispatch(now, cid)
         for b in step.broadcasts:
-            model = wire_model(b.payload, self.model_spec)
+            model = to_model(b.payload, self.model_spec)
             for cid in b.clients:
                 msg = Average(client=cid, round=b.round, version=self.strategy.version,
                               model=model)
@@ -501,7 +491,7 @@ class Server:
     def _eval(self, now: float, final: bool = False) -> None:
         assert self.state is not None
         s = self.strategy
-        self.state.request_eval(now, s.version, s.round, wire_model(s.model(), self.model_spec),
+        self.state.request_eval(now, s.version, s.round, to_model(s.model(), self.model_spec),
                                 final=final)
 
     async def _dispatch(self, now: float, cid: int) -> None:
@@ -511,7 +501,7 @@ class Server:
             work = LocalWork(steps=d.budget.steps, epochs=d.budget.epochs)
         body = encode_body(Task(client=cid, task_id=d.task_id, version=d.version,
                                 round=d.round, work=work,
-                                model=wire_model(d.payload, self.task_spec)))
+                                model=to_model(d.payload, self.task_spec)))
         fields = {"kind": "task", "version": d.version, "task_id": d.task_id, "round": d.round}
         if self.egress is not None:
             # A shared downlink bottleneck at the server: the message really

@@ -33,6 +33,7 @@ import zmq
 
 from fedsim.actors import _proc
 from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
+from fedsim.actors._tensors import to_model, to_tensor
 from fedsim.algorithms import get, local_train
 from fedsim.algorithms.api import Budget, ClientContext, LocalRun
 from fedsim.algorithms.local import load_vector
@@ -42,7 +43,6 @@ from fedsim.messages import (
     Evaluate,
     Evaluated,
     Message,
-    Model,
     Shutdown,
     TensorSpec,
     Train,
@@ -73,15 +73,6 @@ def run_seed(seed: int, *keys: int) -> int:
     """A 63-bit seed for one local run, from (scenario seed, client, task)."""
     ss = np.random.SeedSequence([seed, *[k & 0xFFFFFFFF for k in keys]])
     return int(ss.generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
-
-
-def _tensor(model: Model) -> torch.Tensor:
-    """A received model's buffer as a tensor, without a copy.
-
-    The memory is the received frame: the client algorithms read it (and
-    copy it into the torch model), never write to it.
-    """
-    return torch.from_dlpack(model.flat())
 
 
 @torch.no_grad()
@@ -145,7 +136,7 @@ class Worker:
     def _handle(self, msg: Message) -> Message:
         started = time.perf_counter()
         if isinstance(msg, Evaluate):
-            load_vector(self.model, _tensor(msg.model))
+            load_vector(self.model, to_tensor(msg.model))
             loss, acc = evaluate(self.model, *self.test)
             return Evaluated(request_id=msg.request_id, version=msg.version, loss=loss,
                              accuracy=acc, seconds=time.perf_counter() - started)
@@ -159,7 +150,7 @@ class Worker:
             raise RuntimeError(f"injected training failure of client {c} (FEDSIM_FAIL_TRAIN)")
         if isinstance(msg, Advance):
             n = self.spec.nbytes // 4
-            flat = _tensor(msg.model) if msg.model is not None else torch.zeros(0)
+            flat = to_tensor(msg.model) if msg.model is not None else torch.zeros(0)
             averages = [(r, flat[i * n:(i + 1) * n]) for i, r in enumerate(msg.rounds)]
             out = self.client.advance(c, averages, x, y)
         else:
@@ -168,13 +159,12 @@ class Worker:
                 budget = Budget(steps=msg.work.steps, epochs=msg.work.epochs)
             gen = torch.Generator().manual_seed(run_seed(self.sc.seed, c, msg.task_id))
             run = LocalRun(client=c, task_id=msg.task_id, version=msg.version, round=msg.round,
-                           payload=_tensor(msg.model), budget=budget)
+                           payload=to_tensor(msg.model), budget=budget)
             out = self.client.begin(run, x, y, gen)
         upload = None
         if out.upload is not None:
-            vec = out.upload.detach().to(torch.float32).contiguous()
-            upload = Model.from_flat(vec.numpy(), self.spec.repeated(vec.numel() * 4
-                                                                     // self.spec.nbytes))
+            copies = out.upload.numel() * 4 // self.spec.nbytes
+            upload = to_model(out.upload, self.spec.repeated(copies))
         return Trained(request_id=msg.request_id, client=c, steps=out.steps, loss=out.loss,
                        compute_s=time.perf_counter() - started, upload=upload,
                        upload_round=out.upload_round, next=out.next, wait_round=out.wait_round,
