@@ -57,6 +57,24 @@ def test_dga_starts_and_completes_rounds_at_5s_latency(tmp_path: Path) -> None:
     assert sorted(aggregates[0]["clients"]) == list(range(6))
 
 
+def test_a_run_in_which_no_round_can_start_ends_failed_with_its_reason(tmp_path: Path) -> None:
+    sc = build({"name": "fedavg"})
+    run = run_in_memory(sc, tmp_path / "run", hosts=2,
+                        host_hashes={0: WRONG_HASH, 1: WRONG_HASH})
+    status = run.summary["status"]
+    assert status.startswith("failed"), status
+    assert "no round could start" in status
+    assert run.host_codes == [EXIT_REFUSED, EXIT_REFUSED]
+    assert (tmp_path / "run" / "summary.json").exists()
+    assert run.summary["clients_missing"] == list(range(6))
+    assert run.summary["updates"] == 0
+    # nothing was emulated, so netem has nothing to vouch for
+    assert run.summary["fidelity"]["verdict"] != "pass", run.summary["fidelity"]
+    events = run.events()
+    assert of(events, "start") == []
+    assert of(events, "end")[0]["status"] == status
+
+
 def test_a_host_with_another_scenario_is_refused_and_its_clients_are_named(
         tmp_path: Path) -> None:
     sc = build({"name": "fedasync", "concurrency": 2})
