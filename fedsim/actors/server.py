@@ -151,6 +151,8 @@ class Server:
         self.stop_reason: str | None = None
         self.on_progress: Callable[[Progress], None] | None = None
         self.started = False
+        # a round could start at t = 0 (set by _begin): netem has something to judge
+        self.began = False
         self.plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
         self.monitor = FidelityMonitor(dilation=dilation)
         for kind, params in self.plan.expectations().items():
@@ -276,6 +278,7 @@ class Server:
             self.stop_reason = (f"failed: no round could start ({len(registered)} of "
                                 f"{self.sc.data.num_clients} clients registered)")
             return
+        self.began = True
         state.event(0.0, "start", clients=len(registered))
         await self._apply(0.0, step)
 
@@ -569,7 +572,7 @@ class Server:
         that never said goodbye (lost) are named, since the verdict then
         covers only the others.
         """
-        if self.clock is None or not self.started:
+        if self.clock is None or not self.began:
             return {"verdict": "fail", "reasons": ["the run never started"],
                     "lateness_ms": {"p50": None, "p99": None, "max": None},
                     "suggested_dilation": None}
