@@ -8,6 +8,7 @@ about it from its event log and summary.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +108,35 @@ def test_rejected_messages_are_counted_by_reason_and_the_run_goes_on(tmp_path: P
     # nothing the rogue sent reached the algorithm: every update applied came
     # from a client that trained a task
     assert run.summary["updates"] <= len(of(events, "train_end"))
+
+
+def test_a_crashing_reader_ends_the_run_with_an_error_and_a_summary(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sc = build({"name": "fedasync", "concurrency": 4}, run={"time_budget": 60.0})
+
+    async def break_reader(run: InMemoryRun) -> None:
+        await asyncio.sleep(FAULT_AT)
+        assert run.server is not None
+
+        async def recv() -> None:
+            raise RuntimeError("the reader broke")
+
+        # the reader's next call (after the message it is waiting for) raises
+        run.server.endpoint.recv = recv  # type: ignore[method-assign]
+
+    with caplog.at_level(logging.ERROR, logger="fedsim.actors.server"):
+        run = run_in_memory(sc, tmp_path / "run", hosts=2, during=break_reader)
+    status = run.summary["status"]
+    assert status.startswith("error"), status
+    assert "the reader broke" in status
+    assert (tmp_path / "run" / "summary.json").exists()
+    errors = [r for r in caplog.records
+              if r.levelno >= logging.ERROR and r.name == "fedsim.actors.server"]
+    assert any("the reader broke" in r.getMessage() or
+               (r.exc_info and "the reader broke" in str(r.exc_info[1])) for r in errors)
+    (end,) = of(run.events(), "end")
+    assert end["status"] == status
+    # it ended at the crash (the next message after FAULT_AT), not at its
+    # time budget nor after waiting for goodbyes a dead reader cannot read
+    assert end["t"] < FAULT_AT + 1.0
+    assert run.summary["emulated_seconds"] < FAULT_AT + 1.0
