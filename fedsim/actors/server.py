@@ -166,6 +166,7 @@ class Server:
         self._bye = asyncio.Event()
         self._early_rejects: list[tuple[str, str, str]] = []
         self._sends: set[asyncio.Future[None]] = set()
+        self._reader: asyncio.Task[None] | None = None
         if hasattr(endpoint, "on_disconnect"):
             endpoint.on_disconnect = self._disconnected
 
@@ -185,7 +186,7 @@ class Server:
         """Run the federation to its end; return the summary."""
         try:
             async with asyncio.TaskGroup() as tg:
-                reader = tg.create_task(self._read(), name="server-reader")
+                reader = self._reader = tg.create_task(self._read(), name="server-reader")
                 try:
                     await self._federation(tg)
                 finally:
@@ -250,6 +251,8 @@ class Server:
             await state.drain_evals()
         finally:
             ticker.cancel()
+            if state.stopped_at is None:  # an error ended it: the federation stopped now
+                state.stopped_at = max(0.0, self.clock.now())
             await self._stop_hosts()
 
     def _clock(self, lead: float) -> Clock:
@@ -545,7 +548,9 @@ class Server:
             if h.alive:
                 await self._to_host(h.peer, stop)
         deadline = self.real_clock() + 10.0
-        while self.hosts.waiting_for_bye() and self.real_clock() < deadline:
+        # a reader that crashed can read no goodbye: do not wait for one
+        while (self.hosts.waiting_for_bye() and self.real_clock() < deadline
+               and not (self._reader is not None and self._reader.done())):
             self._bye.clear()
             try:
                 await asyncio.wait_for(self._bye.wait(), max(0.0, deadline - self.real_clock()))
