@@ -38,7 +38,7 @@ def _check_idle_while_away(events: list[dict[str, Any]]) -> None:
     assert _while_away(events, ev="correction") == []
 
 
-@pytest.mark.parametrize("mode", ["paper"])
+@pytest.mark.parametrize("mode", ["paper", "auto"])
 def test_dga_client_computes_and_sends_nothing_while_away(tmp_path: Path, mode: str) -> None:
     sc = build({"name": "dga", "local_steps": 3, "mode": mode}, run={"time_budget": 3.0},
                availability=ONOFF)
