@@ -120,6 +120,8 @@ class ClientActor:
         self.available.set()
         self.generation = 0
         self.held: list[Task | Average] = []
+        self.away_since = 0.0  # when the current absence began
+        self.time_away = 0.0  # emulated seconds away, in absences that ended
 
     # -- lifecycle ------------------------------------------------------------
     async def run(self) -> None:
@@ -165,11 +167,15 @@ class ClientActor:
 
     def _go_away(self, why: str, until: float | None = None) -> None:
         self.available.clear()
+        if not self.away:
+            self.away_since = self.host.clock.now()
         self.away = True
         self.generation += 1
         self.host.emit("away", client=self.cid, why=why, until=until)
 
     def _come_back(self, why: str, announce: bool = True) -> None:
+        if self.away:
+            self.time_away += self.host.clock.now() - self.away_since
         self.away = False
         self.available.set()
         self.host.emit("back", client=self.cid, why=why, held=len(self.held))
@@ -179,6 +185,27 @@ class ClientActor:
         self.held = []
         if announce and not has_task:  # a held task is the work; its update says "back"
             self.inbox.put_nowait(_Back(reset=self.host.sc.network.in_flight == "reset"))
+
+    def _away_total(self) -> float:
+        """Emulated seconds this client has been away, the current absence included."""
+        now = self.host.clock.now()
+        return self.time_away + (now - self.away_since if self.away else 0.0)
+
+    async def _compute(self, t0: float, away0: float, budget: float) -> None:
+        """Wait until the device has computed ``budget`` seconds since ``t0``, away time excluded.
+
+        A pipelined session pauses while its client is away (``away0`` is
+        :meth:`_away_total` at ``t0``): a piece under way when the client
+        goes off finishes that much later after it comes back, and nothing
+        of it (corrections, upload) happens while it is away.
+        """
+        clock = self.host.clock
+        while True:
+            await self.available.wait()
+            left = budget - (clock.now() - t0 - (self._away_total() - away0))
+            if left <= 1e-9:
+                return
+            await self.host.timers.sleep_until(clock.now() + left)
 
     async def _announce(self, reset: bool) -> None:
         if not self.away:
@@ -216,6 +243,7 @@ class ClientActor:
         """Run a task's local work, piece by piece, and send its uploads."""
         host = self.host
         t0 = host.clock.now()
+        away0 = self._away_total()
         gen = self.generation
         run_index, self.runs = self.runs, self.runs + 1
         host.emit("train_start", client=self.cid, version=task.version,
@@ -256,8 +284,10 @@ class ClientActor:
                 if done > deadline:
                     self.overruns += 1
                     host.overruns += 1
-                else:
-                    await host.timers.sleep_until(deadline)
+            if reply.next != "done":  # a pipelined session: time away does not compute
+                await self._compute(t0, away0, budget)
+            elif budget > 0 and done <= deadline:
+                await host.timers.sleep_until(deadline)
             for r, delay in reply.notes.get("corrections", []):
                 host.emit("correction", client=self.cid, round=r, delay=delay)
             if reply.next == "done":
@@ -290,6 +320,7 @@ class ClientActor:
                 return
             await self.available.wait()
             t0 = host.clock.now()
+            away0 = self._away_total()
             run_index, self.runs = self.runs, self.runs + 1
             rounds = tuple(sorted(averages))
             model = None
