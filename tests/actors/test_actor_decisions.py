@@ -13,7 +13,6 @@ import torch
 from actor_scenarios import build, of
 
 from fedsim.actors.inmemory import run_in_memory
-from fedsim.actors.server import FromClient
 from fedsim.algorithms import ClientResult
 from fedsim.algorithms import api as algorithms_api
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
@@ -21,7 +20,6 @@ from fedsim.algorithms.fedavg import fedavg_aggregate
 from fedsim.algorithms.fedbuff import FedBuff
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.sgdclient import local_sgd_client
-from fedsim.messages import Update
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,8 +39,11 @@ def test_fedbuff_reports_every_max_staleness_discard_even_with_a_buffered_update
         return new, info
 
     monkeypatch.setattr(FedBuff, "aggregate", spy)
+    # jittery links: results come back out of dispatch order, so a stale one
+    # often arrives while a fresh one waits in the buffer
+    jittery = {"delay": 0.02, "jitter": 0.02}
     sc = build({"name": "fedbuff", "buffer_size": 2, "max_staleness": 0, "concurrency": 4},
-               run={"time_budget": 2.0})
+               run={"time_budget": 2.0}, network={"up": jittery, "down": jittery})
     run = run_in_memory(sc, tmp_path / "run", hosts=2)
     assert run.summary["status"] == "completed", run.summary["status"]
     events = run.events()
@@ -51,21 +52,19 @@ def test_fedbuff_reports_every_max_staleness_discard_even_with_a_buffered_update
     assert all("max_staleness" in e["reason"] and e["staleness"] >= 1 for e in discards)
     # some of them came while the buffer held an update (the old silent case)
     assert len(seen) == len(discards)
-    assert sum(1 for info in seen if info["buffered"] > 0) >= 3
-    # every update the server took in is accounted for: applied, discarded,
-    # still buffered at the end, or still queued when the run stopped
-    delivered = len(of(events, "deliver", dir="up", kind="Update"))
+    assert sum(1 for info in seen if info["buffered"] > 0) >= 5
+    # every update delivered before the stop is accounted for: applied,
+    # discarded, or still in the buffer at the end (one delivered after the
+    # stop, while the server waits for the hosts' goodbyes, reaches no algorithm)
+    stop = run.summary["emulated_seconds"]
+    delivered = [e for e in of(events, "deliver", dir="up", kind="Update") if e["t"] <= stop]
     applied = sum(len(e["clients"]) for e in of(events, "aggregate"))
     assert run.server is not None
     buffered = run.server.strategy.rule.buffered()  # type: ignore[attr-defined]
-    queued = 0
-    while not run.server.queue.empty():
-        item = run.server.queue.get_nowait()
-        queued += isinstance(item, FromClient) and isinstance(item.msg, Update)
     assert applied == run.summary["updates"]
-    assert delivered == applied + len(discards) + buffered + queued, (
-        delivered, applied, len(discards), buffered, queued)
     assert buffered < 2
+    assert len(delivered) == applied + len(discards) + buffered, (
+        len(delivered), applied, len(discards), buffered)
 
 
 # -- an algorithm whose aggregation fails in round 2 --------------------------------
