@@ -77,6 +77,22 @@ def cli(verbose: int) -> None:
     os.environ.setdefault("FEDSIM_LOG", logging.getLevelName(level))
 
 
+def _scenario_or_resume(scenario: str | None, resume: str | None, sets: tuple[str, ...],
+                        dilation: str | None, out: str | None) -> Any:
+    """The scenario to run, or None when resuming (the run directory holds it)."""
+    if resume is not None:
+        if scenario is not None or sets or dilation is not None or out is not None:
+            raise click.UsageError("--resume RUN_DIR continues a run as it was: give no "
+                                   "SCENARIO, --set, --dilation or --out with it")
+        return None
+    if scenario is None:
+        raise click.UsageError("give a SCENARIO file (or --resume RUN_DIR)")
+    if dilation is not None:
+        value = '"auto"' if dilation == "auto" else dilation
+        sets = (*sets, f"run.dilation={value}")
+    return _load(scenario, sets)
+
+
 def _load(path: str, sets: tuple[str, ...]) -> Any:
     from fedsim.network import NetPlan, NetworkError
 
@@ -89,35 +105,8 @@ def _load(path: str, sets: tuple[str, ...]) -> Any:
     return sc
 
 
-@cli.command()
-@click.argument("scenario", type=click.Path(dir_okay=False))
-@click.option("--out", type=click.Path(file_okay=False),
-              help="Run directory (default runs/NAME-TIME).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a scenario key, e.g. --set algorithm.alpha=0.3 (repeatable).")
-@click.option("--dilation", help="Real seconds per emulated second, or 'auto'.")
-@click.option("--no-progress", is_flag=True, help="No live progress line.")
-def run(scenario: str, out: str | None, sets: tuple[str, ...], dilation: str | None,
-        no_progress: bool) -> None:
-    """Run SCENARIO (a TOML file) on this machine."""
-    from fedsim.runner import run_scenario
-
-    if dilation is not None:
-        value = '"auto"' if dilation == "auto" else dilation
-        sets = (*sets, f"run.dilation={value}")
-    sc = _load(scenario, sets)
-    progress = Progress(not no_progress)
-    try:
-        result = run_scenario(sc, out, on_progress=progress)
-    except KeyboardInterrupt:
-        progress.close()
-        click.echo("interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except Exception as exc:
-        progress.close()
-        click.echo(f"error: run failed: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
-    progress.close()
+def _report(result: Any) -> None:
+    """Print a finished run's summary; exit with its status."""
     s = result.summary
     st = s.get("staleness") or {}
     fid = s.get("fidelity") or {}
@@ -143,12 +132,64 @@ def run(scenario: str, out: str | None, sets: tuple[str, ...], dilation: str | N
     if fid.get("verdict") == "fail":
         click.echo(f"    suggested dilation {fid.get('suggested_dilation')} "
                    "(fedsim run --dilation X, or --dilation auto)")
+    hosts = s.get("hosts") or {}
+    if hosts.get("unreported"):
+        click.echo(f"  hosts            {hosts['reported']} of {hosts['registered']} reported; "
+                   f"lost: {', '.join(hosts['unreported'])} (the verdict covers the others)")
+    if s.get("clients_missing"):
+        click.echo(f"  missing clients  {len(s['clients_missing'])} never registered")
+    if s.get("send_times_clamped"):
+        click.echo(f"  clamped          {s['send_times_clamped']} messages claimed an "
+                   "impossible send time (not judged for lateness)")
+    if s.get("late_arrivals"):
+        click.echo(f"  late arrivals    {s['late_arrivals']} messages arrived after their "
+                   "emulated delivery time (real transit longer than the emulated link, or a "
+                   "forged send time; per host in fidelity.clocks): not judged")
+    rejected = (s.get("rejected_messages") or {}).get("server") or {}
+    if rejected:
+        click.echo("  rejected         " + ", ".join(f"{k} {v}" for k, v in sorted(
+            rejected.items())))
     click.echo(f"  run directory    {result.run_dir}")
     status = s.get("status", "")
     if status == "interrupted":
         sys.exit(EXIT_INTERRUPTED)
     if status.startswith("failed") or status.startswith("error"):
         sys.exit(EXIT_FAILED)
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False), required=False)
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Run directory (default runs/NAME-TIME).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a scenario key, e.g. --set algorithm.alpha=0.3 (repeatable).")
+@click.option("--dilation", help="Real seconds per emulated second, or 'auto'.")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False),
+              help="Continue RUN_DIR from its last checkpoint (no SCENARIO).")
+@click.option("--no-progress", is_flag=True, help="No live progress line.")
+def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: str | None,
+        resume: str | None, no_progress: bool) -> None:
+    """Run SCENARIO (a TOML file) on this machine."""
+    from fedsim.runner import run_scenario
+
+    sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
+    progress = Progress(not no_progress)
+    try:
+        result = run_scenario(sc, out, resume=resume, on_progress=progress)
+    except (FileNotFoundError, ValueError) as exc:
+        progress.close()
+        click.echo(f"error: cannot resume: {exc}", err=True)
+        sys.exit(EXIT_SCENARIO)
+    except KeyboardInterrupt:
+        progress.close()
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:
+        progress.close()
+        click.echo(f"error: run failed: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    progress.close()
+    _report(result)
 
 
 @cli.command()
@@ -166,10 +207,138 @@ def check(scenario: str, sets: tuple[str, ...], as_json: bool) -> None:
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def plot(run_dir: str) -> None:
     """Redraw the plots of RUN_DIR (also works on a run that was killed)."""
+    from fedsim.metrics import read_summary
     from fedsim.plots import plot_run
 
+    summary = read_summary(Path(run_dir))
+    if summary is not None:
+        why = summary.get("interrupted_reason") or summary.get("stop_reason")
+        click.echo(f"{run_dir}: {summary.get('status')}" + (f" ({why})" if why else ""))
     for p in plot_run(Path(run_dir)):
         click.echo(str(p))
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False), required=False)
+@click.option("--bind", required=True, metavar="ADDRESS",
+              help="Where client hosts connect, e.g. tcp://0.0.0.0:5555.")
+@click.option("--keys", "keys_dir", type=click.Path(file_okay=False),
+              help="Directory made by `fedsim keys` (server.key_secret, allowed.toml).")
+@click.option("--insecure", is_flag=True,
+              help="No authentication (a trusted lab network only).")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Run directory (default runs/NAME-TIME).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a scenario key (client hosts must use the same overrides).")
+@click.option("--dilation", help="Real seconds per emulated second, or 'auto'.")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False),
+              help="Continue RUN_DIR from its last checkpoint (no SCENARIO).")
+@click.option("--no-progress", is_flag=True, help="No live progress line.")
+def server(scenario: str | None, bind: str, keys_dir: str | None, insecure: bool,
+           out: str | None, sets: tuple[str, ...], dilation: str | None, resume: str | None,
+           no_progress: bool) -> None:
+    """Serve SCENARIO to client hosts on other machines (see `fedsim clients`).
+
+    The federation starts when every client of the scenario has registered,
+    or after deploy.start_timeout real seconds with those present. CURVE
+    authentication is on for any non-loopback address.
+    """
+    from fedsim.deploy.run import DeployError, run_server
+
+    sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
+    progress = Progress(not no_progress)
+    try:
+        result = run_server(sc, bind=bind, out=out, keys_dir=keys_dir, insecure=insecure,
+                            resume=resume, on_progress=progress)
+    except (DeployError, FileNotFoundError, ValueError) as exc:
+        progress.close()
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_SCENARIO)
+    except KeyboardInterrupt:
+        progress.close()
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    progress.close()
+    _report(result)
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--connect", required=True, metavar="ADDRESS",
+              help="The server's address, e.g. tcp://server.example:5555.")
+@click.option("--ids", required=True, metavar="RANGE",
+              help="Client ids this host runs, e.g. 0-49 or 0-9,20-29.")
+@click.option("--name", help="This host's name (default host-<first id>); with --keys, the "
+              "name its key was made for.")
+@click.option("--keys", "keys_dir", type=click.Path(file_okay=False),
+              help="Directory holding NAME.key_secret and server.key (from `fedsim keys`).")
+@click.option("--insecure", is_flag=True, help="No authentication (the server runs --insecure).")
+@click.option("--state", "state_dir", type=click.Path(file_okay=False),
+              help="Keep the clients' algorithm state here, so that a restarted host takes it "
+              "back (SCAFFOLD's control variates, FedSpeed's correction).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a scenario key (the same overrides as the server).")
+def clients(scenario: str, connect: str, ids: str, name: str | None, keys_dir: str | None,
+            insecure: bool, state_dir: str | None, sets: tuple[str, ...]) -> None:
+    """Run a client host: clients IDS of SCENARIO, for the server at CONNECT.
+
+    Exits 0 when the server ends the run, 4 if the server refused this host
+    (its version, scenario or key), 3 if the server went silent.
+    """
+    from fedsim._ids import parse_ids
+    from fedsim.deploy.run import DeployError, run_clients
+
+    sc = _load(scenario, sets)
+    try:
+        id_list = parse_ids(ids, sc.data.num_clients)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--ids") from None
+    name = name or f"host-{id_list[0]}"
+    try:
+        code = run_clients(sc, connect=connect, ids=id_list, name=name, keys_dir=keys_dir,
+                           insecure=insecure, state_dir=state_dir)
+    except DeployError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_SCENARIO)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code)
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--hosts", type=click.IntRange(min=1), required=True,
+              help="How many client hosts to make keys for.")
+@click.option("--clients", "num_clients", type=click.IntRange(min=1),
+              help="Clients in the federation (split evenly over the hosts).")
+@click.option("--scenario", type=click.Path(dir_okay=False),
+              help="Take the number of clients from this scenario.")
+@click.option("--ids", "ranges", multiple=True, metavar="RANGE",
+              help="Each host's client ids, in host order (repeat once per host).")
+def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | None,
+         ranges: tuple[str, ...]) -> None:
+    """Make CURVE keys: the server's, one pair per client host, and the allow-list.
+
+    Give the server server.key_secret and allowed.toml; give client host i
+    host-<i>.key_secret and server.key.
+    """
+    from fedsim.deploy.keys import KeysError, make_keys
+
+    if scenario is not None:
+        num_clients = _load(scenario, ()).data.num_clients
+    if num_clients is None:
+        raise click.UsageError("give --clients N or --scenario FILE")
+    try:
+        made = make_keys(directory, hosts, num_clients, list(ranges) or None)
+    except (KeysError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_SCENARIO)
+    from fedsim._ids import format_ids
+
+    click.echo(f"wrote {directory}/server.key(_secret) and allowed.toml")
+    for h in made:
+        click.echo(f"  {h.name}: clients {format_ids(h.ids)}  ({directory}/{h.name}.key_secret)")
 
 
 def main() -> None:

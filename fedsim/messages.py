@@ -93,6 +93,7 @@ from numpy.typing import DTypeLike, NDArray
 
 __all__ = [
     "EVENT_KINDS",
+    "HOST_EVENT_KINDS",
     "KINDS",
     "MAX_DEPTH",
     "MAX_NDIM",
@@ -951,6 +952,14 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def _non_negative(record: object, *names: str) -> None:
+    """Each named int field of ``record`` is >= 0 (ids, counters, versions)."""
+    for name in names:
+        value = getattr(record, name)
+        if value is not None and value < 0:
+            raise _Bad(f" must be >= 0, got {value}", f".{name}")
+
+
 class _Record:
     """Shared behaviour of value types and messages: checks, ``==``, short repr."""
 
@@ -1100,13 +1109,21 @@ EVENT_KINDS: tuple[str, ...] = (
     "barrier_resume",
     "client_failed",
     "host_lost",
+    "host_joined",
     "host_rejected",
     "start",
+    "checkpoint",
+    "resume",
     "missing",
     "end",
     "warning",
 )
 """Every ``Event.ev`` value."""
+
+#: The ``Event.ev`` values a client host may report (the rest are the server's).
+HOST_EVENT_KINDS: frozenset[str] = frozenset({
+    "send", "deliver", "drop", "reject", "train_start", "train_end", "train_error", "away",
+    "back", "correction", "barrier_wait", "barrier_resume", "warning"})
 
 _EVENT_KIND_SET = frozenset(EVENT_KINDS)
 
@@ -1207,6 +1224,9 @@ class Task(_Record):
     work: LocalWork | None
     model: Model
 
+    def _validate(self) -> None:
+        _non_negative(self, "client", "task_id", "version", "round")
+
 
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
@@ -1222,6 +1242,11 @@ class Update(_Record):
     loss: AnyFloat | None
     model: Model
 
+    def _validate(self) -> None:
+        _non_negative(self, "client", "task_id", "base_version", "round", "steps")
+        if self.num_samples < 1:
+            raise _Bad(f" must be >= 1, got {self.num_samples}", ".num_samples")
+
 
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
@@ -1233,6 +1258,9 @@ class Average(_Record):
     version: int
     model: Model
 
+    def _validate(self) -> None:
+        _non_negative(self, "client", "round", "version")
+
 
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
@@ -1241,6 +1269,9 @@ class Ready(_Record):
 
     client: int
     reset: bool
+
+    def _validate(self) -> None:
+        _non_negative(self, "client")
 
 
 @_message
@@ -1251,6 +1282,9 @@ class Failed(_Record):
     client: int
     reason: str
 
+    def _validate(self) -> None:
+        _non_negative(self, "client")
+
 
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
@@ -1259,6 +1293,9 @@ class Leave(_Record):
 
     client: int
     reason: str
+
+    def _validate(self) -> None:
+        _non_negative(self, "client")
 
 
 # ---------------------------------------------------------------------------
@@ -1277,8 +1314,16 @@ class HostHello(_Record):
     boot_id: str
     fedsim_version: str
     scenario_hash: str
+    #: the host's estimate of (server monotonic - host monotonic), in real
+    #: seconds, from the minimum-RTT ClockProbe exchange, and its uncertainty
+    #: (half that round trip)
+    clock_offset: float = 0.0
+    clock_uncertainty: float = 0.0
 
     def _validate(self) -> None:
+        if not (math.isfinite(self.clock_offset) and math.isfinite(self.clock_uncertainty)
+                and self.clock_uncertainty >= 0):
+            raise _Bad(": clock offset and uncertainty must be finite (uncertainty >= 0)")
         if len(self.samples) != len(self.clients):
             raise _Bad(f": {len(self.clients)} clients but {len(self.samples)} samples")
 
@@ -1293,6 +1338,9 @@ class Start(_Record):
     dilation: float
     spec: TensorSpec
     task_copies: int = 1
+    #: the real seconds one local step takes on the server's machine, when the
+    #: scenario's device model scales it (measured there, once, for every host)
+    host_step_time: float | None = None
 
 
 @_message
@@ -1330,6 +1378,9 @@ class HostBye(_Record):
     compute_deadlines: int
     rejected: int
     fidelity: dict[str, Any]
+    #: the clock offset re-estimated during the run (real seconds); its
+    #: spread from the first estimate is drift the verdict must account for
+    clock_offsets: tuple[float, ...] = ()
 
 
 @_message
@@ -1377,6 +1428,9 @@ class Train(_Record):
     round: int
     work: LocalWork | None
     model: Model
+
+    def _validate(self) -> None:
+        _non_negative(self, "client", "task_id", "version", "round")
 
 
 @_message

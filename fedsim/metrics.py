@@ -53,6 +53,76 @@ def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
     os.replace(tmp, path)
 
 
+def writer_alive(writer: dict[str, Any] | None, stale_after: float = 120.0) -> bool:
+    """Whether the process that writes a run directory is still at it.
+
+    On its own machine (same node name and boot id) the process is looked up
+    by pid; elsewhere a summary not rewritten for ``stale_after`` seconds
+    means its writer is gone.
+    """
+    import socket
+    import time
+
+    if not writer:
+        return False
+    if writer.get("node") == socket.gethostname() and writer.get("boot_id") == _boot_id():
+        pid = int(writer.get("pid", -1))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:  # a reused pid is not our writer
+            with open(f"/proc/{pid}/stat") as fh:
+                started = int(fh.read().rsplit(")", 1)[1].split()[19])
+            return started == int(writer.get("started", started))
+        except (OSError, ValueError, IndexError):
+            return True
+    return time.time() - float(writer.get("updated_at", 0.0)) < stale_after
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def writer_record() -> dict[str, Any]:
+    """Who writes this run directory: node, boot id, pid, process start, time of writing."""
+    import socket
+    import time
+
+    pid = os.getpid()
+    started = None
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            started = int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"node": socket.gethostname(), "boot_id": _boot_id(), "pid": pid,
+            "started": started, "updated_at": time.time()}
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """A run's summary.json as a reader should see it (None if there is none).
+
+    A summary still saying ``running`` whose writer is gone (killed, crashed)
+    reads as ``interrupted``, with ``interrupted_reason`` saying so.
+    """
+    try:
+        with open(run_dir / "summary.json") as fh:
+            summary: dict[str, Any] = json.load(fh)
+    except (OSError, json.JSONDecodeError):
+        return None
+    if summary.get("status") == "running" and not writer_alive(summary.get("writer")):
+        summary["status"] = "interrupted"
+        summary["interrupted_reason"] = "its writer is gone (killed or crashed)"
+    return summary
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.integer):
         return int(obj)
@@ -64,39 +134,51 @@ def _json_default(obj: Any) -> Any:
 
 
 class EventLog:
-    """Append-only JSON-lines event log, flushed in batches.
+    """Append-only JSON-lines event log, written in whole lines.
 
     Each record has ``t`` (emulated seconds), ``real`` (real seconds since the
-    run's epoch) and ``ev`` (the event type), then event fields.
+    run's epoch) and ``ev`` (the event type), then event fields. Records are
+    kept until ``flush_every`` of them are pending (or :meth:`flush`) and then
+    written with one ``write`` of whole lines on an ``O_APPEND`` descriptor:
+    no buffer ever pushes half a line to the file. ``offset`` is the file's
+    length after the last flush (a checkpoint records it; a resumed run
+    truncates the log back to it).
     """
 
     def __init__(self, path: Path, flush_every: int = 512) -> None:
         self.path = path
-        self._fh = open(path, "a", buffering=1 << 16)  # noqa: SIM115 - closed in close()
-        self._pending = 0
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lines: list[bytes] = []
         self.flush_every = flush_every
         self.count = 0
+        self.offset = os.fstat(self._fd).st_size
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record."""
-        self._fh.write(json.dumps(record, separators=(",", ":"), default=_json_default))
-        self._fh.write("\n")
+        self._lines.append(json.dumps(record, separators=(",", ":"),
+                                      default=_json_default).encode() + b"\n")
         self.count += 1
-        self._pending += 1
-        if self._pending >= self.flush_every:
+        if len(self._lines) >= self.flush_every:
             self.flush()
 
     def flush(self) -> None:
-        """Push buffered records to the OS (whole lines only)."""
-        self._fh.flush()
-        self._pending = 0
+        """Write the pending records to the file (whole lines only)."""
+        if not self._lines or self._fd is None:
+            return
+        data = memoryview(b"".join(self._lines))
+        self._lines.clear()
+        while data:
+            n = os.write(self._fd, data)
+            data = data[n:]
+            self.offset += n
 
     def close(self) -> None:
-        """Flush and close."""
-        if not self._fh.closed:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
+        """Flush, sync and close."""
+        if self._fd is not None:
+            self.flush()
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
 
 
 class MetricsTable:
@@ -116,6 +198,11 @@ class MetricsTable:
         self._w.writerow(clean)
         self._fh.flush()
         self.rows.append(row)
+
+    @property
+    def offset(self) -> int:
+        """The file's length (whole rows: every row is flushed as it is written)."""
+        return self._fh.tell()
 
     def close(self) -> None:
         """Close the file."""

@@ -1,4 +1,4 @@
-"""``fedsim run``: one federation on one host, start to finish.
+"""``fedsim run`` (one federation on one host) and the server side of ``fedsim server``.
 
 The runner writes the resolved scenario to a fresh run directory, binds the
 server's sockets, starts the client-host processes (one per core by
@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -28,8 +29,10 @@ from fedsim.scenario import Scenario, resolved, to_toml
 
 if TYPE_CHECKING:
     from fedsim.actors.runstate import Progress
+    from fedsim.transport import ServerKeys
 
-__all__ = ["RunResult", "calibrate_dilation", "plan_hosts", "run_scenario"]
+__all__ = ["RunResult", "calibrate_dilation", "finish", "plan_hosts", "prepare", "prepare_resume",
+           "run_scenario", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -110,34 +113,49 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None)
     return float(2 ** max(0, math.ceil(math.log2(need)))) if need > 1 else 1.0
 
 
-async def _run(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, Any],
-               on_progress: Callable[[Progress], None] | None) -> dict[str, Any]:
+async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, Any], *,
+                bind: str | None = None, keys: ServerKeys | None = None,
+                allowed: dict[str, tuple[int, ...]] | None = None,
+                local_hosts: list[list[int]] | None = None, resume: bool = False,
+                on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+    """Run the server of one federation; return its summary.
+
+    ``bind`` is the address client hosts connect to (default: a local one).
+    ``local_hosts`` are client-host processes to start on this machine
+    (``fedsim run``); without them, hosts connect from wherever they run
+    (``fedsim server``). With ``keys`` the socket is a CURVE server that
+    admits only the keys on ``allowed``'s allow-list. With ``resume`` the run
+    continues from ``run_dir``'s checkpoint. SIGINT and SIGTERM end the run
+    with status ``interrupted`` (a second one aborts).
+    """
     from fedsim.actors._proc import fedsim_version
     from fedsim.actors._setup import build_data, build_model, model_shapes
     from fedsim.actors._workers import WorkerHandle
-    from fedsim.actors.server import Server
+    from fedsim.actors.server import Server, load_checkpoint
     from fedsim.algorithms import flatten
     from fedsim.messages import TensorSpec
     from fedsim.scenario import scenario_hash
-    from fedsim.transport import ZmqContext, cleanup_ipc, ipc_address
+    from fedsim.transport import ZmqContext, ipc_address
 
     run_id = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
     scenario_file = str((run_dir / "scenario.json").resolve())
+    ckpt = load_checkpoint(run_dir, fedsim_version(), scenario_hash(data)) if resume else None
     fed = build_data(sc)
     write_json_atomic(run_dir / "data.json", fed.stats())
     model = build_model(sc, tuple(fed.input_shape), int(fed.num_classes))
     x0 = flatten([p for p in model.parameters() if p.requires_grad])
     spec = TensorSpec([("float32", s) for s in model_shapes(model)])
     del fed, model
-    plan = plan_hosts(sc)
     zmq_ctx = ZmqContext(max_message_bytes=int(sc.deploy.max_message_mb * 1e6))
-    address = (ipc_address(run_id, "server") if sc.deploy.transport == "ipc"
-               else "tcp://127.0.0.1:0")
-    endpoint = zmq_ctx.endpoint(address)
+    if bind is None:
+        bind = (ipc_address(run_id, "server") if sc.deploy.transport == "ipc"
+                else "tcp://127.0.0.1:0")
+    endpoint = zmq_ctx.endpoint(bind, keys)
     evaluator = WorkerHandle(zmq_ctx, ipc_address(run_id, "eval"), scenario_file, "evaluator")
-    server = Server(sc, run_dir, endpoint=endpoint, evaluator=evaluator, hosts=len(plan),
+    server = Server(sc, run_dir, endpoint=endpoint, evaluator=evaluator,
                     dilation=dilation, fedsim_version=fedsim_version(),
-                    scenario_hash=scenario_hash(data), model_x0=x0, model_spec=spec)
+                    scenario_hash=scenario_hash(data), model_x0=x0, model_spec=spec,
+                    allowed=allowed, resume=ckpt)
     server.on_progress = on_progress
     procs: dict[str, asyncio.subprocess.Process] = {}
     stopping = {"flag": False}
@@ -147,7 +165,7 @@ async def _run(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, Any
         if code != 0 or not stopping["flag"]:
             server.host_exited(name, f"exit code {code}")
 
-    for h, clients in enumerate(plan):
+    for h, clients in enumerate(local_hosts or []):
         name = f"host-{h}"
         procs[name] = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "fedsim.actors.host", "--connect", endpoint.address,
@@ -156,14 +174,19 @@ async def _run(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, Any
             stdin=asyncio.subprocess.DEVNULL)
     write_json_atomic(run_dir / "endpoints.json", {
         "server": endpoint.address, "run_id": run_id, "pid": os.getpid(),
-        "hosts": {n: {"pid": p.pid, "clients": plan[i]} for i, (n, p) in enumerate(procs.items())},
+        "node": socket.gethostname(), "authenticated": keys is not None,
+        "hosts": {n: {"pid": p.pid, "clients": (local_hosts or [])[i]}
+                  for i, (n, p) in enumerate(procs.items())},
     })
+    if local_hosts is None:
+        log.warning("server listening at %s%s; waiting for client hosts", endpoint.address,
+                    " (CURVE)" if keys is not None else "")
     watchers = [asyncio.create_task(watch(n, p)) for n, p in procs.items()]
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     interrupts = {"n": 0}
 
-    def on_sigint() -> None:
+    def on_signal() -> None:
         interrupts["n"] += 1
         if interrupts["n"] == 1:
             server.request_stop("interrupted")
@@ -171,8 +194,8 @@ async def _run(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, Any
             main.cancel()
 
     with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-        loop.add_signal_handler(signal.SIGTERM, on_sigint)
+        loop.add_signal_handler(signal.SIGINT, on_signal)
+        loop.add_signal_handler(signal.SIGTERM, on_signal)
     try:
         summary = await server.run()
     finally:
@@ -190,22 +213,22 @@ async def _run(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, Any
             await evaluator.close()
         endpoint.close()
         zmq_ctx.close(linger_ms=500)
-        cleanup_ipc(run_id)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
     return summary
 
 
-def run_scenario(sc: Scenario, out: str | Path | None = None, *,
-                 dilation: float | str | None = None,
-                 on_progress: Callable[[Progress], None] | None = None) -> RunResult:
-    """Run a scenario to its end and return where its results are."""
-    import torch
+def prepare(sc: Scenario, out: str | Path | None, dilation: float | str | None,
+            hosts: int) -> tuple[Scenario, Path, float, dict[str, Any]]:
+    """Settle a run's runtime values and write its resolved scenario.
 
-    # The server's tensor math is small and sequential; torch's intra-op
-    # threads would only spin on the cores the client hosts need.
-    torch.set_num_threads(1)
+    Measures this machine's step time when the device model needs it,
+    resolves ``dilation`` (``"auto"`` calibrates for ``hosts`` client
+    hosts), and writes scenario.json, scenario.toml and heterogeneity.json
+    into a fresh run directory. Returns the scenario as run, the run
+    directory, the dilation and the resolved data.
+    """
     from fedsim.network import NetPlan
 
     run_dir = new_run_dir(sc, out)
@@ -217,7 +240,7 @@ def run_scenario(sc: Scenario, out: str | Path | None = None, *,
     data = resolved(sc)
     choice = dilation if dilation is not None else sc.run.dilation
     if choice == "auto":
-        choice = calibrate_dilation(sc, len(plan_hosts(sc)), real_step)
+        choice = calibrate_dilation(sc, hosts, real_step)
         log.info("dilation auto: %s", choice)
     data["run"]["dilation"] = choice
     write_json_atomic(run_dir / "heterogeneity.json",
@@ -226,14 +249,58 @@ def run_scenario(sc: Scenario, out: str | Path | None = None, *,
     (run_dir / "scenario.toml").write_text(
         "# Resolved scenario: every default filled in (keys set to none are omitted).\n"
         + to_toml(data))
-    from fedsim.actors._proc import run_loop
+    return sc, run_dir, float(choice), data
 
-    summary = run_loop(_run(sc, run_dir, float(choice), data, on_progress), sc.deploy.loop)
+
+def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str, Any]]:
+    """The scenario, run directory, dilation and resolved data of a run to resume."""
+    import json
+
+    from fedsim.scenario import parse
+
+    path = Path(run_dir)
+    try:
+        data = json.loads((path / "scenario.json").read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is not a run directory (no scenario.json)") from None
+    sc = parse(data, str(path / "scenario.json"))
+    return sc, path, float(data["run"]["dilation"]), data
+
+
+def finish(run_dir: Path) -> None:
+    """Draw a finished (or stopped) run's plots; never lose the run for them."""
     from fedsim.plots import plot_run
 
     try:
         plot_run(run_dir)
-    except Exception as exc:  # plots are a convenience; never lose the run for them
+    except Exception as exc:  # plots are a convenience
         log.warning("plotting failed: %s", exc)
-    return RunResult(run_dir, summary)
 
+
+def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
+                 dilation: float | str | None = None, resume: str | Path | None = None,
+                 on_progress: Callable[[Progress], None] | None = None) -> RunResult:
+    """Run a scenario to its end on this machine and return where its results are.
+
+    With ``resume`` (a run directory) the run continues from its last
+    checkpoint instead (``sc`` is read from the directory).
+    """
+    import torch
+
+    # The server's tensor math is small and sequential; torch's intra-op
+    # threads would only spin on the cores the client hosts need.
+    torch.set_num_threads(1)
+    from fedsim.actors._proc import run_loop
+
+    if resume is not None:
+        sc, run_dir, choice, data = prepare_resume(resume)
+        hosts = plan_hosts(sc)
+    else:
+        assert sc is not None
+        hosts = plan_hosts(sc)
+        sc, run_dir, choice, data = prepare(sc, out, dilation, len(hosts))
+    summary = run_loop(serve(sc, run_dir, choice, data, local_hosts=hosts,
+                             resume=resume is not None, on_progress=on_progress),
+                       sc.deploy.loop)
+    finish(run_dir)
+    return RunResult(run_dir, summary)

@@ -142,6 +142,11 @@ class RunConfig(SchemaModel):
     target_accuracy: Prob | None = None
     stop_at_target: bool = False
     dilation: Pos | Literal["auto"] = 1.0
+    # the server checkpoints (model, algorithm state, counters, log offsets)
+    # every this many aggregations (updates or rounds, as the algorithm
+    # counts them) or real seconds, whichever comes first; 0 turns either off
+    checkpoint_every: Annotated[int, Field(ge=0)] = 50
+    checkpoint_seconds: NonNeg = 30.0
 
     @model_validator(mode="after")
     def _some_limit(self) -> RunConfig:
@@ -159,8 +164,9 @@ class EvalConfig(SchemaModel):
 
 
 class DeployConfig(SchemaModel):
-    """Processes and sockets of a one-host run."""
+    """Processes, sockets and limits (one host or many)."""
 
+    # client-host processes of `fedsim run` (0: one per core)
     hosts: Annotated[int, Field(ge=0)] = 0
     transport: Literal["ipc", "tcp"] = "ipc"
     loop: Literal["uvloop", "asyncio"] = "uvloop"
@@ -168,6 +174,15 @@ class DeployConfig(SchemaModel):
     # real seconds to wait for client hosts to register before the federation
     # starts with those present (the missing ones are named)
     start_timeout: Pos = 120.0
+    # real seconds of silence after which a host (or, seen from a host, the
+    # server) is taken for dead; hosts probe the server's clock every 2 s
+    host_timeout: Annotated[float, Field(ge=5.0)] = 15.0
+    # the longest real transit a message may claim (now - its send time); a
+    # claim outside [now - this, now + clock uncertainty] is clamped and counted
+    max_transit_ms: Pos = 1000.0
+    # messages per real second one client host may send, averaged over 5 s;
+    # beyond it messages are rejected (counted, logged)
+    max_host_rate: Pos = 5000.0
 
 
 class Scenario(SchemaModel):
@@ -285,10 +300,23 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     return parse(apply_overrides(raw, overrides or []), str(p))
 
 
+#: Resolved keys the server settles at run time and sends to every host in
+#: ``Start`` (a measured step time, an automatic dilation): not hashed.
+RUNTIME_KEYS = (("run", "dilation"), ("devices", "host_step_time"))
+
+
 def scenario_hash(data: dict[str, Any]) -> str:
-    """SHA-256 of a resolved scenario's canonical JSON (hosts must run the server's)."""
+    """SHA-256 of a resolved scenario's canonical JSON (hosts must run the server's).
+
+    ``RUNTIME_KEYS`` are left out: the server decides them and tells the hosts.
+    """
+    import copy
     import hashlib
 
+    data = copy.deepcopy(data)
+    for table, key in RUNTIME_KEYS:
+        if isinstance(data.get(table), dict):
+            data[table].pop(key, None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -623,6 +623,11 @@ class MemoryEndpoint:
             raise TypeError(f"packet source {source!r} is not an identity")
         return source, [memoryview(f) for f in frames]
 
+    def user(self, peer: bytes) -> str | None:
+        """The name ``peer`` authenticated as (None: not authenticated)."""
+        conn = self._net._peers.get(self.address, {}).get(peer)
+        return None if conn is None else conn.user
+
     async def send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
         """Send one message to one peer.
 
@@ -692,6 +697,7 @@ class MemoryConnection:
         self._inbox = _Inbox(max_queue)
         self._stalled: list[asyncio.Future[None]] = []
         self._pair_peer: MemoryConnection | None = None  # for the ends of a pair
+        self.user: str | None = None
 
     @property
     def closed(self) -> bool:
@@ -872,7 +878,8 @@ class MemoryNetwork:
         return endpoint
 
     def connect(
-        self, address: str, identity: bytes, *, max_queue: int | None = None
+        self, address: str, identity: bytes, *, max_queue: int | None = None,
+        user: str | None = None,
     ) -> MemoryConnection:
         """Connect to the endpoint bound at ``address``, as ``identity``.
 
@@ -886,6 +893,10 @@ class MemoryNetwork:
         max_queue : int or None
             Messages the connection holds before the endpoint's ``send`` to
             it waits (default: unbounded).
+        user : str or None
+            The name the connection authenticated as (what a CURVE
+            handshake's ZAP handler gives libzmq's ``User-Id``), reported by
+            :meth:`MemoryEndpoint.user`.
 
         Raises
         ------
@@ -903,6 +914,7 @@ class MemoryNetwork:
         if identity in peers:
             raise ConnectionError(f"identity {identity!r} is already connected to {address}")
         conn = MemoryConnection(self, address, identity, max_queue)
+        conn.user = user
         peers[identity] = conn
         return conn
 

@@ -35,6 +35,23 @@ Bounds
   healthy run; when it is, a send waits (DEALER) or fails with
   :class:`PeerGone` (ROUTER, mandatory routing) instead of dropping silently.
 
+Authentication
+--------------
+With :class:`ServerKeys` the ROUTER is a CURVE server and this process runs
+a ZAP handler (:class:`_Authenticator`, RFC 27) that admits a client key only
+if it is on the allow-list, and tells libzmq the name the key belongs to
+(its ``User-Id``). :meth:`ZmqEndpoint.user` reports that name for each peer,
+so the server knows *who* sent a message from the handshake, not from
+anything the peer chose (its routing id, a field of the message). A refused
+key gets no reply at all: libzmq closes the connection before one byte of a
+message is read. Every refusal and every failed handshake (a peer without
+CURVE, a wrong server key) is reported through ``on_refused``.
+
+Local sockets
+-------------
+ipc endpoints live in Linux's abstract socket namespace (``ipc://@name``):
+nothing is created on disk, so a killed run leaves no socket file behind.
+
 Cleanup follows pyzmq's advice: sockets close with an explicit linger and
 the context is terminated before a process exits, or the last messages are
 lost.
@@ -45,26 +62,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import resource
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import zmq
 import zmq.asyncio
+import zmq.utils.z85
 from zmq.utils.monitor import parse_monitor_message
 
 __all__ = [
     "HWM",
+    "ClientKeys",
     "Connection",
     "Endpoint",
     "PeerGone",
+    "ServerKeys",
     "ZmqConnection",
     "ZmqContext",
     "ZmqEndpoint",
-    "cleanup_ipc",
     "ipc_address",
+    "is_loopback",
     "raise_fd_limit",
 ]
 
@@ -90,6 +109,10 @@ class Endpoint(Protocol):
 
     async def send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
         """Send to one peer; :class:`PeerGone` if it is not connected."""
+        ...
+
+    def user(self, peer: bytes) -> str | None:
+        """The name ``peer`` authenticated as (its key's entry), None without authentication."""
         ...
 
     def close(self) -> None:
@@ -126,20 +149,81 @@ def raise_fd_limit(wanted: int = 65536) -> int:
 
 
 def ipc_address(run_id: str, name: str) -> str:
-    """A short ipc:// endpoint path (Unix socket paths are limited to ~107 bytes)."""
-    base = os.environ.get("FEDSIM_IPC_DIR", tempfile.gettempdir())
-    return f"ipc://{os.path.join(base, f'fedsim-{run_id}-{name}')}"
+    """An ipc:// endpoint in the abstract socket namespace: no file, nothing left behind."""
+    return f"ipc://@fedsim-{run_id}-{name}"
 
 
-def cleanup_ipc(run_id: str) -> None:
-    """Remove the ipc socket files of a run (libzmq leaves them behind)."""
-    base = os.environ.get("FEDSIM_IPC_DIR", tempfile.gettempdir())
-    prefix = f"fedsim-{run_id}-"
-    with contextlib.suppress(OSError):
-        for name in os.listdir(base):
-            if name.startswith(prefix):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(base, name))
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (a zmq endpoint) is reachable only from this machine."""
+    if address.startswith(("ipc://", "inproc://")):
+        return True
+    host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+@dataclass(frozen=True)
+class ServerKeys:
+    """The server's CURVE key pair and the allow-list of client host keys.
+
+    Keys are Z85 text (40 characters), as ``zmq.curve_keypair`` makes them.
+    ``allowed`` maps a host's public key to its name.
+    """
+
+    public: bytes
+    secret: bytes = field(repr=False)
+    allowed: Mapping[bytes, str]
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    """A client host's CURVE key pair and the server's public key."""
+
+    public: bytes
+    secret: bytes = field(repr=False)
+    server: bytes
+
+
+#: ZAP status codes (RFC 27)
+_ZAP_OK, _ZAP_DENIED = b"200", b"400"
+
+
+class _Authenticator:
+    """A ZAP handler: admits a CURVE client key only if it is on the allow-list."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, allowed: Mapping[bytes, str],
+                 on_refused: Callable[[str, str], None]) -> None:
+        self.allowed = {zmq.utils.z85.decode(k): name for k, name in allowed.items()}
+        self.on_refused = on_refused
+        self.sock = ctx.socket(zmq.REP)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("inproc://zeromq.zap.01")
+        self.task = asyncio.ensure_future(self._serve())
+
+    async def _serve(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
+            while True:
+                req = await self.sock.recv_multipart()
+                reply = self._answer(req)
+                await self.sock.send_multipart(reply)
+
+    def _answer(self, req: list[bytes]) -> list[bytes]:
+        if len(req) < 6 or req[0] != b"1.0":
+            rid = req[1] if len(req) > 1 else b""
+            return [b"1.0", rid, b"500", b"malformed ZAP request", b"", b""]
+        rid, address, mechanism = req[1], req[3].decode(errors="replace"), req[5]
+        key = req[6] if len(req) > 6 else b""
+        name = self.allowed.get(key) if mechanism == b"CURVE" else None
+        if name is None:
+            why = (f"{mechanism.decode(errors='replace')} key "
+                   f"{zmq.utils.z85.encode(key).decode() if len(key) == 32 else '?'} "
+                   "is not on the allow-list")
+            self.on_refused(address, why)
+            return [b"1.0", rid, _ZAP_DENIED, b"key not allowed", b"", b""]
+        return [b"1.0", rid, _ZAP_OK, b"OK", name.encode(), b""]
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.sock.close(linger=0)
 
 
 class ZmqContext:
@@ -151,6 +235,7 @@ class ZmqContext:
         self.ctx.setsockopt(zmq.LINGER, 0)
         self.max_message_bytes = max_message_bytes
         self._sockets: list[zmq.asyncio.Socket] = []
+        self._auth: _Authenticator | None = None
         self.closed = False
 
     def socket(self, kind: int) -> zmq.asyncio.Socket:
@@ -162,14 +247,24 @@ class ZmqContext:
         self._sockets.append(sock)
         return sock
 
-    def endpoint(self, address: str) -> ZmqEndpoint:
-        """Bind a ROUTER at ``address`` (``tcp://host:0`` picks a free port)."""
-        return ZmqEndpoint(self, address)
+    def endpoint(self, address: str, keys: ServerKeys | None = None,
+                 on_refused: Callable[[str, str], None] | None = None) -> ZmqEndpoint:
+        """Bind a ROUTER at ``address`` (``tcp://host:0`` picks a free port).
 
-    def connect(self, address: str, identity: bytes) -> ZmqConnection:
-        """Connect a DEALER with routing id ``identity``."""
+        With ``keys`` it is a CURVE server admitting only the allow-listed
+        keys; ``on_refused(peer_address, why)`` hears of every refusal.
+        """
+        return ZmqEndpoint(self, address, keys, on_refused)
+
+    def connect(self, address: str, identity: bytes,
+                keys: ClientKeys | None = None) -> ZmqConnection:
+        """Connect a DEALER with routing id ``identity`` (a CURVE client with ``keys``)."""
         sock = self.socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, identity)
+        if keys is not None:
+            sock.curve_serverkey = keys.server
+            sock.curve_publickey = keys.public
+            sock.curve_secretkey = keys.secret
         sock.setsockopt(zmq.RECONNECT_IVL, 50)
         sock.connect(address)
         return ZmqConnection(self, sock)
@@ -194,6 +289,8 @@ class ZmqContext:
         if self.closed:
             return
         self.closed = True
+        if self._auth is not None:
+            self._auth.close()
         for sock in self._sockets:
             if not sock.closed:
                 sock.close(linger=linger_ms)
@@ -219,18 +316,40 @@ class ZmqConnection:
         self.owner.forget(self.sock, linger_ms)
 
 
+_HANDSHAKE_FAILED = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "handshake failed (protocol: a peer without CURVE?)",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "handshake failed (authentication)",
+}
+
+
 class ZmqEndpoint:
     """A ROUTER socket as an :class:`Endpoint`, with a monitor counting disconnects.
 
     libzmq refuses a message over ``MAXMSGSIZE`` by dropping its connection
     (it never buffers it); ``disconnects`` counts every dropped connection,
-    and ``on_disconnect`` (if set) is called for each.
+    and ``on_disconnect`` (if set) is called for each. With ``keys`` the
+    socket is a CURVE server; ``on_refused`` hears of every key refused and
+    every failed handshake.
     """
 
-    def __init__(self, owner: ZmqContext, address: str) -> None:
+    def __init__(self, owner: ZmqContext, address: str, keys: ServerKeys | None = None,
+                 on_refused: Callable[[str, str], None] | None = None) -> None:
         self.owner = owner
+        self.on_refused = on_refused
+        self.authenticated = keys is not None
+        self._users: dict[bytes, str | None] = {}
         sock = owner.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer -> error, not silence
+        if keys is not None:
+            if not zmq.has("curve"):
+                raise RuntimeError("this libzmq was built without CURVE support")
+            if owner._auth is None:
+                owner._auth = _Authenticator(owner.ctx, keys.allowed, self._refused)
+            sock.curve_server = True
+            sock.curve_publickey = keys.public
+            sock.curve_secretkey = keys.secret
+            sock.zap_domain = b"fedsim"
         if address.startswith("tcp://") and address.endswith(":0"):
             host = address.rsplit(":", 1)[0]
             address = f"{host}:{sock.bind_to_random_port(host)}"
@@ -240,8 +359,16 @@ class ZmqEndpoint:
         self.address = address
         self.disconnects = 0
         self.on_disconnect: Any = None
-        self._monitor_sock = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        events = zmq.EVENT_DISCONNECTED
+        for ev in _HANDSHAKE_FAILED:
+            events |= ev
+        self._monitor_sock = sock.get_monitor_socket(events)
         self._monitor = asyncio.ensure_future(self._watch())
+
+    def _refused(self, address: str, why: str) -> None:
+        log.warning("refused a connection from %s: %s", address or "?", why)
+        if self.on_refused is not None:
+            self.on_refused(address, why)
 
     async def _watch(self) -> None:
         with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
@@ -251,10 +378,21 @@ class ZmqEndpoint:
                     self.disconnects += 1
                     if self.on_disconnect is not None:
                         self.on_disconnect()
+                elif msg["event"] in _HANDSHAKE_FAILED:
+                    where = msg["endpoint"].decode(errors="replace")
+                    self._refused(where, _HANDSHAKE_FAILED[msg["event"]])
 
     async def recv(self) -> tuple[bytes, list[Any]]:
         frames = await self.sock.recv_multipart(copy=False)
-        return frames[0].bytes, frames[1:]
+        peer = frames[0].bytes
+        if self.authenticated and len(frames) > 1:
+            # the ZAP handler's answer for this connection's key
+            self._users[peer] = frames[1].get("User-Id") or None
+        return peer, frames[1:]
+
+    def user(self, peer: bytes) -> str | None:
+        """The allow-list name of ``peer``'s key (None without CURVE)."""
+        return self._users.get(peer)
 
     async def send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
         try:

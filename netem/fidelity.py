@@ -146,6 +146,9 @@ class FidelityMonitor:
         self._ratio = Reservoir(capacity, seed + 1)
         self._overruns = 0
         self._kinds: dict[str, KindStats] = {}
+        # host -> (offset, uncertainty), real seconds
+        self._clocks: dict[str, tuple[float, float]] = {}
+        self._clamped = 0
 
     # -- configuration -------------------------------------------------------
     def _kind(self, kind: str) -> KindStats:
@@ -230,6 +233,24 @@ class FidelityMonitor:
         for name, o in data["kinds"].items():
             self._kind(name).merge(o)
 
+    def record_clock(self, host: str, offset: float, uncertainty: float) -> None:
+        """A host's clock offset to this monitor's clock and its uncertainty (real s).
+
+        Emulated time on two machines is one time only up to how well their
+        clocks are known to agree: the verdict fails when a host's
+        uncertainty, in emulated seconds, exceeds the allowed lateness
+        (a larger dilation shrinks it).
+        """
+        self._clocks[host] = (float(offset), float(uncertainty))
+
+    def record_clamped(self, n: int = 1) -> None:
+        """Messages whose claimed send time was out of bounds and was clamped.
+
+        They are not judged for lateness (their send time is not known), so
+        a forged time can neither fail nor pass the verdict; they are counted.
+        """
+        self._clamped += n
+
     # -- verdict -------------------------------------------------------------
     def allowed_lateness(self) -> float:
         """``max(floor, fraction x smallest configured mean delay > 0)``."""
@@ -307,6 +328,14 @@ class FidelityMonitor:
                 self._overrun_scale,
             )
 
+        clocks: dict[str, Any] = {}
+        for host, (offset, unc) in sorted(self._clocks.items()):
+            unc_e = unc / self.dilation
+            clocks[host] = {"offset_s": offset, "uncertainty_ms": unc * 1e3}
+            need = unc_e / allowed if allowed > 0 else math.inf
+            check("clock", host, unc_e, f"uncertainty <= {allowed:.6g} s",
+                  unc_e <= allowed, _constant(need))
+
         kinds_out: dict[str, Any] = {}
         for name, k in sorted(self._kinds.items()):
             kinds_out[name] = self._judge_kind(name, k, allowed, z, check)
@@ -343,6 +372,8 @@ class FidelityMonitor:
                 "ratio_p99": self._ratio.quantile(0.99),
             },
             "links": kinds_out,
+            "clocks": clocks,
+            "send_times_clamped": self._clamped,
             "checks": checks,
             "dilation": self.dilation,
             "suggested_dilation": suggested,
@@ -465,3 +496,8 @@ class _Check(Protocol):
         ok: bool,
         scale: Callable[[], float] | None = None,
     ) -> None: ...
+
+
+def _constant(x: float) -> Callable[[], float]:
+    """A function returning ``x`` (a check's dilation factor known up front)."""
+    return lambda: x

@@ -20,6 +20,7 @@ from fedsim import codec, messages
 from fedsim.codec import Body, Meta, decode, encode, encode_body, stamp
 from fedsim.messages import (
     EVENT_KINDS,
+    HOST_EVENT_KINDS,
     KINDS,
     REASONS,
     SCHEMA_VERSION,
@@ -122,7 +123,7 @@ MESSAGES: list[Any] = [
     Average(client=4, round=9, version=9, model=Model.from_arrays([np.ones(10, np.float16)])),
     Ready(client=3, reset=True),
     Failed(client=0, reason="training failed: non_finite"),
-    Leave(client=-1, reason="done"),
+    Leave(client=0, reason="done"),
     HostHello(
         host="h1",
         pid=4321,
@@ -679,14 +680,14 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
         "plain dict bytes key",
         lambda f: [
             _envelope("HostBye"),
-            msgpack.packb(["h", 0, 0, 0, {b"k": 1}], use_bin_type=True),
+            msgpack.packb(["h", 0, 0, 0, {b"k": 1}, []], use_bin_type=True),
         ],
         "bad_field",
         "HostBye.fidelity: dict key bytes",
     ),
     (
         "plain dict too deep",
-        lambda f: [_envelope("HostBye"), msgpack.packb(["h", 0, 0, 0, {"d": _nested(40)}])],
+        lambda f: [_envelope("HostBye"), msgpack.packb(["h", 0, 0, 0, {"d": _nested(40)}, []])],
         "bad_field",
         "nested deeper",
     ),
@@ -698,14 +699,14 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
     ),
     (
         "bad spec field",
-        lambda f: [_envelope("Start"), msgpack.packb([0.0, 1.0, [["float32"]], 1])],
+        lambda f: [_envelope("Start"), msgpack.packb([0.0, 1.0, [["float32"]], 1, None])],
         "bad_field",
         "Start.spec: tensor 0",
     ),
     (
         "unequal host lists",
         lambda f: [_envelope("HostHello"),
-                   msgpack.packb(["h", 1, [1, 2], [1], "b", "v", "s"])],
+                   msgpack.packb(["h", 1, [1, 2], [1], "b", "v", "s", 0.0, 0.0])],
         "bad_field",
         "HostHello: 2 clients but 1 samples",
     ),
@@ -915,6 +916,13 @@ def test_advance_spec_is_repeated_per_round() -> None:
             "HostHello.clients must be a tuple, got int 1",
         ),
         (lambda: Event(t=0, real=0, ev="nope"), "bad_field", "Event.ev must be one of"),
+        (lambda: Leave(client=-1, reason="x"), "bad_field", "Leave.client must be >= 0, got -1"),
+        (lambda: Update(client=0, task_id=1, base_version=0, round=0, num_samples=0, steps=1,
+                        loss=None, model=_f32(3)),
+         "bad_field", "Update.num_samples must be >= 1, got 0"),
+        (lambda: Update(client=0, task_id=1, base_version=0, round=0, num_samples=5, steps=-1,
+                        loss=None, model=_f32(3)),
+         "bad_field", "Update.steps must be >= 0, got -1"),
         (
             lambda: Event(t=0, real=0, ev="send", extra={"client": 3}),
             "bad_field",
@@ -1017,7 +1025,8 @@ def test_event_to_json_dict() -> None:
     assert list(out) == ["t", "real", "ev", "client", "bytes", "sent_at", "staleness", "z", "a"]
     assert Event(t=0, real=0, ev="end").to_json_dict() == {"t": 0.0, "real": 0.0, "ev": "end"}
     assert "send" in EVENT_KINDS
-    assert len(EVENT_KINDS) == 22
+    assert len(EVENT_KINDS) == 25
+    assert HOST_EVENT_KINDS.issubset(EVENT_KINDS)
 
 
 def test_encode_argument_errors() -> None:

@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedsim.metrics import read_summary  # noqa: E402 (after the path is set)
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -73,13 +76,13 @@ def main(argv: list[str] | None = None) -> int:
             [sys.executable, "-m", "fedsim.cli", "run", str(ROOT / "scenarios" / f"{name}.toml"),
              "--out", str(run_dir)], cwd=ROOT, capture_output=True, text=True, check=False)
         took = time.monotonic() - t0
-        summary = run_dir / "summary.json"
-        if not summary.exists():
+        summary = read_summary(run_dir)  # a killed run reads as interrupted
+        if summary is None:
             print(f"{name}: no summary (exit {proc.returncode})\n{proc.stderr[-2000:]}",
                   file=sys.stderr)
             continue
         sc = json.loads((run_dir / "scenario.json").read_text())
-        rows.append(row(name, json.loads(summary.read_text()), sc))
+        rows.append(row(name, summary, sc))
         print(f"{name}: exit {proc.returncode}, {took:.0f} s wall", file=sys.stderr, flush=True)
     print(HEADER)
     print("\n".join(rows))

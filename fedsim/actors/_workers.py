@@ -43,10 +43,13 @@ class WorkerHandle:
         ``"trainer"`` or ``"evaluator"``.
     clients
         Clients whose shards the worker holds.
+    state_path
+        Where the worker keeps its clients' state across restarts (None: nowhere).
     """
 
     def __init__(self, zmq_ctx: ZmqContext, endpoint: str, scenario_file: str, role: str,
-                 clients: list[int] | None = None) -> None:
+                 clients: list[int] | None = None, state_path: str | None = None) -> None:
+        self.state_path = state_path
         self.endpoint = endpoint
         self.scenario_file = scenario_file
         self.role = role
@@ -70,6 +73,7 @@ class WorkerHandle:
             "--scenario", self.scenario_file, "--endpoint", self.endpoint,
             "--role", self.role, "--clients", ",".join(map(str, self.clients)),
             "--parent", str(os.getpid()),
+            *(("--state", self.state_path) if self.state_path else ()),
             stdin=asyncio.subprocess.DEVNULL,
         )
         self._tasks.append(asyncio.create_task(self._watch_exit()))

@@ -35,6 +35,7 @@ from fedsim.actors.client import ClientActor
 from fedsim.codec import decode, encode
 from fedsim.messages import (
     Average,
+    ClockProbe,
     ClockReply,
     Event,
     EventBatch,
@@ -51,7 +52,7 @@ from fedsim.messages import (
 )
 from fedsim.network import NetPlan
 from fedsim.scenario import Scenario
-from fedsim.transport import Connection
+from fedsim.transport import ClientKeys, Connection
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.timers import TimerHeap
@@ -103,6 +104,15 @@ class ClientHost:
         self.rejected = 0
         self.seq = itertools.count()
         self._stop = asyncio.Event()
+        #: set once the server's Start has arrived and the clients run
+        self.started = asyncio.Event()
+        # clock offset to the server (server monotonic - ours), real seconds
+        self.clock_offset = 0.0
+        self.clock_uncertainty = 0.0
+        self.offsets: list[float] = []
+        self._best_rtt = float("inf")
+        self._heard = real_clock()
+        self.exit_code = 0
 
     # -- what client actors use ------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
@@ -130,18 +140,109 @@ class ClientHost:
         return local.num_steps(num_samples)
 
     # -- the host's life ---------------------------------------------------------------
+    async def _control(self, msg: Message) -> None:
+        """Send a control message (not emulated), numbered like every other send."""
+        await self.conn.send(encode(msg, seq=next(self.seq)))
+
+    async def sync_clock(self, probes: int = 8, first_timeout: float | None = None) -> None:
+        """Estimate the server's clock from the fastest of ``probes`` round trips (NTP-style).
+
+        offset = t_server - (t_sent + t_received) / 2 of the exchange with the
+        smallest round trip, uncertainty half that round trip. Never assumed
+        zero, even on one machine. Raises TimeoutError if the server does not
+        answer (the first probe waits ``first_timeout``: the server may not be
+        up yet).
+        """
+        best: tuple[float, float] | None = None
+        for i in range(probes):
+            t0 = self.real_clock()
+            await self._control(ClockProbe(seq=i, t_sent=t0))
+            wait = (first_timeout or self.sc.deploy.start_timeout) if i == 0 else 5.0
+            deadline = self.real_clock() + wait
+            while True:
+                left = deadline - self.real_clock()
+                if left <= 0:
+                    raise TimeoutError
+                msg = await self._recv_control(left)
+                if isinstance(msg, ClockReply) and msg.seq == i and msg.t_sent == t0:
+                    break
+                if isinstance(msg, Refused | Stop):
+                    raise ConnectionRefusedError(msg.reason)
+            t1 = self.real_clock()
+            rtt = t1 - t0
+            if best is None or rtt < best[0]:
+                best = (rtt, msg.t_server - (t0 + t1) / 2)
+        assert best is not None
+        self._best_rtt = best[0]
+        self.clock_offset, self.clock_uncertainty = best[1], best[0] / 2
+        self.offsets = [best[1]]
+
+    async def _recv_control(self, wait: float) -> Message | None:
+        try:
+            frames = await asyncio.wait_for(self.conn.recv(), wait)
+        except TimeoutError:
+            return None
+        try:
+            msg, _ = decode(frames, max_bytes=self.max_bytes)
+        except WireError as exc:
+            log.warning("%s: rejected a message before the start: %s", self.name, exc)
+            return None
+        return msg
+
+    def _clock_sample(self, reply: ClockReply) -> None:
+        """A periodic probe's answer: keep offsets measured with a near-best round trip."""
+        t1 = self.real_clock()
+        rtt = t1 - reply.t_sent
+        if 0 <= rtt <= max(2 * self._best_rtt, self._best_rtt + 1e-3):
+            self.offsets.append(reply.t_server - (reply.t_sent + t1) / 2)
+            if len(self.offsets) > 1000:
+                del self.offsets[1:2]
+
+    async def _prober(self) -> None:
+        """Probe the server's clock every 2 real seconds: drift, and a heartbeat.
+
+        A server silent for ``deploy.host_timeout`` real seconds is gone:
+        the host stops.
+        """
+        seq = itertools.count(1000)
+        while True:
+            await asyncio.sleep(2.0)
+            await self._control(ClockProbe(seq=next(seq), t_sent=self.real_clock()))
+            if self.real_clock() - self._heard > self.sc.deploy.host_timeout:
+                log.error("%s: the server has been silent for %.0f s; stopping", self.name,
+                          self.real_clock() - self._heard)
+                self.exit_code = 3
+                self._stop.set()
+                return
+
     async def run(self) -> int:
         """Register, run the clients until the server says stop, say goodbye."""
         ready = await self.trainer.start()
         samples = dict(zip(self.client_ids, ready.samples, strict=True))
-        await self.conn.send(encode(HostHello(
+        try:
+            await self.sync_clock()
+        except TimeoutError:
+            log.error("%s: no answer from the server (not up, a wrong address or server key, "
+                      "or this host's key is not on its allow-list)", self.name)
+            return EXIT_REFUSED
+        except ConnectionRefusedError as exc:
+            log.error("%s: the server refused this host: %s", self.name, exc)
+            return EXIT_REFUSED
+        await self._control(HostHello(
             host=self.name, pid=os.getpid(), clients=tuple(self.client_ids),
             samples=tuple(samples[c] for c in self.client_ids), boot_id=boot_id(),
-            fedsim_version=self.fedsim_version, scenario_hash=self.scenario_hash)))
+            fedsim_version=self.fedsim_version, scenario_hash=self.scenario_hash,
+            clock_offset=self.clock_offset, clock_uncertainty=self.clock_uncertainty))
         start = await self._await_start()
         if start is None:
             return EXIT_REFUSED
-        clock = Clock(dilation=start.dilation, epoch=start.epoch)
+        self._heard = self.real_clock()
+        if start.host_step_time is not None:
+            self.sc = self.sc.model_copy(update={"devices": self.sc.devices.model_copy(
+                update={"host_step_time": start.host_step_time})})
+            self.plan = NetPlan(self.sc, host_step_time=start.host_step_time)
+        # the server's epoch on our clock
+        clock = Clock(dilation=start.dilation, epoch=start.epoch - self.clock_offset)
         clock._real_clock = self.real_clock
         self.clock = clock
         self.timers = TimerHeap(clock, use_timerfd=self.use_timerfd)
@@ -149,10 +250,12 @@ class ClientHost:
         self.model_spec = start.spec
         self.task_spec = start.spec.repeated(start.task_copies)
         self.clients = {c: ClientActor(c, self, samples[c]) for c in self.client_ids}
+        self.started.set()
         try:
             async with asyncio.TaskGroup() as tg:
                 reader = tg.create_task(self._read(), name=f"{self.name}-reader")
                 flusher = tg.create_task(self._flusher(), name=f"{self.name}-events")
+                prober = tg.create_task(self._prober(), name=f"{self.name}-clock")
                 await self.timers.sleep_until(0.0)
                 runs = [tg.create_task(a.run(), name=f"client-{a.cid}")
                         for a in self.clients.values()]
@@ -163,26 +266,23 @@ class ClientHost:
                 for t in pending:
                     t.cancel()
                 flusher.cancel()
+                prober.cancel()
                 reader.cancel()
             await self.flush_events()
             for a in self.clients.values():
                 self.monitor.record_loss(a.kind, a.down.loss_stats)
-            await self.conn.send(encode(HostBye(
+            await self._control(HostBye(
                 host=self.name, overruns=self.overruns,
                 compute_deadlines=self.compute_deadlines,
                 rejected=self.rejected + sum(a.rejected for a in self.clients.values()),
-                fidelity=self.monitor.export())))
+                fidelity=self.monitor.export(), clock_offsets=tuple(self.offsets)))
         finally:
             self.timers.close()
-        return 0
+        return self.exit_code
 
     async def _await_start(self) -> Start | None:
         while True:
-            try:
-                msg, _ = decode(await self.conn.recv(), max_bytes=self.max_bytes)
-            except WireError as exc:
-                log.warning("%s: rejected a message before the start: %s", self.name, exc)
-                continue
+            msg = await self._recv_control(3600.0)
             if isinstance(msg, Start):
                 return msg
             if isinstance(msg, Refused):
@@ -196,6 +296,7 @@ class ClientHost:
         """Route every message: a client's to its downlink, control messages here."""
         while True:
             frames = await self.conn.recv()
+            self._heard = self.real_clock()
             try:
                 msg, meta = decode(frames, max_bytes=self.max_bytes)
                 if isinstance(msg, Task | Average):
@@ -208,7 +309,9 @@ class ClientHost:
                     actor.arrived(msg, meta)
                 elif isinstance(msg, Stop):
                     self._stop.set()
-                elif not isinstance(msg, ClockReply):
+                elif isinstance(msg, ClockReply):
+                    self._clock_sample(msg)
+                else:
                     raise Refusal("unexpected_kind", f"a {type(msg).__name__} is not for a host")
             except (WireError, Refusal) as exc:
                 self.rejected += 1
@@ -223,14 +326,43 @@ class ClientHost:
     async def flush_events(self) -> None:
         while self.events:
             batch, self.events = self.events[:5000], self.events[5000:]
-            await self.conn.send(encode(EventBatch(host=self.name, events=tuple(batch))))
+            await self._control(EventBatch(host=self.name, events=tuple(batch)))
+
+
+async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, connect: str,
+                     name: str, clients: list[int], run_id: str,
+                     keys: ClientKeys | None = None, state_dir: str | None = None) -> int:
+    """Run one client host against the server at ``connect``; its exit code.
+
+    ``scenario_file`` holds the resolved scenario ``raw`` (the torch worker
+    reads it); ``keys`` make the connection a CURVE client; with
+    ``state_dir`` the clients' algorithm state survives a restart of the host.
+    """
+    from fedsim.actors._workers import WorkerHandle
+    from fedsim.scenario import scenario_hash
+    from fedsim.transport import ZmqContext, ipc_address
+
+    zmq_ctx = ZmqContext(max_message_bytes=int(sc.deploy.max_message_mb * 1e6))
+    conn = zmq_ctx.connect(connect, name.encode(), keys)
+    state = None
+    if state_dir is not None:
+        os.makedirs(state_dir, exist_ok=True)
+        state = os.path.join(state_dir, f"{name}-clients.pt")
+    trainer = WorkerHandle(zmq_ctx, ipc_address(run_id, f"{name}-trainer"),
+                           scenario_file, "trainer", clients, state)
+    host = ClientHost(sc, name, clients, conn, trainer,
+                      fedsim_version=_proc.fedsim_version(),
+                      scenario_hash=scenario_hash(raw))
+    try:
+        return await host.run()
+    finally:
+        await trainer.close()
+        zmq_ctx.close(linger_ms=1000)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of a client-host process."""
-    from fedsim.actors._workers import WorkerHandle
-    from fedsim.scenario import parse, scenario_hash
-    from fedsim.transport import ZmqContext, ipc_address
+    """Entry point of a client-host process started by ``fedsim run``."""
+    from fedsim.scenario import parse
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--connect", required=True, help="the server's address")
@@ -250,22 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         raw = json.load(fh)
     sc = parse(raw, args.scenario)
     clients = [int(c) for c in args.clients.split(",") if c]
-
-    async def go() -> int:
-        zmq_ctx = ZmqContext(max_message_bytes=int(sc.deploy.max_message_mb * 1e6))
-        conn = zmq_ctx.connect(args.connect, name.encode())
-        trainer = WorkerHandle(zmq_ctx, ipc_address(args.run_id, f"{name}-trainer"),
-                               args.scenario, "trainer", clients)
-        host = ClientHost(sc, name, clients, conn, trainer,
-                          fedsim_version=_proc.fedsim_version(),
-                          scenario_hash=scenario_hash(raw))
-        try:
-            return await host.run()
-        finally:
-            await trainer.close()
-            zmq_ctx.close(linger_ms=1000)
-
-    return _proc.run_loop(go(), sc.deploy.loop)
+    return _proc.run_loop(serve_host(sc, args.scenario, raw, connect=args.connect, name=name,
+                                     clients=clients, run_id=args.run_id), sc.deploy.loop)
 
 
 if __name__ == "__main__":

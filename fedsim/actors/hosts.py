@@ -3,7 +3,11 @@
 A host registers with a :class:`~fedsim.messages.HostHello` naming the
 clients it runs and their sample counts; it is refused if its fedsim
 version or resolved-scenario hash differs from the server's, or if it
-claims a client that does not exist or that another host already runs.
+claims a client that does not exist or that another live host runs. With
+an allow-list (CURVE), the host's name is the one its key was issued to
+(the connection's authenticated ``user``) and it may claim only the client
+ids listed for that key. A host that was lost may register again (a
+restarted process): it takes its clients back.
 The table then answers "which host speaks for client ``c``" (the server
 accepts a client's message only from that host), collects each host's
 goodbye (its own measurements), and marks hosts lost when they exit.
@@ -13,13 +17,56 @@ Pure bookkeeping: no socket, no clock.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from fedsim.messages import HostBye, HostHello
 
-__all__ = ["HostInfo", "HostTable"]
+__all__ = ["HostInfo", "HostTable", "RateLimit", "SeenSet"]
 
 log = logging.getLogger(__name__)
+
+
+class SeenSet:
+    """The sequence numbers of a host's last ``size`` messages: a repeat is a replay.
+
+    Exact repeats only: a number out of order or far ahead is taken (a host
+    that numbers its messages oddly harms no one), so no message can lock a
+    host's later, genuine ones out.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._order: deque[int] = deque()
+        self._set: set[int] = set()
+
+    def add(self, seq: int) -> bool:
+        """Record ``seq``; False if it was already among the recent ones."""
+        if seq in self._set:
+            return False
+        self._order.append(seq)
+        self._set.add(seq)
+        if len(self._order) > self.size:
+            self._set.discard(self._order.popleft())
+        return True
+
+
+class RateLimit:
+    """A token bucket: ``rate`` messages per second on average, bursts of ``burst``."""
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.t = burst, now
+
+    def take(self, now: float) -> bool:
+        """Whether one more message is within the limit (and count it)."""
+        self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
 
 
 @dataclass(slots=True)
@@ -31,6 +78,14 @@ class HostInfo:
     pid: int
     clients: tuple[int, ...]
     samples: dict[int, int]
+    user: str | None = None
+    clock_offset: float = 0.0
+    clock_uncertainty: float = 0.0
+    last_seen: float = 0.0
+    seen: SeenSet = field(default_factory=SeenSet, repr=False)
+    #: messages that arrived after their emulated delivery time (not judged)
+    late_arrivals: int = 0
+    rate: RateLimit | None = field(default=None, repr=False)
     alive: bool = True
     bye: HostBye | None = None
 
@@ -38,17 +93,32 @@ class HostInfo:
 class HostTable:
     """Registered hosts, which host owns which client, and their goodbyes."""
 
-    def __init__(self, num_clients: int, fedsim_version: str, scenario_hash: str) -> None:
+    def __init__(self, num_clients: int, fedsim_version: str, scenario_hash: str,
+                 allowed: Mapping[str, tuple[int, ...]] | None = None) -> None:
         self.num_clients = num_clients
         self.fedsim_version = fedsim_version
         self.scenario_hash = scenario_hash
+        self.allowed = None if allowed is None else {k: frozenset(v) for k, v in allowed.items()}
         self.hosts: dict[str, HostInfo] = {}
         self._owner: dict[int, HostInfo] = {}
         self._by_peer: dict[bytes, HostInfo] = {}
         self.failures: list[dict[str, object]] = []
 
-    def hello(self, peer: bytes, msg: HostHello) -> str | None:
-        """Register a host; returns why it is refused, or None."""
+    def hello(self, peer: bytes, msg: HostHello, user: str | None = None) -> str | None:
+        """Register a host; returns why it is refused, or None.
+
+        ``user`` is the name the connection authenticated as (None without
+        an allow-list).
+        """
+        if self.allowed is not None:
+            if user is None or user not in self.allowed:
+                return "this connection did not authenticate with an allowed key"
+            if msg.host != user:
+                return f"the key is {user}'s, but the host calls itself {msg.host!r}"
+            foreign = [c for c in msg.clients if c not in self.allowed[user]]
+            if foreign:
+                return (f"clients {foreign[:5]} are not on the allow-list for {user} "
+                        "(its key may speak only for its own ids)")
         if msg.fedsim_version != self.fedsim_version:
             return (f"fedsim version {msg.fedsim_version} differs from the server's "
                     f"{self.fedsim_version}")
@@ -57,12 +127,14 @@ class HostTable:
                     f"server's {self.scenario_hash[:12]}")
         if len(msg.samples) != len(msg.clients):
             return f"{len(msg.clients)} clients but {len(msg.samples)} sample counts"
-        if peer in self._by_peer or msg.host in self.hosts:
+        old = self.hosts.get(msg.host)
+        if (old is not None and old.alive) or (
+                peer in self._by_peer and self._by_peer[peer].alive):
             return f"host {msg.host!r} is already registered"
         bad = [c for c in msg.clients if not 0 <= c < self.num_clients]
         if bad:
             return f"clients {bad[:5]} do not exist (the scenario has {self.num_clients})"
-        taken = [c for c in msg.clients if c in self._owner]
+        taken = [c for c in msg.clients if c in self._owner and self._owner[c].alive]
         if taken:
             return f"clients {taken[:5]} already run on {self._owner[taken[0]].name}"
         if len(set(msg.clients)) != len(msg.clients):
@@ -70,7 +142,11 @@ class HostTable:
         if any(n < 1 for n in msg.samples):
             return "a client has no training samples"
         info = HostInfo(name=msg.host, peer=peer, pid=msg.pid, clients=tuple(msg.clients),
-                        samples=dict(zip(msg.clients, msg.samples, strict=True)))
+                        samples=dict(zip(msg.clients, msg.samples, strict=True)), user=user,
+                        clock_offset=msg.clock_offset,
+                        clock_uncertainty=msg.clock_uncertainty)
+        if old is not None:  # a lost host back (restarted): its old entry goes
+            self._by_peer.pop(old.peer, None)
         self.hosts[msg.host] = info
         self._by_peer[peer] = info
         for c in msg.clients:
@@ -85,6 +161,16 @@ class HostTable:
     def by_peer(self, peer: bytes) -> HostInfo | None:
         """The registered host behind ``peer``."""
         return self._by_peer.get(peer)
+
+    def owner_info(self, client: int) -> HostInfo | None:
+        """The live host running ``client``."""
+        info = self._owner.get(client)
+        return info if info is not None and info.alive else None
+
+    def silent(self, now: float, timeout: float) -> list[str]:
+        """Live hosts not heard from for more than ``timeout`` seconds."""
+        return [h.name for h in self.hosts.values()
+                if h.alive and h.bye is None and now - h.last_seen > timeout]
 
     def registered(self) -> dict[int, int]:
         """Client id -> sample count over every live host, sorted by id."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from fedsim.actors._setup import build_data, build_model, model_shapes
 from fedsim.actors.host import ClientHost
-from fedsim.actors.server import Server
+from fedsim.actors.server import Server, load_checkpoint
 from fedsim.actors.worker import InlineWorker
 from fedsim.algorithms import flatten
 from fedsim.messages import TensorSpec
@@ -60,11 +60,22 @@ class InMemoryRun:
         """Every record of the run's event log."""
         return list(read_events(self.run_dir / "events.jsonl"))
 
-    def kill_host(self, index: int) -> None:
-        """Crash a host: its task is cancelled and the server is told it exited."""
+    #: makes a host again (set by run_in_memory): index -> a new ClientHost and its task
+    _restart: Callable[[int], None] | None = None
+
+    def kill_host(self, index: int, tell_server: bool = True) -> None:
+        """Crash a host: its task is cancelled, its connection closed, and (unless
+        ``tell_server`` is False: then only its silence shows) the server is told."""
         self.host_tasks[index].cancel()
+        self.hosts[index].conn.close()
         assert self.server is not None
-        self.server.host_exited(self.hosts[index].name, "killed by the test")
+        if tell_server:
+            self.server.host_exited(self.hosts[index].name, "killed by the test")
+
+    def restart_host(self, index: int) -> None:
+        """Start host ``index`` again (after :meth:`kill_host`): same name, same clients."""
+        assert self._restart is not None
+        self._restart(index)
 
 
 def plan(sc: Scenario, hosts: int) -> list[list[int]]:
@@ -76,7 +87,10 @@ def plan(sc: Scenario, hosts: int) -> list[list[int]]:
 def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: float = 1.0,
                   network: MemoryNetwork | None = None,
                   during: Callable[[InMemoryRun], Awaitable[None]] | None = None,
-                  host_hashes: dict[int, str] | None = None) -> InMemoryRun:
+                  host_hashes: dict[int, str] | None = None,
+                  allowed: dict[str, tuple[int, ...]] | None = None,
+                  users: dict[int, str | None] | None = None,
+                  resume: bool = False, state_dir: Path | None = None) -> InMemoryRun:
     """Run ``sc`` to its end in this process; return its records.
 
     Parameters
@@ -90,6 +104,15 @@ def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: floa
         host, send forged messages, ...).
     host_hashes
         Host index -> the scenario hash it claims (to test refusals).
+    allowed
+        An allow-list (host name -> client ids), as CURVE keys give the
+        server; each host's connection authenticates as its own name unless
+        ``users`` (host index -> name, or None) says otherwise.
+    resume
+        Continue the run in ``run_dir`` from its checkpoint.
+    state_dir
+        Where each host's worker keeps its clients' state (saved after every
+        task), as ``fedsim clients --state`` does: a restarted host takes it back.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     data = resolved(sc)
@@ -104,20 +127,33 @@ def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: floa
         spec = TensorSpec([("float32", s) for s in model_shapes(model)])
         groups = plan(sc, hosts)
         the_hash = scenario_hash(data)
+        ckpt = load_checkpoint(run_dir, VERSION, the_hash) if resume else None
         server = Server(sc, run_dir, endpoint=run.network.bind(ADDRESS),
-                        evaluator=InlineWorker(sc, []), hosts=len(groups), dilation=dilation,
+                        evaluator=InlineWorker(sc, []), dilation=dilation,
                         fedsim_version=VERSION, scenario_hash=the_hash, model_x0=x0,
-                        model_spec=spec, real_clock=loop.time, use_timerfd=False)
+                        model_spec=spec, allowed=allowed, resume=ckpt, real_clock=loop.time,
+                        use_timerfd=False)
         run.server = server
-        for i, clients in enumerate(groups):
-            name = f"host-{i}"
-            conn = run.network.connect(ADDRESS, name.encode())
-            host = ClientHost(sc, name, clients, conn, InlineWorker(sc, clients),
+        def start_host(i: int) -> None:
+            name, clients = f"host-{i}", groups[i]
+            user = (users or {}).get(i, name) if allowed is not None else None
+            conn = run.network.connect(ADDRESS, name.encode(), user=user)
+            state = None if state_dir is None else str(state_dir / f"{name}-clients.pt")
+            host = ClientHost(sc, name, clients, conn,
+                              InlineWorker(sc, clients, state, save_every=0.0),
                               fedsim_version=VERSION,
                               scenario_hash=(host_hashes or {}).get(i, the_hash),
                               real_clock=loop.time, use_timerfd=False)
-            run.hosts.append(host)
-            run.host_tasks.append(asyncio.create_task(host.run(), name=name))
+            if i < len(run.hosts):
+                run.hosts[i] = host
+                run.host_tasks[i] = asyncio.create_task(host.run(), name=name)
+            else:
+                run.hosts.append(host)
+                run.host_tasks.append(asyncio.create_task(host.run(), name=name))
+
+        run._restart = start_host
+        for i in range(len(groups)):
+            start_host(i)
         side = asyncio.create_task(during(run)) if during is not None else None
         try:
             run.summary = await server.run()

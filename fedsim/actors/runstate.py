@@ -20,8 +20,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedsim.algorithms.api import Step
-from fedsim.messages import Evaluate, Evaluated, Event, Model
-from fedsim.metrics import EventLog, MetricsTable, StalenessStats, write_json_atomic
+from fedsim.messages import HOST_EVENT_KINDS, Evaluate, Evaluated, Event, Model
+from fedsim.metrics import (
+    EventLog,
+    MetricsTable,
+    StalenessStats,
+    write_json_atomic,
+    writer_record,
+)
 from fedsim.scenario import Scenario
 from netem.clock import Clock
 
@@ -121,6 +127,8 @@ class RunState:
         self._eval_seq = itertools.count()
         self.summary: dict[str, Any] = {}
         self.stopped_at: float | None = None
+        self.resumed: list[dict[str, Any]] = []
+        self._summary_real = -math.inf
 
     def real(self) -> float:
         """Real seconds since the run's epoch."""
@@ -132,12 +140,24 @@ class RunState:
         e = Event.of(round(t, 6), round(self.real(), 6), ev, **fields)
         self.events.write(e.to_json_dict())
 
-    def write_events(self, events: tuple[Event, ...], host: str) -> None:
-        """Records a host sent; each is stamped with the host's name."""
+    def write_events(self, events: tuple[Event, ...], host: str,
+                     clients: frozenset[int]) -> list[str]:
+        """Write the records a host sent, stamped with its name; return why others were not.
+
+        A host may report only what happens on its side (``HOST_EVENT_KINDS``)
+        to its own clients, with plain extra fields: nothing it sends can
+        pass for the server's records (an evaluation, an aggregation).
+        """
+        bad: list[str] = []
         for e in events:
+            why = _host_event_problem(e, host, clients)
+            if why is not None:
+                bad.append(why)
+                continue
             rec = e.to_json_dict()
-            rec.setdefault("host", host)
+            rec["host"] = host
             self.events.write(rec)
+        return bad
 
     def rejected(self, t: float, sender: str, reason: str, detail: str) -> None:
         """A message was refused: counted by reason, logged, and recorded."""
@@ -146,7 +166,44 @@ class RunState:
         self.event(t, "reject", reason=reason, sender=sender, detail=detail[:300])
 
     def flush(self) -> None:
+        """Write pending event records; rewrite the summary if it is 10 real seconds old.
+
+        The summary's ``writer.updated_at`` is how a reader on another machine
+        tells a live run from one whose server was killed.
+        """
         self.events.flush()
+        if self.real() - self._summary_real >= 10.0:
+            self.write_summary("running")
+
+    # -- checkpoints --------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The counters and records a resumed run continues from (event log flushed)."""
+        self.events.flush()
+        return {
+            "updates": self.updates, "rounds": self.rounds, "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down, "staleness": list(self.staleness.values),
+            "rejects": dict(self.rejects), "samples": dict(self.samples),
+            "host_failures": list(self.host_failures), "missing": list(self.missing),
+            "best": list(self.best), "final_accuracy": self.final_accuracy,
+            "final_loss": self.final_loss, "time_to_target": self.time_to_target,
+            "resumed": list(self.resumed), "events_offset": self.events.offset,
+            "metrics_offset": self.metrics.offset,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`checkpoint_state` (the files already truncated to it)."""
+        self.updates, self.rounds = int(state["updates"]), int(state["rounds"])
+        self.bytes_up, self.bytes_down = int(state["bytes_up"]), int(state["bytes_down"])
+        for x in state["staleness"]:
+            self.staleness.add(int(x))
+        self.rejects = dict(state["rejects"])
+        self.samples.update({int(k): int(v) for k, v in state["samples"].items()})
+        self.host_failures = list(state["host_failures"])
+        self.missing = list(state["missing"])
+        self.best = (float(state["best"][0]), float(state["best"][1]))
+        self.final_accuracy, self.final_loss = state["final_accuracy"], state["final_loss"]
+        self.time_to_target = state["time_to_target"]
+        self.resumed = list(state["resumed"])
 
     def applied(self, now: float, step: Step) -> bool:
         """Record a step's outcome; True when an evaluation is due."""
@@ -260,8 +317,14 @@ class RunState:
             "rejected_messages": {"server": dict(self.rejects),
                                   "clients": totals.get("rejected", 0)},
             "host_failures": self.host_failures,
+            "hosts": totals.get("hosts"),
+            "send_times_clamped": totals.get("clamped", 0),
+            "late_arrivals": totals.get("late_arrivals", 0),
             "fidelity": self._fidelity(),
+            "resumed": self.resumed,
+            "writer": writer_record(),
         }
+        self._summary_real = self.real()
         write_json_atomic(self.run_dir / "summary.json", self.summary, durable=durable)
 
     def finish(self, status: str) -> None:
@@ -270,3 +333,32 @@ class RunState:
         self.write_summary(status, durable=True)
         self.events.close()
         self.metrics.close()
+
+
+_EXTRA_SCALARS = (bool, int, float, str)
+
+
+def _host_event_problem(e: Event, host: str, clients: frozenset[int]) -> str | None:
+    """Why a host's event-log record is not acceptable (None: it is)."""
+    if e.ev not in HOST_EVENT_KINDS:
+        return f"a host may not report {e.ev!r} events"
+    if e.host is not None and e.host != host:
+        return f"an event for host {e.host!r} from {host}"
+    if e.client is not None and e.client not in clients:
+        return f"an event for client {e.client}, which does not run on {host}"
+    if not (math.isfinite(e.t) and math.isfinite(e.real)):
+        return "an event with a non-finite time"
+    if len(e.extra) > 16:
+        return f"an event with {len(e.extra)} extra fields (at most 16)"
+    for k, v in e.extra.items():
+        if not (isinstance(k, str) and k.isidentifier() and len(k) <= 32):
+            return "an event with a bad extra field name"
+        items = v if isinstance(v, list) and len(v) <= 64 else [v]
+        for x in items:
+            if x is not None and not isinstance(x, _EXTRA_SCALARS):
+                return f"extra field {k!r} is not a plain value"
+            if isinstance(x, str) and len(x) > 300:
+                return f"extra field {k!r} is over 300 characters"
+            if isinstance(x, float) and not math.isfinite(x):
+                return f"extra field {k!r} is not finite"
+    return None

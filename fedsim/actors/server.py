@@ -21,17 +21,20 @@ import asyncio
 import copy
 import itertools
 import logging
-from collections.abc import Callable
+import os
+import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fedsim._ids import format_ids
 from fedsim.actors._refusal import Refusal
 from fedsim.actors._setup import local_config
 from fedsim.actors._tensors import to_model, to_tensor
-from fedsim.actors.hosts import HostTable
+from fedsim.actors.hosts import HostInfo, HostTable, RateLimit
 from fedsim.actors.runstate import Progress, RunState
 from fedsim.algorithms import ClientResult, get
 from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step
@@ -62,7 +65,7 @@ from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.timers import TimerHeap
 
-__all__ = ["Server"]
+__all__ = ["Server", "load_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,13 @@ class StopRun:
 class HostExited:
     host: str
     why: str
+    #: its clients, when the host table already marked it lost (a restart)
+    clients: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostJoined:
+    host: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +112,7 @@ class Tick:
     pass
 
 
-Item = FromClient | AlgorithmTimer | EvalTimer | StopRun | HostExited | Tick
+Item = FromClient | AlgorithmTimer | EvalTimer | StopRun | HostExited | HostJoined | Tick
 
 
 class Server:
@@ -115,22 +125,29 @@ class Server:
         in-memory one in tests).
     evaluator
         A torch worker handle with ``start()``, ``next_id()``, ``request()``, ``close()``.
-    hosts
-        How many client hosts to wait for.
+    allowed
+        With CURVE: each allowed host's name and the client ids it may
+        speak for (the endpoint reports which name a connection
+        authenticated as). None: no authentication (one machine).
+    resume
+        A checkpoint (:func:`load_checkpoint`) to continue from: emulated
+        time, the model and the algorithm's state, counters and records
+        (the run directory's logs already truncated to it).
     real_clock, use_timerfd
         The real monotonic clock and whether timers arm a Linux timerfd
         (tests pass a virtual clock and False).
     """
 
     def __init__(self, sc: Scenario, run_dir: Path, *, endpoint: Endpoint, evaluator: Any,
-                 hosts: int, dilation: float, fedsim_version: str, scenario_hash: str,
+                 dilation: float, fedsim_version: str, scenario_hash: str,
                  model_x0: torch.Tensor, model_spec: TensorSpec,
+                 allowed: Mapping[str, tuple[int, ...]] | None = None,
+                 resume: dict[str, Any] | None = None,
                  real_clock: Callable[[], float] = monotonic, use_timerfd: bool = True) -> None:
         self.sc = sc
         self.run_dir = run_dir
         self.endpoint = endpoint
         self.evaluator = evaluator
-        self.expected_hosts = hosts
         self.dilation = dilation
         self.real_clock = real_clock
         self.use_timerfd = use_timerfd
@@ -141,7 +158,7 @@ class Server:
         ctx = ServerContext(x0=model_x0, num_clients=sc.data.num_clients, seed=sc.seed,
                             local=local_config(sc))
         self.strategy: ServerAlgorithm = self.alg.server(sc.algorithm, ctx)
-        self.hosts = HostTable(sc.data.num_clients, fedsim_version, scenario_hash)
+        self.hosts = HostTable(sc.data.num_clients, fedsim_version, scenario_hash, allowed)
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.clients: set[int] = set()
         self._failed: set[int] = set()
@@ -167,8 +184,22 @@ class Server:
         self._early_rejects: list[tuple[str, str, str]] = []
         self._sends: set[asyncio.Future[None]] = set()
         self._reader: asyncio.Task[None] | None = None
+        self.clamped = 0
+        self._stopping = False
+        self.resume = resume
+        self.fedsim_version, self.scenario_hash = fedsim_version, scenario_hash
+        self._aggregations_since_checkpoint = 0
+        self._checkpoint_real = real_clock()
+        self._shared_up: Any = None
+        self.availability: dict[int, Any] = {}
         if hasattr(endpoint, "on_disconnect"):
             endpoint.on_disconnect = self._disconnected
+        if hasattr(endpoint, "on_refused"):
+            endpoint.on_refused = self.refused_connection
+
+    def refused_connection(self, address: str, why: str) -> None:
+        """The transport refused a connection (a key not on the allow-list, a failed handshake)."""
+        self._reject(address.encode() or b"?", "unauthenticated", why)
 
     # -- outside world ---------------------------------------------------------------
     def host_exited(self, host: str, why: str) -> None:
@@ -215,25 +246,30 @@ class Server:
         try:
             await asyncio.wait_for(self._registered.wait(), self.sc.deploy.start_timeout)
         except TimeoutError:
-            log.warning("start timeout (%.0f s): %d of %d client hosts registered",
-                        self.sc.deploy.start_timeout, len(self.hosts.hosts), self.expected_hosts)
-        self.clock = self._clock(0.05)
+            log.warning("start timeout (%.0f s): %d of %d clients registered (%d hosts)",
+                        self.sc.deploy.start_timeout, len(self.hosts.registered()),
+                        self.sc.data.num_clients, len(self.hosts.hosts))
+        t0 = float(self.resume["t"]) if self.resume is not None else 0.0
+        self.clock = self._clock(0.05 - t0 * self.dilation)
         self.timers = TimerHeap(self.clock, use_timerfd=self.use_timerfd)
         self.state = state = self._new_state(self.clock)
+        if self.resume is not None:
+            self._restore(self.resume)
         for sender, reason, detail in self._early_rejects:
-            state.rejected(0.0, sender, reason, detail)
+            state.rejected(t0, sender, reason, detail)
         if self.stop_reason is not None:
             return
         self.started = True
-        shared_up = self.plan.bottleneck("up")
+        self._shared_up = self.plan.bottleneck("up")
         registered = self.hosts.registered()
         self.clients = set(registered)
-        self.links = {c: self.plan.make_link(c, "up", shared_up) for c in self.clients}
-        self.availability = {c: self.plan.availability(c) for c in self.clients}
-        start = encode(Start(epoch=self.clock.epoch, dilation=self.dilation,
-                             spec=self.model_spec, task_copies=self.alg.task_copies))
+        for c in self.clients:
+            self._add_link(c)
+        start = self._start_message()
         for h in self.hosts.hosts.values():
-            await self._to_host(h.peer, start)
+            if h.alive:
+                h.last_seen = self.real_clock()
+                await self._to_host(h.peer, start)
         ticker = tg.create_task(self._ticker(), name="server-ticker")
         try:
             if self.sc.run.time_budget is not None:
@@ -241,8 +277,8 @@ class Server:
                                     StopRun("time_budget"))
             if self.sc.eval.every_seconds:
                 self._arm_eval_timer(self.sc.eval.every_seconds)
-            self._eval(0.0)
-            await self._begin(registered)
+            self._eval(t0)
+            await self._begin(registered, t0)
             await self._loop()
             state.stopped_at = max(0.0, self.clock.now())
             if state.updates == 0 and self.stop_reason in (None, "time_budget"):
@@ -255,6 +291,17 @@ class Server:
                 state.stopped_at = max(0.0, self.clock.now())
             await self._stop_hosts()
 
+    def _start_message(self) -> list[Any]:
+        assert self.clock is not None
+        return encode(Start(epoch=self.clock.epoch, dilation=self.dilation,
+                            spec=self.model_spec, task_copies=self.alg.task_copies,
+                            host_step_time=self.sc.devices.host_step_time))
+
+    def _add_link(self, cid: int) -> None:
+        if cid not in self.links:
+            self.links[cid] = self.plan.make_link(cid, "up", self._shared_up)
+            self.availability[cid] = self.plan.availability(cid)
+
     def _clock(self, lead: float) -> Clock:
         clock = Clock(dilation=self.dilation, epoch=self.real_clock() + lead)
         clock._real_clock = self.real_clock
@@ -265,29 +312,34 @@ class Server:
                         fidelity=self.fidelity, totals=self._totals,
                         on_target=lambda: self.queue.put_nowait(StopRun("target_accuracy")))
 
-    async def _begin(self, registered: dict[int, int]) -> None:
-        """t = 0: the federation begins with the clients that registered."""
+    async def _begin(self, registered: dict[int, int], t0: float) -> None:
+        """t = t0 (0, or a checkpoint's time): the federation begins with those registered."""
         assert self.state is not None
         state = self.state
         missing = sorted(set(range(self.sc.data.num_clients)) - set(registered))
         if missing:
             log.warning("%d of %d clients never registered: %s", len(missing),
-                        self.sc.data.num_clients, _ranges(missing))
+                        self.sc.data.num_clients, format_ids(missing))
             state.missing = missing
-            state.event(0.0, "missing", clients=missing)
+            state.event(t0, "missing", clients=missing)
         state.samples.update(registered)
-        step = self.strategy.start(sorted(registered), 0.0)
+        step = self.strategy.start(sorted(registered), t0)
         if not step.dispatch and self.strategy.in_flight() == 0:
             self.stop_reason = (f"failed: no round could start ({len(registered)} of "
                                 f"{self.sc.data.num_clients} clients registered)")
             return
         self.began = True
-        state.event(0.0, "start", clients=len(registered))
-        await self._apply(0.0, step)
+        state.event(t0, "start", clients=len(registered))
+        await self._apply(t0, step)
 
     # -- readers -------------------------------------------------------------------
     async def _read(self) -> None:
-        """Decode and route every message; a bad one is rejected, logged and skipped."""
+        """Decode and route every message; a bad one is rejected, logged and skipped.
+
+        Total: whatever a peer sends, the reader goes on. A message that
+        breaks a handler (a bug, since every message is validated first) is
+        rejected as ``internal_error`` with its traceback in the log.
+        """
         while True:
             peer, frames = await self.endpoint.recv()
             try:
@@ -295,6 +347,9 @@ class Server:
                 await self._route(peer, msg, meta)
             except (WireError, Refusal) as exc:
                 self._reject(peer, exc.reason, exc.detail)
+            except Exception as exc:
+                log.exception("a message from %r broke its handler", peer)
+                self._reject(peer, "internal_error", f"{type(exc).__name__}: {exc}")
 
     def _reject(self, peer: bytes, reason: str, detail: str) -> None:
         sender = peer.decode(errors="replace")
@@ -314,36 +369,85 @@ class Server:
     def _now(self) -> float:
         return self.clock.now() if self.clock is not None else 0.0
 
+    def _checked_host(self, peer: bytes, meta: Any) -> HostInfo | None:
+        """The live host behind ``peer``, its sequence and rate checked (None: unregistered)."""
+        host = self.hosts.by_peer(peer)
+        if host is None or not host.alive:
+            return None
+        if self.endpoint.user(peer) != host.user:
+            raise Refusal("unauthenticated",
+                          f"this connection is not the one {host.name} registered with its key")
+        now = self.real_clock()
+        if not host.seen.add(meta.seq):
+            raise Refusal("replay", f"sequence number {meta.seq} was already received")
+        host.last_seen = now
+        if host.rate is None:
+            rate = self.sc.deploy.max_host_rate
+            host.rate = RateLimit(rate, 5 * rate, now)
+        if not host.rate.take(now):
+            raise Refusal("rate_limited",
+                          f"{host.name} sent over {self.sc.deploy.max_host_rate:g} messages/s")
+        return host
+
     async def _route(self, peer: bytes, msg: Any, meta: Any) -> None:
-        if isinstance(msg, Update | Ready | Failed | Leave):
-            if self.hosts.owner(msg.client) != peer or msg.client not in self.links:
-                raise Refusal("unknown_client", f"client {msg.client} does not run there")
-            self._uplink(msg.client, msg, meta)
-        elif isinstance(msg, HostHello):
-            await self._hello(peer, msg)
-        elif isinstance(msg, EventBatch):
-            host = self.hosts.by_peer(peer)
-            if host is None or host.name != msg.host or self.state is None:
-                raise Refusal("unknown_client", f"events from an unregistered host {msg.host!r}")
-            self.state.write_events(msg.events, host.name)
-        elif isinstance(msg, HostBye):
-            if self.hosts.goodbye(peer, msg) is None:
-                raise Refusal("unknown_client", f"a goodbye from {msg.host!r}, not expected")
-            self._bye.set()
-        elif isinstance(msg, ClockProbe):
-            reply = ClockReply(seq=msg.seq, t_sent=msg.t_sent, t_server=monotonic())
+        if isinstance(msg, HostHello):
+            await self._hello(peer, msg, meta)
+            return
+        if isinstance(msg, ClockProbe):  # also a heartbeat; answered before registration too
+            self._checked_host(peer, meta)
+            reply = ClockReply(seq=msg.seq, t_sent=msg.t_sent, t_server=self.real_clock())
             await self._to_host(peer, encode(reply))
+            return
+        host = self._checked_host(peer, meta)
+        if host is None:
+            raise Refusal("unknown_client",
+                          f"a {type(msg).__name__} from a connection no host registered")
+        if isinstance(msg, Update | Ready | Failed | Leave):
+            if msg.client not in host.samples or msg.client not in self.links:
+                raise Refusal("unknown_client", f"client {msg.client} does not run on {host.name}")
+            self._uplink(host, msg.client, msg, meta)
+        elif isinstance(msg, EventBatch):
+            if msg.host != host.name or self.state is None:
+                raise Refusal("unknown_client", f"events from {msg.host!r} on {host.name}'s "
+                              "connection" if msg.host != host.name else "events before the start")
+            bad = self.state.write_events(msg.events, host.name, frozenset(host.clients))
+            for why in bad:
+                self._reject(peer, "bad_event", why)
+        elif isinstance(msg, HostBye):
+            if not self._stopping:
+                raise Refusal("out_of_order", "a goodbye before the server said stop")
+            if msg.host != host.name or self.hosts.goodbye(peer, msg) is None:
+                raise Refusal("out_of_order", f"a goodbye from {msg.host!r}, not expected")
+            self._bye.set()
         else:
             raise Refusal("unexpected_kind", f"a {type(msg).__name__} is not for the server")
 
-    async def _hello(self, peer: bytes, msg: HostHello) -> None:
-        why = "the federation has already started" if self.started else self.hosts.hello(peer, msg)
+    async def _hello(self, peer: bytes, msg: HostHello, meta: Any) -> None:
+        user = self.endpoint.user(peer)
+        old = self.hosts.hosts.get(msg.host)
+        if (old is not None and old.alive and self.started and old.user == user
+                and self.real_clock() - old.last_seen > 3.0):
+            # its process was restarted before its silence gave it away
+            why = "restarted (a new process registered under its name)"
+            lost = self.hosts.lose(msg.host, why, self._now())
+            self.queue.put_nowait(HostExited(msg.host, why, tuple(lost)))
+        why = self.hosts.hello(peer, msg, user)
+        if why is None and self.stop_reason is not None:
+            why = "the federation is ending"
         if why is not None:
             log.error("refused client host %s: %s", msg.host, why)
             self._reject(peer, "refused", why)
             await self._to_host(peer, encode(Refused(reason=why)))
             return
-        if len(self.hosts.hosts) >= self.expected_hosts:
+        info = self.hosts.hosts[msg.host]
+        info.seen.add(meta.seq)
+        info.last_seen = self.real_clock()
+        log.info("client host %s registered: clients %s, clock offset %.6f s +- %.3f ms",
+                 msg.host, format_ids(msg.clients), msg.clock_offset,
+                 msg.clock_uncertainty * 1e3)
+        if self.started:  # a lost host restarted: it takes its clients back
+            self.queue.put_nowait(HostJoined(msg.host))
+        elif len(self.hosts.registered()) == self.sc.data.num_clients:
             self._registered.set()
 
     async def _to_host(self, peer: bytes, frames: list[Any]) -> None:
@@ -352,23 +456,56 @@ class Server:
         except PeerGone:
             log.warning("host %r is gone", peer)
 
-    def _uplink(self, cid: int, msg: ClientMessage, meta: Any) -> None:
+    def _send_time(self, host: HostInfo, claimed: float) -> tuple[float, bool]:
+        """The send time a message claims, bounded by what the server observed.
+
+        A host's emulated clock agrees with the server's up to its clock
+        uncertainty, and a message cannot have been in transit longer than
+        ``deploy.max_transit_ms``: a claim outside ``[now - max transit, now +
+        uncertainty]`` is clamped into it and the message is not judged for
+        lateness. Inside those bounds, a message that arrives later than the
+        link would have delivered it by more than the allowed lateness (its
+        real transit was longer than its emulated delay, or its claimed send
+        time is forged) is not judged either, but counted against its host
+        (``late_arrivals``): so a forged timestamp can neither fail nor pass
+        the verdict, and a real network slower than the emulated one shows.
+        """
+        now = self._now()
+        hi = now + host.clock_uncertainty / self.dilation + 1e-6
+        lo = now - self.sc.deploy.max_transit_ms / 1e3 / self.dilation
+        if lo <= claimed <= hi:
+            return claimed, False
+        self.clamped += 1
+        self.monitor.record_clamped()
+        return min(max(claimed, lo), hi), True
+
+    def _uplink(self, host: HostInfo, cid: int, msg: ClientMessage, meta: Any) -> None:
         assert self.timers is not None
         assert self.state is not None
-        d = self.links[cid].schedule(meta.sent_at, meta.nbytes)
+        sent, clamped = self._send_time(host, meta.sent_at)
+        if clamped:
+            self.state.event(self._now(), "warning", client=cid, kind=meta.kind,
+                             sent_at=meta.sent_at, reason="send time out of bounds: clamped")
+        d = self.links[cid].schedule(sent, meta.nbytes)
         if d.dropped:
             self.state.event(self._now(), "drop", client=cid, kind=meta.kind, dir="up",
                              bytes=meta.nbytes, reason=d.reason)
             return
-        self.timers.call_at(d.t_deliver, self._delivered, cid, msg, meta, d)
+        received = self._now()
+        if not clamped and received - d.t_deliver > self.monitor.allowed_lateness():
+            host.late_arrivals += 1
+            clamped = True
+        self.timers.call_at(d.t_deliver, self._delivered, cid, msg, meta, d, sent, clamped)
 
-    def _delivered(self, cid: int, msg: ClientMessage, meta: Any, d: Any) -> None:
+    def _delivered(self, cid: int, msg: ClientMessage, meta: Any, d: Any, sent: float,
+                   unjudged: bool) -> None:
         assert self.state is not None
         now = self._now()
-        self.monitor.record_delivery(self.plan.kind(cid, "up"), d, now)
-        lost = self._away_between(cid, meta.sent_at, now)
+        if not unjudged:
+            self.monitor.record_delivery(self.plan.kind(cid, "up"), d, now)
+        lost = self._away_between(cid, sent, now)
         self.state.event(now, "drop" if lost else "deliver", client=cid, kind=meta.kind,
-                         dir="up", bytes=meta.nbytes, sent_at=meta.sent_at,
+                         dir="up", bytes=meta.nbytes, sent_at=sent,
                          scheduled=d.t_deliver, version=getattr(msg, "base_version", None),
                          reason=lost)
         if lost:
@@ -393,6 +530,10 @@ class Server:
         while True:
             await asyncio.sleep(0.5)
             self.queue.put_nowait(Tick())
+            timeout = self.sc.deploy.host_timeout
+            for name in self.hosts.silent(self.real_clock(), timeout):
+                self.hosts.hosts[name].last_seen = float("inf")  # reported once
+                self.queue.put_nowait(HostExited(name, f"silent for over {timeout:g} s"))
 
     def _arm_eval_timer(self, period: float) -> None:
         assert self.timers is not None
@@ -416,8 +557,10 @@ class Server:
                     self._arm_eval_timer(period)
                 case StopRun(reason=reason):
                     self.stop_reason = reason
-                case HostExited(host=host, why=why):
-                    step = self._host_lost(now, host, why)
+                case HostExited(host=host, why=why, clients=clients):
+                    step = self._host_lost(now, host, why, clients)
+                case HostJoined(host=host):
+                    step = await self._host_joined(now, host)
                 case Tick():
                     if self.on_progress is not None:
                         self.on_progress(state.progress(now, strategy.version,
@@ -461,11 +604,12 @@ class Server:
             self.stop_reason = f"failed: {every} (last: {why})"
         return step
 
-    def _host_lost(self, now: float, host: str, why: str) -> Step | None:
+    def _host_lost(self, now: float, host: str, why: str,
+                   clients: tuple[int, ...] | None = None) -> Step | None:
         assert self.state is not None
         if self.stop_reason is not None:
             return None
-        lost = self.hosts.lose(host, why, now)
+        lost = list(clients) if clients is not None else self.hosts.lose(host, why, now)
         if not lost:
             return None
         self.state.host_failures.append({"host": host, "reason": why, "t": now,
@@ -477,11 +621,90 @@ class Server:
                 step.then(self._lose(now, cid, f"host {host} lost"))
         return step
 
+    async def _host_joined(self, now: float, name: str) -> Step | None:
+        """A host registered after the start (restarted): its clients rejoin."""
+        assert self.state is not None
+        info = self.hosts.hosts.get(name)
+        if info is None or not info.alive or self.stop_reason is not None:
+            return None
+        await self._to_host(info.peer, self._start_message())
+        self.state.event(now, "host_joined", host=name, clients=len(info.clients))
+        log.warning("client host %s joined at t=%.2f: clients %s rejoin", name, now,
+                    format_ids(info.clients))
+        step = Step()
+        for cid in info.clients:
+            self._add_link(cid)
+            self.clients.add(cid)
+            self._failed.discard(cid)
+            self.state.samples[cid] = info.samples[cid]
+            step.then(self.strategy.rejoin(cid, now, reset=True))
+        return step
+
+    # -- checkpoints ------------------------------------------------------------------
+    def checkpoint(self, now: float) -> Path:
+        """Write ``checkpoint.pt`` atomically: all a resumed run continues from.
+
+        The global model and the algorithm's state, the run's counters and
+        records, the event log's and metrics' lengths (a resumed run
+        truncates them back), the RNG states, the next task id. What happens
+        after it (tasks in flight, updates not yet applied) is what a resume
+        loses.
+        """
+        assert self.state is not None
+        self.state.event(now, "checkpoint", version=self.strategy.version,
+                         updates=self.state.updates, rounds=self.state.rounds)
+        data = {
+            "format": 1, "t": now, "fedsim_version": self.fedsim_version,
+            "scenario_hash": self.scenario_hash, "version": self.strategy.version,
+            "strategy": self.strategy.state_dict(), "run": self.state.checkpoint_state(),
+            "next_task_id": next(self.task_ids), "clamped": self.clamped,
+            "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
+        }
+        path = self.run_dir / "checkpoint.pt"
+        tmp = path.with_suffix(".pt.tmp")
+        with open(tmp, "wb") as fh:
+            torch.save(data, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        self._aggregations_since_checkpoint = 0
+        self._checkpoint_real = self.real_clock()
+        return path
+
+    def _maybe_checkpoint(self, now: float, step: Step) -> None:
+        run = self.sc.run
+        n = step.rounds_closed if self.strategy.cadence == "rounds" else sum(
+            a.updates for a in step.applied)
+        self._aggregations_since_checkpoint += n
+        due = (run.checkpoint_every and self._aggregations_since_checkpoint >= run.checkpoint_every
+               ) or (run.checkpoint_seconds and self._aggregations_since_checkpoint and
+                     self.real_clock() - self._checkpoint_real >= run.checkpoint_seconds)
+        if due:
+            self.checkpoint(now)
+
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        assert self.state is not None
+        self.strategy.load_state_dict(ckpt["strategy"])
+        self.state.restore(ckpt["run"])
+        self.task_ids = itertools.count(int(ckpt["next_task_id"]))
+        self.clamped = int(ckpt.get("clamped", 0))
+        random.setstate(ckpt["rng"]["python"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        t = float(ckpt["t"])
+        self.state.resumed.append({"t": t, "updates": self.state.updates,
+                                   "rounds": self.state.rounds})
+        self.state.event(t, "resume", version=self.strategy.version,
+                         updates=self.state.updates, rounds=self.state.rounds)
+        log.warning("resumed at t=%.2f (version %d, %d updates, %d rounds)", t,
+                    self.strategy.version, self.state.updates, self.state.rounds)
+
     async def _apply(self, now: float, step: Step) -> None:
         assert self.state is not None
         assert self.timers is not None
         if self.state.applied(now, step):
             self._eval(now)
+        if step.applied or step.rounds_closed:
+            self._maybe_checkpoint(now, step)
         for cid in step.dispatch:
             await self._dispatch(now, cid)
         for b in step.broadcasts:
@@ -544,6 +767,7 @@ class Server:
     async def _stop_hosts(self) -> None:
         """Tell live hosts to stop; wait up to 10 real seconds for each one's goodbye."""
         stop = encode(Stop(reason=self.stop_reason or "completed"))
+        self._stopping = True
         for h in self.hosts.hosts.values():
             if h.alive:
                 await self._to_host(h.peer, stop)
@@ -566,9 +790,15 @@ class Server:
     # -- measurements ---------------------------------------------------------------
     def _totals(self) -> dict[str, Any]:
         byes = self.hosts.byes()
+        hosts = self.hosts.hosts.values()
         return {"overruns": sum(b.overruns for b in byes),
                 "compute_deadlines": sum(b.compute_deadlines for b in byes),
-                "rejected": sum(b.rejected for b in byes)}
+                "rejected": sum(b.rejected for b in byes),
+                "clamped": self.clamped,
+                "late_arrivals": sum(h.late_arrivals for h in hosts),
+                "hosts": {"registered": len(self.hosts.hosts), "reported": len(byes),
+                          "lost": [h.name for h in hosts if not h.alive],
+                          "unreported": [h.name for h in hosts if h.bye is None]}}
 
     def fidelity(self) -> dict[str, Any]:
         """netem's verdict over the server's uplinks and every host's downlinks and compute.
@@ -589,20 +819,44 @@ class Server:
                 mon.merge(bye.fidelity)
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("host %s: unreadable fidelity data (%s)", bye.host, exc)
+        for h in self.hosts.hosts.values():
+            offsets = [h.clock_offset, *(h.bye.clock_offsets if h.bye is not None else ())]
+            drift = max(abs(o - h.clock_offset) for o in offsets)
+            mon.record_clock(h.name, h.clock_offset, h.clock_uncertainty + drift)
         report = mon.report()
+        for h in self.hosts.hosts.values():  # the fastest probe's round trip at registration
+            report["clocks"][h.name]["rtt_ms"] = 2e3 * h.clock_uncertainty
+            report["clocks"][h.name]["late_arrivals"] = h.late_arrivals
         report["hosts_reported"] = len(self.hosts.byes())
+        report["hosts_registered"] = len(self.hosts.hosts)
         lost = [h.name for h in self.hosts.hosts.values() if h.bye is None]
         if lost:
             report["hosts_unreported"] = lost
         return report
 
 
-def _ranges(ids: list[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
-    out: list[list[int]] = []
-    for i in ids:
-        if out and out[-1][1] == i - 1:
-            out[-1][1] = i
-        else:
-            out.append([i, i])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+def load_checkpoint(run_dir: Path, fedsim_version: str, scenario_hash: str) -> dict[str, Any]:
+    """A run directory's checkpoint, its event log and metrics truncated back to it.
+
+    Raises ValueError naming what does not match (another fedsim version,
+    another scenario) or FileNotFoundError if the run never checkpointed.
+    """
+    path = run_dir / "checkpoint.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: the run wrote no checkpoint (nothing to resume)")
+    ckpt: dict[str, Any] = torch.load(path, weights_only=False)
+    if ckpt.get("format") != 1:
+        raise ValueError(f"{path}: unknown checkpoint format {ckpt.get('format')!r}")
+    if ckpt["fedsim_version"] != fedsim_version:
+        raise ValueError(f"{path} was written by fedsim {ckpt['fedsim_version']}, "
+                         f"this is {fedsim_version}")
+    if ckpt["scenario_hash"] != scenario_hash:
+        raise ValueError(f"{path} belongs to another scenario (hash "
+                         f"{ckpt['scenario_hash'][:12]}, the run directory's is "
+                         f"{scenario_hash[:12]})")
+    for name, key in (("events.jsonl", "events_offset"), ("metrics.csv", "metrics_offset")):
+        f = run_dir / name
+        if f.exists():
+            with open(f, "r+b") as fh:
+                fh.truncate(int(ckpt["run"][key]))
+    return ckpt

@@ -21,10 +21,12 @@ import argparse
 import itertools
 import json
 import logging
+import math
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,10 +95,22 @@ def evaluate(
 
 
 class Worker:
-    """The model, the shards of its clients, and the algorithm's client side."""
+    """The model, the shards of its clients, and the algorithm's client side.
 
-    def __init__(self, sc: Scenario, clients: list[int]) -> None:
+    With ``state_path`` the client side's state (its ``state_dict``: whatever
+    the algorithm keeps per client between tasks) is saved there,
+    atomically, at most every ``save_every`` seconds after a task and at
+    shutdown, and loaded from there at start: a client host restarted with
+    the same state directory takes its clients' state back.
+    """
+
+    def __init__(self, sc: Scenario, clients: list[int], state_path: str | None = None,
+                 save_every: float = 2.0) -> None:
         self.sc = sc
+        self.state_path = Path(state_path) if state_path else None
+        self.save_every = save_every
+        self._saved_at = -math.inf
+        self._dirty = False
         data = build_data(sc)
         self.model = build_model(sc, tuple(data.input_shape), int(data.num_classes))
         self.spec = TensorSpec([("float32", s) for s in model_shapes(self.model)])
@@ -109,6 +123,34 @@ class Worker:
         self.test = (torch.as_tensor(data.test_x), torch.as_tensor(data.test_y))
         ctx = ClientContext(model=self.model, local=self.local, seed=sc.seed)
         self.client = get(sc.algorithm.name).client(sc.algorithm, ctx)
+        self.restored = False
+        if self.state_path is not None and self.state_path.exists():
+            saved = torch.load(self.state_path, weights_only=False)
+            if saved.get("algorithm") == sc.algorithm.name and saved.get("clients") == clients:
+                self.client.load_state_dict(saved["state"])
+                self.restored = True
+                log.warning("restored the client state of %d clients from %s", len(clients),
+                            self.state_path)
+            else:
+                log.warning("%s holds another host's client state; not restored",
+                            self.state_path)
+
+    def save_state(self, force: bool = False) -> None:
+        """Save the client side's state (if a state path is set and it changed)."""
+        if self.state_path is None or not self._dirty:
+            return
+        now = time.monotonic()
+        if not force and now - self._saved_at < self.save_every:
+            return
+        tmp = self.state_path.with_suffix(".tmp")
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"algorithm": self.sc.algorithm.name, "clients": self.clients,
+                        "state": self.client.state_dict()}, tmp)
+            os.replace(tmp, self.state_path)
+        except (OSError, RuntimeError) as exc:  # a lost save costs a restart, not the run
+            log.warning("could not save the client state to %s: %s", self.state_path, exc)
+        self._saved_at, self._dirty = now, False
 
     def warm_up(self) -> None:
         """Run one throw-away step so torch's lazy start-up is not billed to a task."""
@@ -165,6 +207,8 @@ class Worker:
         if out.upload is not None:
             copies = out.upload.numel() * 4 // self.spec.nbytes
             upload = to_model(out.upload, self.spec.repeated(copies))
+        self._dirty = True
+        self.save_state()
         return Trained(request_id=msg.request_id, client=c, steps=out.steps, loss=out.loss,
                        compute_s=time.perf_counter() - started, upload=upload,
                        upload_round=out.upload_round, next=out.next, wait_round=out.wait_round,
@@ -174,8 +218,9 @@ class Worker:
 class InlineWorker:
     """A :class:`Worker` in this process, with the interface of a worker handle."""
 
-    def __init__(self, sc: Scenario, clients: list[int]) -> None:
-        self.worker = Worker(sc, clients)
+    def __init__(self, sc: Scenario, clients: list[int], state_path: str | None = None,
+                 save_every: float = 2.0) -> None:
+        self.worker = Worker(sc, clients, state_path, save_every)
         self._ids = itertools.count(1)
 
     async def start(self) -> WorkerReady:
@@ -191,7 +236,7 @@ class InlineWorker:
         return reply
 
     async def close(self) -> None:
-        pass
+        self.worker.save_state(force=True)
 
 
 def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
@@ -201,6 +246,7 @@ def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
         frames = sock.recv_multipart(copy=False)
         msg, _ = decode(frames, check_finite=False)
         if isinstance(msg, Shutdown):
+            worker.save_state(force=True)
             return
         sock.send_multipart(encode(worker.handle(msg)), copy=False)
 
@@ -212,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--endpoint", required=True)
     ap.add_argument("--role", choices=["trainer", "evaluator"], required=True)
     ap.add_argument("--clients", default="")
+    ap.add_argument("--state", default=None, help="file for the clients' state (restarts)")
     ap.add_argument("--parent", type=int, default=None)
     args = ap.parse_args(argv)
     _proc.die_with_parent(args.parent)
@@ -223,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.scenario) as fh:
         sc = parse(json.load(fh), args.scenario)
     clients = [int(c) for c in args.clients.split(",") if c]
-    worker = Worker(sc, clients)
+    worker = Worker(sc, clients, args.state)
     worker.warm_up()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
