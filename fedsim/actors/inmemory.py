@@ -90,7 +90,8 @@ def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: floa
                   host_hashes: dict[int, str] | None = None,
                   allowed: dict[str, tuple[int, ...]] | None = None,
                   users: dict[int, str | None] | None = None,
-                  resume: bool = False, state_dir: Path | None = None) -> InMemoryRun:
+                  resume: bool = False, state_dir: Path | None = None,
+                  clock_skew: dict[int, float] | None = None) -> InMemoryRun:
     """Run ``sc`` to its end in this process; return its records.
 
     Parameters
@@ -113,6 +114,9 @@ def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: floa
     state_dir
         Where each host's worker keeps its clients' state (saved after every
         task), as ``fedsim clients --state`` does: a restarted host takes it back.
+    clock_skew
+        Host index -> seconds its monotonic clock is ahead of the server's
+        (another machine, or a time namespace).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     data = resolved(sc)
@@ -143,7 +147,8 @@ def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: floa
                               InlineWorker(sc, clients, state, save_every=0.0),
                               fedsim_version=VERSION,
                               scenario_hash=(host_hashes or {}).get(i, the_hash),
-                              real_clock=loop.time, use_timerfd=False)
+                              real_clock=_skewed(loop.time, (clock_skew or {}).get(i, 0.0)),
+                              use_timerfd=False)
             if i < len(run.hosts):
                 run.hosts[i] = host
                 run.host_tasks[i] = asyncio.create_task(host.run(), name=name)
@@ -170,3 +175,10 @@ def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: floa
 
     run_virtual(main())
     return run
+
+
+def _skewed(clock: Callable[[], float], skew: float) -> Callable[[], float]:
+    """``clock`` shifted by ``skew`` seconds (``clock`` itself when 0)."""
+    if not skew:
+        return clock
+    return lambda: clock() + skew
