@@ -13,16 +13,17 @@ term ``mu/2 ||y - x||^2`` (``LocalConfig.prox_mu``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from fedsim._schema import NonNeg
 from fedsim.algorithms._kernels import check_round, weighted_average
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
+from fedsim.algorithms.robust import Aggregator
 from fedsim.algorithms.sgdclient import local_sgd_client
 
 __all__ = ["SPEC", "FedAvg", "FedAvgConfig", "fedavg_aggregate"]
@@ -99,6 +100,10 @@ class FedAvgConfig(RoundsConfig):
     name: Literal["fedavg", "fedprox"]
     weighting: Literal["samples", "uniform"] = "samples"
     mu: NonNeg = 0.0
+    # the round's model: the (weighted) mean of the client models, or a
+    # robust coordinate-wise median / trimmed mean (fedsim.algorithms.robust)
+    aggregator: Aggregator = "mean"
+    trim: Annotated[float, Field(ge=0, lt=0.5)] = 0.1
 
     @model_validator(mode="after")
     def _mu_only_for_fedprox(self) -> FedAvgConfig:

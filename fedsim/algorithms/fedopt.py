@@ -72,6 +72,7 @@ from fedsim.algorithms._kernels import (
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
+from fedsim.algorithms.robust import Aggregator
 from fedsim.algorithms.sgdclient import local_sgd_client
 
 __all__ = [
@@ -499,6 +500,10 @@ class FedOptConfig(RoundsConfig):
     beta2: Annotated[float, Field(ge=0, lt=1)] = 0.99
     tau: Pos = 1e-3
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    # the pseudo-gradient from the mean of the client models, or from a robust
+    # coordinate-wise median / trimmed mean (fedsim.algorithms.robust)
+    aggregator: Aggregator = "mean"
+    trim: Annotated[float, Field(ge=0, lt=0.5)] = 0.1
 
 
 def _server(cfg: FedOptConfig, ctx: ServerContext) -> RoundsFlow:

@@ -32,6 +32,7 @@ from fedsim.algorithms.api import (
     Step,
 )
 from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
+from fedsim.algorithms.robust import Aggregator, GuardConfig, UpdateGuard, aggregate_models
 from fedsim.algorithms.scheduling import AsyncScheduler, RoundScheduler
 
 __all__ = ["AsyncConfig", "AsyncFlow", "AsyncRule", "RoundRule", "RoundsConfig", "RoundsFlow"]
@@ -50,11 +51,13 @@ class AsyncConfig(AlgorithmConfig):
 
     ``concurrency``: tasks in flight at once (None: every client, each
     training as soon as it is free); ``task_timeout``: emulated seconds after
-    which a task that has not come back frees its client.
+    which a task that has not come back frees its client; ``guard``: an
+    update guard (:class:`~fedsim.algorithms.robust.GuardConfig`).
     """
 
     concurrency: Annotated[int, Field(ge=1)] | None = None
     task_timeout: Pos | None = None
+    guard: GuardConfig | None = None
 
     def tasks_at_once(self, num_clients: int) -> int:
         return min(num_clients, self.concurrency or num_clients)
@@ -66,7 +69,8 @@ class RoundsConfig(AlgorithmConfig):
     ``fraction`` of all clients a round needs (at least ``min_clients``);
     ``over_selection`` asks that many more and closes on the first results;
     ``round_deadline`` (emulated s) closes a round with what arrived;
-    ``server_lr`` and ``weighting`` of the average.
+    ``server_lr`` and ``weighting`` of the average; ``guard``: an update
+    guard (:class:`~fedsim.algorithms.robust.GuardConfig`).
     """
 
     fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
@@ -75,6 +79,7 @@ class RoundsConfig(AlgorithmConfig):
     round_deadline: Pos | None = None
     server_lr: Pos = 1.0
     weighting: Literal["samples", "uniform"] = "uniform"
+    guard: GuardConfig | None = None
 
     def tasks_at_once(self, num_clients: int) -> int:
         m = max(self.min_clients, math.ceil(self.fraction * num_clients - 1e-9))
@@ -152,11 +157,13 @@ class AsyncFlow(ServerAlgorithm):
     def build(cls, rule: AsyncRule, cfg: AsyncConfig, ctx: ServerContext) -> AsyncFlow:
         """The flow of an algorithm whose config extends :class:`AsyncConfig`."""
         return cls(rule, ctx.x0, concurrency=cfg.concurrency or ctx.num_clients,
-                   task_timeout=cfg.task_timeout, seed=ctx.seed)
+                   task_timeout=cfg.task_timeout, seed=ctx.seed, guard=cfg.guard)
 
     def __init__(self, rule: AsyncRule, x0: torch.Tensor, *, concurrency: int,
-                 task_timeout: float | None, seed: int) -> None:
+                 task_timeout: float | None, seed: int, guard: GuardConfig | None = None
+                 ) -> None:
         self.rule = rule
+        self.guard = UpdateGuard(guard) if guard is not None else None
         self.sched = AsyncScheduler(concurrency, task_timeout=task_timeout, seed=seed)
         self.x = x0
         self.version = 0
@@ -203,6 +210,16 @@ class AsyncFlow(ServerAlgorithm):
                                             f"result of an abandoned task {upload.task_id}"))
             step.dispatch = self.sched.fill(now)
             return step
+        if self.guard is not None:
+            params, why = self.guard.check(upload.params, self.x)
+            if params is None:
+                assert why is not None
+                self._release(upload.client)
+                step.discarded.append(Discarded(upload.client, why))
+                step.dispatch = self.sched.fill(now)
+                return step
+            if why is not None:
+                upload = _with_params(upload, params)
         try:
             result = upload
             if self.rule.takes == "delta":
@@ -289,12 +306,17 @@ class RoundsFlow(ServerAlgorithm):
         """The flow of an algorithm whose config extends :class:`RoundsConfig`."""
         return cls(rule, ctx.x0, fraction=cfg.fraction, min_clients=cfg.min_clients,
                    over_selection=cfg.over_selection, deadline=cfg.round_deadline,
-                   seed=ctx.seed, total=ctx.num_clients)
+                   seed=ctx.seed, total=ctx.num_clients, guard=cfg.guard,
+                   aggregator=getattr(cfg, "aggregator", "mean"), trim=getattr(cfg, "trim", 0.1))
 
     def __init__(self, rule: RoundRule, x0: torch.Tensor, *, fraction: float,
                  min_clients: int, over_selection: float, deadline: float | None,
-                 seed: int, total: int) -> None:
+                 seed: int, total: int, guard: GuardConfig | None = None,
+                 aggregator: Aggregator = "mean", trim: float = 0.1) -> None:
         self.rule = rule
+        self.guard = UpdateGuard(guard) if guard is not None else None
+        self.aggregator: Aggregator = aggregator
+        self.trim = trim
         self.sched = RoundScheduler(fraction, min_clients=min_clients,
                                     over_selection=over_selection, deadline=deadline,
                                     seed=seed)
@@ -354,6 +376,17 @@ class RoundsFlow(ServerAlgorithm):
         self.busy.discard(upload.client)
         if not self.sched.on_result(upload.round, upload.client):
             return Step(discarded=[Discarded(upload.client, f"late for round {upload.round}")])
+        if self.guard is not None:
+            params, why = self.guard.check(upload.params, self.x)
+            if params is None:
+                assert why is not None
+                # a rejected result still counts as the client's answer to the round
+                step = Step(discarded=[Discarded(upload.client, why)])
+                if self.sched.complete():
+                    step.then(self._close(now))
+                return step
+            if why is not None:
+                upload = _with_params(upload, params)
         self.results.append(upload)
         return self._close(now) if self.sched.complete() else Step()
 
@@ -370,7 +403,24 @@ class RoundsFlow(ServerAlgorithm):
             else:
                 good.append(r)
         self.results = []
-        if good:
+        if good and self.aggregator != "mean":
+            # one robust centre of the round's models stands for them all
+            center = aggregate_models([r.params for r in good], self.aggregator, self.trim)
+            merged = ClientResult(client=good[0].client, base_version=good[0].base_version,
+                                  params=center, num_samples=sum(r.num_samples for r in good),
+                                  steps=max(r.steps for r in good), round=good[0].round)
+            try:
+                new, info = self.rule.aggregate(self.x, [merged])
+            except (NonFiniteUpdate, ValueError) as exc:
+                step.discarded.extend(Discarded(r.client, str(exc)) for r in good)
+            else:
+                info = {**info, "aggregator": self.aggregator}
+                self.x = new
+                self.version += 1
+                step.applied.append(Applied(
+                    version=self.version, clients=tuple(r.client for r in good), round=closed,
+                    metrics=_metrics(info, ("clients",))))
+        elif good:
             try:
                 new, info = self.rule.aggregate(self.x, good)
             except (NonFiniteUpdate, ValueError) as exc:
@@ -404,3 +454,10 @@ class RoundsFlow(ServerAlgorithm):
         self.x = unpack_tensor(state["x"])
         self.version = int(state["version"])
         self.rule.load_state_dict(state["rule"])
+
+
+def _with_params(r: ClientResult, params: torch.Tensor) -> ClientResult:
+    """``r`` with its model replaced (a clipped update)."""
+    return ClientResult(client=r.client, base_version=r.base_version, params=params,
+                        num_samples=r.num_samples, steps=r.steps, stats=r.stats,
+                        task_id=r.task_id, round=r.round)
