@@ -341,6 +341,39 @@ def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | No
         click.echo(f"  {h.name}: clients {format_ids(h.ids)}  ({directory}/{h.name}.key_secret)")
 
 
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, exists=True))
+@click.option("--hosts", type=click.IntRange(min=1), required=True,
+              help="Client hosts (Slurm tasks besides the server's).")
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False),
+              help="Where the job writes keys, the run and its output (on a shared filesystem).")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False),
+              help="Write the script here (default: print it).")
+@click.option("--port", type=click.IntRange(1, 65535), default=5555, show_default=True)
+@click.option("--time", "time_limit", help="Slurm time limit, e.g. 01:00:00.")
+@click.option("--partition", help="Slurm partition.")
+@click.option("--python", "python", help="Python with fedsim installed on the nodes "
+              "(default: this one).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Scenario overrides, passed to the server and every client host.")
+def slurm(scenario: str, hosts: int, run_dir: str, out_file: str | None, port: int,
+          time_limit: str | None, partition: str | None, python: str | None,
+          sets: tuple[str, ...]) -> None:
+    """Write an sbatch script running SCENARIO as one Slurm job: a server and HOSTS hosts."""
+    from fedsim.deploy.slurm import job_script
+
+    sc = _load(scenario, sets)
+    text = job_script(scenario, hosts=min(hosts, sc.data.num_clients),
+                      num_clients=sc.data.num_clients, run_dir=run_dir, port=port, sets=sets,
+                      time=time_limit, partition=partition, python=python)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)  # Slurm writes its output there
+    if out_file is None:
+        click.echo(text, nl=False)
+    else:
+        Path(out_file).write_text(text)
+        click.echo(f"wrote {out_file}: sbatch {out_file}")
+
+
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="fedsim")
