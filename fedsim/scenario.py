@@ -183,6 +183,11 @@ class DeployConfig(SchemaModel):
     # messages per real second one client host may send, averaged over 5 s;
     # beyond it messages are rejected (counted, logged)
     max_host_rate: Pos = 5000.0
+    # messages per real second one client may send (updates, ready, leave),
+    # averaged over 5 s, and the largest message without a model a host may
+    # send (event batches, goodbyes), in MB
+    max_client_rate: Pos = 200.0
+    max_control_mb: Pos = 16.0
 
 
 class Scenario(SchemaModel):

@@ -185,6 +185,7 @@ class Server:
         self._sends: set[asyncio.Future[None]] = set()
         self._reader: asyncio.Task[None] | None = None
         self.clamped = 0
+        self._client_rates: dict[int, RateLimit] = {}
         self._stopping = False
         self.resume = resume
         self.fedsim_version, self.scenario_hash = fedsim_version, scenario_hash
@@ -405,8 +406,20 @@ class Server:
         if isinstance(msg, Update | Ready | Failed | Leave):
             if msg.client not in host.samples or msg.client not in self.links:
                 raise Refusal("unknown_client", f"client {msg.client} does not run on {host.name}")
+            limit = self._client_rates.get(msg.client)
+            if limit is None:
+                rate = self.sc.deploy.max_client_rate
+                limit = self._client_rates[msg.client] = RateLimit(rate, 5 * rate,
+                                                                   self.real_clock())
+            if not limit.take(self.real_clock()):
+                raise Refusal("rate_limited", f"client {msg.client} sent over "
+                              f"{self.sc.deploy.max_client_rate:g} messages/s")
             self._uplink(host, msg.client, msg, meta)
-        elif isinstance(msg, EventBatch):
+            return
+        if meta.nbytes > self.sc.deploy.max_control_mb * 1e6:
+            raise Refusal("oversize", f"a {meta.kind} of {meta.nbytes} bytes (control messages: "
+                          f"deploy.max_control_mb = {self.sc.deploy.max_control_mb:g})")
+        if isinstance(msg, EventBatch):
             if msg.host != host.name or self.state is None:
                 raise Refusal("unknown_client", f"events from {msg.host!r} on {host.name}'s "
                               "connection" if msg.host != host.name else "events before the start")

@@ -21,7 +21,7 @@ from actor_scenarios import build, of
 from fedsim.actors.host import EXIT_REFUSED
 from fedsim.actors.inmemory import InMemoryRun, run_in_memory
 from fedsim.codec import encode
-from fedsim.messages import ClockProbe, Event, EventBatch, Model, Update
+from fedsim.messages import ClockProbe, Event, EventBatch, Model, Ready, Update
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -191,3 +191,37 @@ def test_a_restarted_host_takes_its_clients_back(tmp_path: Path) -> None:
     assert after & {1, 3, 5}, "the restarted host's clients never contributed again"
     assert run.host_codes == [0, 0]
     assert run.summary["fidelity"]["hosts_reported"] == 2
+
+
+def test_one_client_over_its_message_rate_is_limited(tmp_path: Path) -> None:
+    sc = build({"name": "fedasync", "concurrency": 4}, run={"time_budget": 3.0},
+               deploy={"max_client_rate": 10.0})
+
+    async def flood(run: InMemoryRun) -> None:
+        await asyncio.sleep(FAULT_AT)
+        host = run.hosts[1]
+        for _ in range(200):  # client 1 at one instant: about 50 pass (the burst)
+            await host.send(Ready(client=1, reset=False))
+
+    run = run_in_memory(sc, tmp_path / "run", hosts=2, during=flood)
+    assert run.summary["status"] == "completed"
+    limited = run.summary["rejected_messages"]["server"]["rate_limited"]
+    assert 140 <= limited <= 160, limited  # (its own updates spend tokens too)
+    details = {e["detail"] for e in of(run.events(), "reject") if e["reason"] == "rate_limited"}
+    assert details == {"client 1 sent over 10 messages/s"}
+
+
+def test_an_oversize_control_message_is_refused(tmp_path: Path) -> None:
+    sc = build({"name": "fedasync", "concurrency": 4}, run={"time_budget": 3.0},
+               deploy={"max_control_mb": 0.01})
+
+    async def big_batch(run: InMemoryRun) -> None:
+        await asyncio.sleep(FAULT_AT)
+        host = run.hosts[1]
+        real = host.clock.real() - host.clock.epoch
+        events = tuple(Event.of(1.0, real, "back", client=1, why="x" * 200) for _ in range(100))
+        await host._control(EventBatch(host="host-1", events=events))
+
+    run = run_in_memory(sc, tmp_path / "run", hosts=2, during=big_batch)
+    assert run.summary["status"] == "completed"
+    assert run.summary["rejected_messages"]["server"]["oversize"] >= 1
