@@ -25,9 +25,13 @@ __all__ = [
     "EventLog",
     "MetricsTable",
     "StalenessStats",
+    "boot_id",
     "read_events",
     "read_metrics",
+    "read_summary",
     "write_json_atomic",
+    "writer_alive",
+    "writer_record",
 ]
 
 METRIC_FIELDS = (
@@ -65,7 +69,7 @@ def writer_alive(writer: dict[str, Any] | None, stale_after: float = 120.0) -> b
 
     if not writer:
         return False
-    if writer.get("node") == socket.gethostname() and writer.get("boot_id") == _boot_id():
+    if writer.get("node") == socket.gethostname() and writer.get("boot_id") == boot_id():
         pid = int(writer.get("pid", -1))
         try:
             os.kill(pid, 0)
@@ -82,7 +86,8 @@ def writer_alive(writer: dict[str, Any] | None, stale_after: float = 120.0) -> b
     return time.time() - float(writer.get("updated_at", 0.0)) < stale_after
 
 
-def _boot_id() -> str:
+def boot_id() -> str:
+    """This machine's boot id: equal ids share one CLOCK_MONOTONIC (and one pid space)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as fh:
             return fh.read().strip()
@@ -102,7 +107,7 @@ def writer_record() -> dict[str, Any]:
             started = int(fh.read().rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         pass
-    return {"node": socket.gethostname(), "boot_id": _boot_id(), "pid": pid,
+    return {"node": socket.gethostname(), "boot_id": boot_id(), "pid": pid,
             "started": started, "updated_at": time.time()}
 
 

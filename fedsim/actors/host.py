@@ -50,6 +50,7 @@ from fedsim.messages import (
     TensorSpec,
     WireError,
 )
+from fedsim.metrics import boot_id
 from fedsim.network import NetPlan
 from fedsim.scenario import Scenario
 from fedsim.transport import ClientKeys, Connection
@@ -57,21 +58,12 @@ from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.timers import TimerHeap
 
-__all__ = ["ClientHost", "boot_id", "main"]
+__all__ = ["ClientHost", "main", "serve_host"]
 
 log = logging.getLogger(__name__)
 
 #: Exit code of a host the server refused.
 EXIT_REFUSED = 4
-
-
-def boot_id() -> str:
-    """This machine's boot id: equal ids share one CLOCK_MONOTONIC."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 class ClientHost:
