@@ -75,6 +75,12 @@ def test_check_prints_resolved_defaults(tmp_path: Path) -> None:
 
 
 def test_every_shipped_scenario_validates() -> None:
-    for path in sorted((ROOT / "scenarios").glob("*.toml")):
-        res = run_cli("check", str(path))
-        assert res.returncode == 0, (path, res.stderr)
+    from fedsim.network import NetPlan
+    from fedsim.scenario import load
+
+    paths = sorted((ROOT / "scenarios").glob("*.toml"))
+    assert len(paths) >= 10
+    for path in paths:  # what `fedsim check` does, in this process
+        NetPlan(load(path)).check()
+    res = run_cli("check", str(paths[0]))  # and the command itself, once
+    assert res.returncode == 0, res.stderr

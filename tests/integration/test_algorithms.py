@@ -78,10 +78,9 @@ def _run(tmp_path: Path, extra: str, sets: list[str] | None = None) -> tuple[dic
 
 
 #: Cases that also run over real sockets and processes (the smoke tier): DGA's
-#: pipeline (the most actor paths) and SCAFFOLD's two-copy payload; every case
-#: runs in one process on virtual time in tests/actors, and the deployment tests
-#: (test_deploy.py) run FedAsync over TCP.
-SMOKE = ("dga-paper", "scaffold")
+#: pipeline (the most actor paths); every case runs in one process on virtual
+#: time in tests/actors, and the deployment tests run FedAsync over TCP.
+SMOKE = ("dga-paper",)
 
 
 @pytest.mark.parametrize("case", SMOKE)

@@ -1,7 +1,8 @@
-"""`fedsim server` + `fedsim clients` as separate processes over TCP: keys, fuzzing, resume.
+"""`fedsim server` + `fedsim clients` as separate processes over TCP: fuzzing, resume.
 
-The multi-machine commands on one machine (the multi-host tier, with real
-namespaces, is tests/deploy/): what a user types, real sockets, real CURVE.
+The multi-machine commands on one machine; the multi-host tier (namespaces,
+CURVE keys, a rogue, clocks) is tests/deploy/, CURVE on real sockets alone
+is tests/test_transport_auth.py.
 """
 
 from __future__ import annotations
@@ -47,50 +48,6 @@ def _scenario(tmp_path: Path, budget: float, extra: str = "") -> Path:
     return path
 
 
-def test_keys_server_and_two_client_hosts_with_curve(tmp_path: Path) -> None:
-    scenario = _scenario(tmp_path, 4.0)
-    keys = tmp_path / "keys"
-    out = subprocess.run([sys.executable, "-m", "fedsim.cli", "keys", str(keys), "--hosts",
-                          "2", "--scenario", str(scenario)], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout
-    assert "host-1: clients 6-11" in out
-    address = f"tcp://127.0.0.1:{_port()}"
-    run_dir = tmp_path / "run"
-    server = fedsim("server", str(scenario), "--bind", address, "--keys", str(keys),
-                    "--out", str(run_dir), "--no-progress")
-    hosts = [fedsim("clients", str(scenario), "--connect", address, "--ids", ids,
-                    "--name", f"host-{i}", "--keys", str(keys))
-             for i, ids in enumerate(("0-5", "6-11"))]
-    # a rogue with a key pair of its own: no byte comes back, the attempt is counted
-    import zmq
-
-    ctx = zmq.Context()
-    rogue = ctx.socket(zmq.DEALER)
-    rogue.curve_serverkey = (keys / "server.key").read_text().split('public-key = "')[1][:40] \
-        .encode()
-    rogue.curve_publickey, rogue.curve_secretkey = zmq.curve_keypair()
-    rogue.connect(address)
-    rogue.send_multipart([b"hello"])
-    code, stdout, stderr = finish(server)
-    assert code == 0, stderr[-3000:]
-    assert rogue.poll(100) == 0  # nothing reached the rogue
-    rogue.close(linger=0)
-    ctx.term()
-    for h in hosts:
-        assert finish(h)[0] == 0
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed"
-    assert summary["clients_missing"] == []
-    assert summary["hosts"]["reported"] == 2
-    assert summary["rejected_messages"]["server"].get("unauthenticated", 0) >= 1
-    clocks = summary["fidelity"]["clocks"]
-    assert set(clocks) == {"host-0", "host-1"}
-    for c in clocks.values():
-        assert abs(c["offset_s"]) < 0.01  # one machine: the same clock, measured
-        assert c["uncertainty_ms"] < 5.0
-    assert "fidelity" in stdout
-
-
 def test_a_non_loopback_bind_needs_keys_or_insecure(tmp_path: Path) -> None:
     scenario = _scenario(tmp_path, 2.0)
     proc = fedsim("server", str(scenario), "--bind", "tcp://0.0.0.0:0", "--out",
@@ -112,7 +69,7 @@ Samples = list[tuple[float, int]]
 
 
 def _federation(tmp_path: Path, name: str, fuzz: bool) -> tuple[dict, dict, Samples]:
-    scenario = _scenario(tmp_path, 16.0)
+    scenario = _scenario(tmp_path, 10.0)
     address = f"tcp://127.0.0.1:{_port()}"
     run_dir = tmp_path / name
     server = fedsim("server", str(scenario), "--bind", address, "--insecure", "--out",
@@ -123,7 +80,7 @@ def _federation(tmp_path: Path, name: str, fuzz: bool) -> tuple[dict, dict, Samp
         host1 = subprocess.Popen(
             [sys.executable, "-m", "fedsim.fuzz", str(scenario), "--connect", address,
              "--ids", "6-11", "--name", "host-1", "--insecure", "--frames", "3000",
-             "--rate", "1000", "--delay", "2", "--seed", "5"],
+             "--rate", "2000", "--delay", "1.5", "--seed", "5"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     else:
         host1 = fedsim("clients", str(scenario), "--connect", address, "--ids", "6-11",
@@ -176,7 +133,7 @@ def test_thousands_of_hostile_frames_from_an_insider_host(tmp_path: Path) -> Non
 
 
 def test_a_killed_server_reads_as_interrupted_and_resumes(tmp_path: Path) -> None:
-    scenario = _scenario(tmp_path, 12.0)
+    scenario = _scenario(tmp_path, 9.0)
     run_dir = tmp_path / "run"
     proc = fedsim("run", str(scenario), "--out", str(run_dir), "--no-progress",
                   "--set", "run.checkpoint_every=10")
@@ -201,7 +158,7 @@ def test_a_killed_server_reads_as_interrupted_and_resumes(tmp_path: Path) -> Non
     assert code == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
-    assert summary["emulated_seconds"] == pytest.approx(12.0, abs=0.2)
+    assert summary["emulated_seconds"] == pytest.approx(9.0, abs=0.2)
     (r,) = summary["resumed"]
     events = list(read_events(run_dir / "events.jsonl"))
     kinds = [e["ev"] for e in events]
