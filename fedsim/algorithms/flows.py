@@ -12,6 +12,7 @@ an algorithm module supplies the rule and these do the bookkeeping.
 from __future__ import annotations
 
 import math
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal
@@ -261,12 +262,14 @@ class AsyncFlow(ServerAlgorithm):
 
     def state_dict(self) -> dict[str, Any]:
         return {"x": pack_tensor(self.x), "version": self.version,
-                "rule": self.rule.state_dict()}
+                "rule": self.rule.state_dict(), "sched_rng": _rng_state(self.sched.rng)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.x = unpack_tensor(state["x"])
         self.version = int(state["version"])
         self.rule.load_state_dict(state["rule"])
+        if "sched_rng" in state:  # which idle client gets the next task
+            self.sched.rng.setstate(_rng_restore(state["sched_rng"]))
 
 
 class RoundRule(ABC):
@@ -448,12 +451,16 @@ class RoundsFlow(ServerAlgorithm):
 
     def state_dict(self) -> dict[str, Any]:
         return {"x": pack_tensor(self.x), "version": self.version,
-                "rule": self.rule.state_dict()}
+                "rule": self.rule.state_dict(), "round": self.sched.round,
+                "sched_rng": _rng_state(self.sched.rng)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.x = unpack_tensor(state["x"])
         self.version = int(state["version"])
         self.rule.load_state_dict(state["rule"])
+        if "round" in state:  # the round numbers and the sampling go on where they were
+            self.sched.round = int(state["round"])
+            self.sched.rng.setstate(_rng_restore(state["sched_rng"]))
 
 
 def _with_params(r: ClientResult, params: torch.Tensor) -> ClientResult:
@@ -461,3 +468,15 @@ def _with_params(r: ClientResult, params: torch.Tensor) -> ClientResult:
     return ClientResult(client=r.client, base_version=r.base_version, params=params,
                         num_samples=r.num_samples, steps=r.steps, stats=r.stats,
                         task_id=r.task_id, round=r.round)
+
+
+def _rng_state(rng: random.Random) -> list[Any]:
+    """A ``random.Random``'s state as plain lists (a state_dict holds plain data)."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_restore(state: list[Any]) -> tuple[Any, ...]:
+    """The inverse of :func:`_rng_state`, for ``random.Random.setstate``."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

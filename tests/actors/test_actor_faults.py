@@ -74,6 +74,17 @@ def test_fedasync_goes_on_with_the_other_host_after_a_host_is_lost(tmp_path: Pat
     assert {e["client"] for e in sent} <= {0, 2, 4}
 
 
+def test_fedavg_rounds_go_on_without_a_lost_host(tmp_path: Path) -> None:
+    """A synchronous round waiting for a dead host's clients closes without them."""
+    sc = build({"name": "fedavg", "fraction": 1.0}, run={"time_budget": 3.0})
+    run = run_in_memory(sc, tmp_path / "run", hosts=2, during=_kill_host_1)
+    assert run.summary["status"] == "completed", run.summary["status"]
+    t_lost = _check_host_1_lost(run)
+    after = [e for e in of(run.events(), "aggregate") if e["t"] > t_lost]
+    assert len(after) >= 10, len(after)
+    assert all(set(e["clients"]) == {0, 2, 4} for e in after[1:])
+
+
 def test_rejected_messages_are_counted_by_reason_and_the_run_goes_on(tmp_path: Path) -> None:
     sc = build({"name": "fedasync", "concurrency": 4}, run={"time_budget": 3.0})
 
