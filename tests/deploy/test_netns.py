@@ -5,8 +5,10 @@ bridge (tests/deploy/netns.py). Host b's CLOCK_MONOTONIC is 500 s ahead (a
 time namespace) and its path to the server goes through a relay that adds
 20 ms each way: the summary must report both, the clock offset as measured
 and the path's delay as that host's uncertainty, and the verdict must fail
-by that host's clock, not pass silently. A rogue without an allowed key, a
-fuzzing insider and a host killed with SIGKILL run in the same setup.
+by that host's clock, not pass silently. Two rogues (a CURVE key pair not on
+the allow-list, and no CURVE at all), a fuzzing insider and a host killed
+with SIGKILL run in the same setup. The first test proves the harness itself
+with plain pyzmq, before any fedsim code is involved.
 """
 
 from __future__ import annotations
@@ -93,9 +95,98 @@ def _finish(p: subprocess.Popen[str], timeout: float = 150) -> tuple[int, str, s
     return p.returncode, out, err
 
 
+ROUTER = """
+import json, sys, time, zmq
+ctx = zmq.Context(); s = ctx.socket(zmq.ROUTER); s.bind(sys.argv[1])
+print("bound", flush=True)
+seen, byes = {}, 0
+while byes < int(sys.argv[2]):
+    peer, msg = s.recv_multipart()
+    seen[peer.decode()] = seen.get(peer.decode(), 0) + 1
+    if msg == b"bye":
+        byes += 1
+    s.send_multipart([peer, msg, repr(time.monotonic()).encode()])
+print(json.dumps(seen)); s.close(0); ctx.term()
+"""
+
+DEALER = """
+import json, sys, time, zmq
+ctx = zmq.Context(); s = ctx.socket(zmq.DEALER)
+s.identity = sys.argv[2].encode(); s.connect(sys.argv[1])
+best = None
+for i in range(20):
+    t0 = time.monotonic(); s.send(b"%d" % i)
+    assert s.poll(10000), "no reply"
+    echo, theirs = s.recv_multipart(); t1 = time.monotonic()
+    assert echo == b"%d" % i
+    # NTP-style: the server's clock minus ours, at the exchange with the least round trip
+    sample = (t1 - t0, float(theirs) - (t0 + t1) / 2)
+    best = sample if best is None or sample[0] < best[0] else best
+s.send(b"bye"); s.recv_multipart()
+print(json.dumps({"monotonic": time.monotonic(), "rtt_ms": best[0] * 1e3,
+                  "offset_s": best[1]}))
+s.close(0); ctx.term()
+"""
+
+
+# a client from outside: with a CURVE key pair of its own (argv[2]: the server's
+# public key file), or with no CURVE at all
+ROGUE = """
+import sys, zmq
+ctx = zmq.Context(); s = ctx.socket(zmq.DEALER)
+if len(sys.argv) > 2:
+    s.curve_serverkey = open(sys.argv[2]).read().split('public-key = "')[1][:40].encode()
+    s.curve_publickey, s.curve_secretkey = zmq.curve_keypair()
+s.connect(sys.argv[1])
+for kind in (b"register", b"hello", b"\\x00" * 100):
+    s.send_multipart([kind, b"c0"])
+print("got" if s.poll(3000) else "nothing"); s.close(0); ctx.term()
+"""
+
+
+def test_the_harness_with_plain_zmq(nets: Namespaces) -> None:
+    """Before fedsim: a ROUTER in the server's namespace, a DEALER in host a, and
+    one in host b behind the relay (20 ms each way) with its CLOCK_MONOTONIC
+    500 s ahead. Messages flow across namespaces, the relay's delay is in
+    host b's round trip only, and host b's clock is 500 s off."""
+    srv = nets.addr["srv"]
+    router = nets.popen("srv", [PY, "-c", ROUTER, f"tcp://{srv}:6000", "2"], cwd=ROOT)
+    relay = nets.popen("srv", [PY, "-m", "fedsim.deploy.relay", "--listen", f"{srv}:6001",
+                               "--to", f"{srv}:6000", "--delay-ms", "20"], cwd=ROOT)
+    try:
+        assert router.stdout is not None
+        assert relay.stdout is not None
+        assert router.stdout.readline().strip() == "bound"
+        assert relay.stdout.readline().strip() == "relay ready"
+        t_here = time.monotonic()
+        a = nets.popen("a", [PY, "-c", DEALER, f"tcp://{srv}:6000", "host-a"], cwd=ROOT)
+        b = nets.popen("b", [PY, "-c", DEALER, f"tcp://{srv}:6001", "host-b"], cwd=ROOT,
+                       monotonic=500)
+        ra, rb = (_finish(p, 60) for p in (a, b))
+        assert ra[0] == 0, ra[2][-2000:]
+        assert rb[0] == 0, rb[2][-2000:]
+        code, out, err = _finish(router, 30)
+        assert code == 0, err[-2000:]
+    finally:
+        relay.kill()
+        relay.communicate()
+    seen = json.loads(out)
+    assert seen == {"host-a": 21, "host-b": 21}  # 20 pings and a bye each
+    ha, hb = json.loads(ra[1]), json.loads(rb[1])
+    # host b's CLOCK_MONOTONIC really is 500 s ahead of everyone else's
+    assert hb["monotonic"] - t_here == pytest.approx(500, abs=30)
+    assert ha["monotonic"] - t_here == pytest.approx(0, abs=30)
+    # and the exchanges measure it: server minus host, within the round trip
+    assert hb["offset_s"] == pytest.approx(-500, abs=hb["rtt_ms"] / 1e3)
+    assert ha["offset_s"] == pytest.approx(0, abs=ha["rtt_ms"] / 1e3)
+    # the relay's 20 ms each way is in host b's round trip, not in host a's
+    assert hb["rtt_ms"] >= 40 - 1
+    assert ha["rtt_ms"] < 20
+
+
 def test_three_namespaces_curve_a_skewed_clock_and_a_slow_path(
         nets: Namespaces, tmp_path: Path) -> None:
-    scenario, keys = _setup(tmp_path, 8.0)
+    scenario, keys = _setup(tmp_path, 6.0)
     srv = nets.addr["srv"]
     run_dir = tmp_path / "run"
     relay = nets.popen("srv", [PY, "-m", "fedsim.deploy.relay", "--listen", f"{srv}:5556",
@@ -112,20 +203,16 @@ def test_three_namespaces_curve_a_skewed_clock_and_a_slow_path(
     deadline = time.monotonic() + 60
     while not (run_dir / "endpoints.json").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    rogue = nets.popen("a", [PY, "-c", (
-        "import zmq, sys\n"
-        "ctx = zmq.Context(); s = ctx.socket(zmq.DEALER)\n"
-        "s.curve_serverkey = open(sys.argv[2]).read().split('public-key = \"')[1][:40].encode()\n"
-        "s.curve_publickey, s.curve_secretkey = zmq.curve_keypair()\n"
-        "s.connect(sys.argv[1]); s.send(b'hello')\n"
-        "print('got' if s.poll(3000) else 'nothing'); s.close(0); ctx.term()\n"),
-        f"tcp://{srv}:5555", str(keys / "server.key")], cwd=ROOT)
+    rogue = nets.popen("a", [PY, "-c", ROGUE, f"tcp://{srv}:5555", str(keys / "server.key")],
+                       cwd=ROOT)
+    plain = nets.popen("b", [PY, "-c", ROGUE, f"tcp://{srv}:5555"], cwd=ROOT)
     try:
         code, out, err = _finish(server)
         assert code == 0, err[-3000:]
         assert _finish(host_a)[0] == 0
         assert _finish(host_b)[0] == 0
         assert _finish(rogue)[1].strip() == "nothing"
+        assert _finish(plain)[1].strip() == "nothing"
     finally:
         relay.kill()
         relay.communicate()
@@ -153,14 +240,18 @@ def test_three_namespaces_curve_a_skewed_clock_and_a_slow_path(
            and e["client"] >= 6]
     assert ups
     assert all(abs(e["t"] - e["sent_at"] - 0.05) < 0.01 for e in ups)
-    # the rogue got nothing and was counted
-    assert s["rejected_messages"]["server"].get("unauthenticated", 0) >= 1
+    # the rogues got nothing, and both attempts are counted and in the event log
+    assert s["rejected_messages"]["server"].get("unauthenticated", 0) >= 2
+    refused = [e["detail"] for e in events if e["ev"] == "reject"
+               and e["reason"] == "unauthenticated"]
+    assert any("is not on the allow-list" in d for d in refused), refused
+    assert any("handshake failed" in d for d in refused), refused
     assert "fidelity" in out
 
 
 def test_a_killed_host_and_a_fuzzing_insider_across_namespaces(
         nets: Namespaces, tmp_path: Path) -> None:
-    scenario, keys = _setup(tmp_path, 10.0)
+    scenario, keys = _setup(tmp_path, 8.0)
     srv = nets.addr["srv"]
     run_dir = tmp_path / "run"
     server = _fedsim(nets, "srv", "server", str(scenario), "--bind", f"tcp://{srv}:5555",
