@@ -153,6 +153,15 @@ class HostTable:
             self._owner[c] = info
         return None
 
+    def is_restart(self, old: HostInfo, msg: HostHello) -> bool:
+        """Whether ``msg`` is ``old``'s process started again: a new pid, the
+        same clients, and a hello this server would accept (a repeated or
+        malformed hello from a live host is refused, and the host stays)."""
+        return (msg.pid != old.pid and set(msg.clients) == set(old.clients)
+                and len(msg.samples) == len(msg.clients)
+                and msg.fedsim_version == self.fedsim_version
+                and msg.scenario_hash == self.scenario_hash)
+
     def owner(self, client: int) -> bytes | None:
         """The peer allowed to speak for ``client`` (None: nobody)."""
         info = self._owner.get(client)

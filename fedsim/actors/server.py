@@ -439,8 +439,9 @@ class Server:
         user = self.endpoint.user(peer)
         old = self.hosts.hosts.get(msg.host)
         if (old is not None and old.alive and self.started and old.user == user
-                and self.real_clock() - old.last_seen > 3.0):
-            # its process was restarted before its silence gave it away
+                and old.peer == peer and self.hosts.is_restart(old, msg)):
+            # its process was restarted before its silence gave it away: a ROUTER
+            # takes a connection under a routing id only once the old one is gone
             why = "restarted (a new process registered under its name)"
             lost = self.hosts.lose(msg.host, why, self._now())
             self.queue.put_nowait(HostExited(msg.host, why, tuple(lost)))

@@ -172,3 +172,36 @@ def test_a_killed_server_reads_as_interrupted_and_resumes(tmp_path: Path) -> Non
     versions = [e["version"] for e in events if e["ev"] == "aggregate"]
     assert versions == sorted(versions)
     assert len(versions) == len(set(versions))
+
+
+def test_a_host_killed_and_started_again_rejoins(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, 14.0)
+    address = f"tcp://127.0.0.1:{_port()}"
+    run_dir = tmp_path / "run"
+    server = fedsim("server", str(scenario), "--bind", address, "--insecure", "--out",
+                    str(run_dir), "--no-progress")
+
+    def host(i: int, ids: str) -> subprocess.Popen[str]:
+        return fedsim("clients", str(scenario), "--connect", address, "--ids", ids,
+                      "--name", f"host-{i}", "--insecure", "--state", str(tmp_path / "state"))
+
+    host0, host1 = host(0, "0-5"), host(1, "6-11")
+    wait_for_events(run_dir, "aggregate", count=20, timeout=90)
+    os.killpg(host1.pid, signal.SIGKILL)
+    host1.communicate()
+    again = host(1, "6-11")
+    code, _, err = finish(server)
+    assert code == 0, err[-3000:]
+    assert finish(host0)[0] == 0
+    assert finish(again)[0] == 0
+    events = list(read_events(run_dir / "events.jsonl"))
+    (lost,) = [e for e in events if e["ev"] == "host_lost"]
+    (joined,) = [e for e in events if e["ev"] == "host_joined"]
+    assert lost["host"] == joined["host"] == "host-1"
+    assert joined["t"] >= lost["t"]
+    after = {c for e in events if e["ev"] == "aggregate" and e["t"] > joined["t"]
+             for c in e["clients"]}
+    assert after & set(range(6, 12)), "the restarted host's clients never contributed"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["hosts"]["reported"] == 2  # the new host-1 said goodbye
