@@ -239,7 +239,12 @@ def test_three_namespaces_curve_a_skewed_clock_and_a_slow_path(
     ups = [e for e in events if e["ev"] == "deliver" and e.get("dir") == "up"
            and e["client"] >= 6]
     assert ups
-    assert all(abs(e["t"] - e["sent_at"] - 0.05) < 0.01 for e in ups)
+    # (were it added, every uplink would take 70 ms; a loaded machine makes a
+    # few deliveries late, which the lateness figures count, so: the median,
+    # and nine in ten below the 70 ms an added transit would give)
+    took = sorted(e["t"] - e["sent_at"] for e in ups)
+    assert took[len(took) // 2] == pytest.approx(0.05, abs=0.005)
+    assert sum(x < 0.065 for x in took) >= 0.9 * len(took)
     # the rogues got nothing, and both attempts are counted and in the event log
     assert s["rejected_messages"]["server"].get("unauthenticated", 0) >= 2
     refused = [e["detail"] for e in events if e["ev"] == "reject"
