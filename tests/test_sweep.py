@@ -1,0 +1,283 @@
+"""The sweep tool: building points, validating them, scheduling, reruns, resume, tables.
+
+Most tests run the sweep's real scheduler against a stand-in for ``python
+-m fedsim.cli run`` (a small script that writes what a run writes, with a
+verdict that depends on the dilation it was given), so that reruns, flags
+and resumption are tested in seconds; one test runs a real point.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fedsim import sweep as sw
+from fedsim.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ROOT / "scenarios" / "quickstart.toml"
+
+# Writes summary.json and scenario.json as a run does. The verdict passes
+# when the dilation is at least PASS_AT (env), and the accuracy is
+# 0.5 + seed / 100 + delay (so aggregates are checkable by hand).
+FAKE_RUN = r'''
+import json, os, sys, time
+args = sys.argv[1:]
+assert args[:3] == ["-m", "fedsim.cli", "run"], args
+out = args[args.index("--out") + 1]
+sets = dict(a.split("=", 1) for a in (args[i + 1] for i, x in enumerate(args) if x == "--set"))
+dil = float(args[args.index("--dilation") + 1]) if "--dilation" in args else 1.0
+if os.environ.get("FAKE_CRASH") and sets.get("seed") == "2":
+    sys.exit(3)
+seed = int(sets["seed"])
+delay = float(sets.get("network.up.delay", "0"))
+passing = dil >= float(os.environ.get("PASS_AT", "1"))
+time.sleep(0.05)
+json.dump({"run": {"dilation": dil}}, open(os.path.join(out, "scenario.json"), "w"))
+with open(os.path.join(out, "calls.log"), "a") as fh:
+    fh.write(f"{dil}\n")
+json.dump({"status": "completed", "final_accuracy": 0.5 + seed / 100 + delay,
+           "best_accuracy": 0.6, "emulated_seconds": 10.0 * (1 + delay), "updates": 7,
+           "staleness": {"mean": 1.5, "p99": 3},
+           "fidelity": {"verdict": "pass" if passing else "fail",
+                        "suggested_dilation": None if passing else 2 * dil}},
+          open(os.path.join(out, "summary.json"), "w"))
+'''
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> str:
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!{sys.executable}\n{FAKE_RUN}")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def _sweep(tmp_path: Path, text: str) -> Path:
+    f = tmp_path / "s.sweep.toml"
+    f.write_text(text.replace("QUICK", str(QUICK)))
+    return f
+
+
+BASIC = '''
+[sweep]
+scenario = "QUICK"
+seeds = 2
+[sweep.set]
+"run.time_budget" = 5.0
+[sweep.grid]
+"network.up.delay+network.down.delay" = [0.0, 0.1]
+[[sweep.variant]]
+label = "const"
+set = { "algorithm.staleness" = "const" }
+[[sweep.variant]]
+label = "poly"
+set = { algorithm = { staleness = "poly" } }
+'''
+
+
+def test_points_are_variants_times_grid_times_seeds(tmp_path: Path) -> None:
+    s = sw.load_sweep(_sweep(tmp_path, BASIC))
+    pts = s.points()
+    assert len(pts) == 2 * 2 * 2
+    assert [p.variant for p in pts[:4]] == ["const"] * 4
+    p = pts[1]
+    over = dict(p.overrides)
+    # a key joined with + sets every part; nested and dotted tables are alike
+    assert over["network.up.delay"] == over["network.down.delay"] == 0.0
+    assert over["algorithm.staleness"] == "const"
+    assert over["seed"] == 2
+    assert over["run.time_budget"] == 5.0
+    assert dict(pts[4].overrides)["algorithm.staleness"] == "poly"
+    assert p.key == "const,delay=0.0,seed=2"
+    assert len({q.key for q in pts}) == len(pts)
+    s.check()   # every point's scenario is valid
+
+
+def test_command_line_additions_and_grid_values() -> None:
+    assert sw.parse_grid("model.hidden=[64],[128, 64]") == ("model.hidden", [[64], [128, 64]])
+    assert sw.parse_grid("algorithm.staleness=poly,hinge") == ("algorithm.staleness",
+                                                               ["poly", "hinge"])
+    assert sw.parse_grid('a.b="x,y",z') == ("a.b", ["x,y", "z"])
+    with pytest.raises(sw.SweepError, match="not a TOML value"):
+        sw.parse_grid("model.hidden=[64,")
+    with pytest.raises(sw.SweepError, match=r"expected dotted\.key=v1,v2"):
+        sw.parse_grid("model.hidden")
+    s = sw.sweep_from_scenario(QUICK, grid=["algorithm.alpha=0.3,0.9"], sets=["run.time_budget=4"],
+                               seeds=3, target=0.6)
+    assert s.seeds == [1, 2, 3]
+    assert s.grid == {"algorithm.alpha": [0.3, 0.9]}
+    over = dict(s.points()[0].overrides)
+    assert over["run.target_accuracy"] == 0.6
+    assert over["run.time_budget"] == 4
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[sweep]\nscenario = "QUICK"\nseeds = 0\n', "seeds must be at least 1"),
+    ('[sweep]\nscenario = "QUICK"\nseeds = [1, 1]\n', "a seed is listed twice"),
+    ('[sweep]\nscenario = "QUICK"\ngird = {}\n', "sweep.gird: unknown key"),
+    ('[sweep]\nseeds = 2\n', "sweep.scenario: give the base scenario"),
+    ('[sweep]\nscenario = "QUICK"\n[sweep.grid]\n"a.b" = []\n', "sweep.grid.a.b: expected a"),
+    ('[sweep]\nscenario = "QUICK"\n[[sweep.variant]]\nset = {}\n', "needs a label"),
+    ('[sweep]\nscenario = "QUICK"\n[[sweep.variant]]\nlabel = "a"\n[[sweep.variant]]\n'
+     'label = "a"\n', "two variants share a label"),
+    ('name = "x"\n', "not a sweep file"),
+    ('[sweep]\nscenario = "QUICK"\ntarget_accuracy = 2\n', "target_accuracy: a fraction"),
+])
+def test_a_malformed_sweep_file_names_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(sw.SweepError, match=message):
+        sw.load_sweep(_sweep(tmp_path, text))
+
+
+def test_every_point_is_validated_before_anything_runs(tmp_path: Path) -> None:
+    s = sw.load_sweep(_sweep(tmp_path, '[sweep]\nscenario = "QUICK"\nseeds = 3\n[sweep.grid]\n'
+                             '"algorithm.staleness" = ["poly", "sideways"]\n'))
+    with pytest.raises(sw.SweepError) as err:
+        sw.run_sweep(s, tmp_path / "out")
+    text = str(err.value)
+    assert "algorithm.staleness=\"sideways\"" in text
+    assert "sideways" in text
+    assert text.count("sideways' ") <= 1 or text.count("point ") == 1   # once, not per seed
+    assert not (tmp_path / "out").exists()
+
+
+def test_mean_and_ci_are_students_t() -> None:
+    m, ci = sw.mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0
+    assert ci == pytest.approx(4.302652729911275 * 1.0 / math.sqrt(3))
+    assert sw.mean_ci([5.0]) == (5.0, None)
+    assert sw.mean_ci([]) == (None, None)
+
+
+def test_a_sweep_reruns_unfaithful_points_and_writes_its_tables(
+        tmp_path: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PASS_AT", "4")     # a verdict passes only at dilation >= 4
+    s = sw.load_sweep(_sweep(tmp_path, BASIC))
+    lines: list[str] = []
+    res = sw.run_sweep(s, tmp_path / "out", python=fake_python, report=lines.append)
+    assert all(r.counts for r in res.points)
+    for r in res.points:
+        # dilation 1 failed, the suggested 2 failed, then 4 passed; earlier attempts are kept
+        assert (r.run_dir / "calls.log").read_text().split() == ["4.0"]
+        assert r.attempts == 3
+        assert r.dilation == 4.0
+        assert (r.run_dir.parent / f"{r.run_dir.name}.attempt-1").is_dir()
+        assert (r.run_dir.parent / f"{r.run_dir.name}.attempt-2").is_dir()
+    assert any("rerun" in x for x in lines)
+    rows = _csv(tmp_path / "out" / "sweep.csv")
+    assert len(rows) == 8
+    assert {r["verdict"] for r in rows} == {"pass"}
+    agg = _csv(tmp_path / "out" / "aggregate.csv")
+    assert len(agg) == 4
+    row = next(r for r in agg if r["variant"] == "poly"
+               and r["network.up.delay+network.down.delay"] == "0.1")
+    assert row["n"] == "2"
+    assert float(row["final_accuracy_mean"]) == pytest.approx(0.5 + 0.015 + 0.1)
+    assert float(row["final_accuracy_ci95"]) == pytest.approx(
+        sw.t_quantile(1) * math.sqrt(0.5 * 0.01**2) / math.sqrt(2))
+    assert (tmp_path / "out" / "final_accuracy.png").stat().st_size > 5000
+
+
+def test_points_that_stay_unfaithful_are_flagged_not_averaged(
+        tmp_path: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PASS_AT", "1000")
+    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1"])
+    res = sw.run_sweep(s, tmp_path / "out", python=fake_python, max_attempts=2)
+    assert len(res.flagged) == 2
+    assert all(r.verdict == "fail" and r.attempts == 2 for r in res.points)
+    agg = _csv(tmp_path / "out" / "aggregate.csv")
+    assert [r["n"] for r in agg] == ["0", "0"]
+    assert [r["flagged"] for r in agg] == ["1", "1"]
+    assert all(r["final_accuracy_mean"] == "" for r in agg)
+
+
+def test_a_half_finished_sweep_resumes_without_redoing_finished_points(
+        tmp_path: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1"], seeds=2)
+    out = tmp_path / "out"
+    monkeypatch.setenv("FAKE_CRASH", "1")        # seed 2's runs die without a summary
+    first = sw.run_sweep(s, out, python=fake_python)
+    assert {r.point.seed: r.status for r in first.points} == {1: "completed", 2: "crashed"}
+    monkeypatch.delenv("FAKE_CRASH")
+    # a crashed run is not retried at once (it may crash again), but a resume runs it
+    done = {r.point.key: (r.run_dir / "calls.log").stat().st_mtime_ns
+            for r in first.points if r.point.seed == 1}
+    second = sw.run_sweep(s, out, python=fake_python)
+    assert all(r.counts for r in second.points)
+    for r in second.points:
+        if r.point.seed == 1:   # untouched
+            assert (r.run_dir / "calls.log").stat().st_mtime_ns == done[r.point.key]
+    # a different sweep into the same directory is refused, saying what differs
+    other = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.2"], seeds=2)
+    with pytest.raises(sw.SweepError, match="differs in: grid"):
+        sw.run_sweep(other, out, python=fake_python)
+    spec, results = sw.read_results(out)
+    assert spec.grid == s.grid
+    assert all(r.counts for r in results)
+
+
+def test_auto_concurrency_follows_the_measured_load() -> None:
+    sched = sw._Scheduler("auto", max_jobs=8)
+    sched.cores = 2
+    assert sched.allowed() == 1            # nothing measured yet
+    sched.finished(0.2, "pass")             # a run that mostly waits
+    assert sched.allowed() == 7
+    sched.finished(1.5, "pass")             # a heavy one
+    assert sched.allowed() == 1
+    sched = sw._Scheduler("auto", max_jobs=8)
+    sched.cores = 2
+    sched.finished(0.1, "pass")
+    assert sched.allowed() == 8
+    sched.finished(0.1, "fail")             # an unfaithful run halves the ceiling
+    assert sched.allowed() == 4
+    sched.finished(0.1, "pass")             # and a faithful one lets it grow by one
+    assert sched.allowed() == 5
+    assert sw._Scheduler(3, max_jobs=8).allowed() == 3
+
+
+def test_cli_dry_run_and_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(cli, ["sweep", str(_sweep(tmp_path, BASIC)), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "8 points" in r.output
+    assert "--set 'network.down.delay=0.1'" in r.output
+    r = runner.invoke(cli, ["sweep", str(QUICK)])
+    assert r.exit_code == 2
+    assert "nothing to sweep" in r.output
+    r = runner.invoke(cli, ["sweep", str(QUICK), "--grid", "algorithm.alpah=0.1,0.2"])
+    assert r.exit_code == 2
+    assert "algorithm.alpah" in r.output
+    r = runner.invoke(cli, ["sweep", str(QUICK), "--seeds", "2", "--jobs", "many"])
+    assert r.exit_code == 2
+    assert "--jobs" in r.output
+
+
+@pytest.mark.skipif(not hasattr(os, "wait4"), reason="needs os.wait4")
+def test_a_real_sweep_point(tmp_path: Path) -> None:
+    """The real path: a `fedsim run` process (real ZeroMQ, torch, netem)."""
+    s = sw.sweep_from_scenario(QUICK, grid=["algorithm.staleness=poly"], sets=[
+        "run.time_budget=2", "data.num_clients=4", "algorithm.concurrency=2",
+        "deploy.hosts=1", "run.dilation=3", "eval.every_updates=4"])
+    res = sw.run_sweep(s, tmp_path / "out", jobs=1)
+    for r in res.points:
+        assert r.status == "completed", (r.run_dir / "output.log").read_text()[-2000:]
+        assert r.summary is not None
+        assert r.summary["updates"] > 0
+        assert r.cores is not None
+        assert 0 < r.cores < 4
+        assert json.loads((r.run_dir / "point.json").read_text())["command"][:3] == [
+            "-m", "fedsim.cli", "run"]
+    assert (tmp_path / "out" / "sweep.csv").exists()
