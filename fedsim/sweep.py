@@ -156,8 +156,29 @@ class Sweep:
                         over.update((part, v) for part in k.split("+"))
                     over["seed"] = seed
                     out.append(Point(var.label, tuple(zip(keys, combo, strict=True)), seed,
-                                     tuple(over.items())))
+                                     tuple(self._switch_algorithm(over).items())))
         return out
+
+    def _switch_algorithm(self, over: dict[str, Any]) -> dict[str, Any]:
+        """A point that names another algorithm than the base scenario gets a
+        fresh ``[algorithm]`` table: that algorithm's defaults plus the
+        point's own ``algorithm.*`` keys (the base's keys belong to the base's
+        algorithm and would not validate under another)."""
+        name = over.get("algorithm.name")
+        if name is None or name == self._base_algorithm():
+            return over
+        table = {k.removeprefix("algorithm."): v for k, v in over.items()
+                 if k.startswith("algorithm.")}
+        rest = {k: v for k, v in over.items() if not k.startswith("algorithm.")}
+        return {"algorithm": _unflatten(table), **rest}
+
+    def _base_algorithm(self) -> Any:
+        try:
+            raw = tomllib.loads(self.scenario.read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            return None
+        alg = raw.get("algorithm")
+        return alg.get("name") if isinstance(alg, dict) else None
 
     def to_json(self) -> dict[str, Any]:
         """The sweep as plain data (what sweep.json holds)."""
@@ -239,6 +260,17 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
+    return out
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, v in flat.items():
+        node = out
+        *head, last = key.split(".")
+        for part in head:
+            node = node.setdefault(part, {})
+        node[last] = v
     return out
 
 

@@ -281,3 +281,21 @@ def test_a_real_sweep_point(tmp_path: Path) -> None:
         assert json.loads((r.run_dir / "point.json").read_text())["command"][:3] == [
             "-m", "fedsim.cli", "run"]
     assert (tmp_path / "out" / "sweep.csv").exists()
+
+
+def test_a_variant_naming_another_algorithm_starts_from_its_defaults(tmp_path: Path) -> None:
+    """DGA's keys (delay, mode, c_beta) would not validate under FedAvg."""
+    dga = ROOT / "scenarios" / "dga-digits.toml"
+    f = tmp_path / "v.sweep.toml"
+    f.write_text(f'[sweep]\nscenario = "{dga}"\n[[sweep.variant]]\nlabel = "FedAvg"\n'
+                 'set = { "algorithm.name" = "fedavg" }\n[[sweep.variant]]\nlabel = "DGA D=5"\n'
+                 'set = { "algorithm.delay" = 5 }\n')
+    s = sw.load_sweep(f)
+    s.check()
+    fedavg, dga_point = s.points()
+    assert dict(fedavg.overrides)["algorithm"] == {"name": "fedavg"}
+    assert dict(dga_point.overrides)["algorithm.delay"] == 5     # same algorithm: merged
+    from fedsim.scenario import load
+
+    assert load(dga, fedavg.set_args()).algorithm.name == "fedavg"
+    assert load(dga, dga_point.set_args()).algorithm.mode == "auto"   # the base's key kept
