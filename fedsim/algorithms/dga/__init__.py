@@ -1,7 +1,7 @@
 r"""DGA: Delayed Gradient Averaging, as a sans-I/O client and reducer.
 
 Zhu, Lin, Lu, Lin and Han, "Delayed Gradient Averaging: Tolerate the
-Communication Latency for Federated Learning" (NeurIPS 2021,
+Communication Latency in Federated Learning" (NeurIPS 2021,
 https://dga.hanlab.ai). No authors' code exists, so every choice below (the
 ``R-DG`` ids) rests on the paper alone; they are explained in docs/algorithms.md#dga.
 
