@@ -226,7 +226,7 @@ class DevicesConfig(SchemaModel):
 class AvailabilityConfig(SchemaModel):
     """When clients are away.
 
-    ``suspension``: AsyncFedED's (ALGORITHMS.md §10): each local run is,
+    ``suspension``: AsyncFedED's (docs/algorithms.md#r-af6): each local run is,
     with probability ``p``, wasted and the client hangs for
     ``U(0, hang_factor x run time)``. ``onoff``: exponential on and off
     periods. ``trace``: a JSON file ``{"period": T or null, "clients":

@@ -97,7 +97,7 @@ class ClientConfig(SchemaModel):
     weight_decay: NonNeg = 0.0
     # Adagrad
     initial_accumulator: NonNeg = 0.0
-    # Delta-SGD (ALGORITHMS.md §2, §10.B): locality-adaptive step size
+    # Delta-SGD (docs/algorithms.md#delta-sgd): locality-adaptive step size
     eta0: Pos = 0.2
     theta0: Pos = 1.0
     gamma: Pos = 2.0

@@ -2,7 +2,7 @@
 
 Every error names the field, the offending value and what is allowed, so a
 message like ``LinkParams.rate = -5.0: must be > 0 bits/s or None`` can be
-fixed without reading the source (STYLE.md practice 14).
+fixed without reading the source.
 """
 
 from __future__ import annotations

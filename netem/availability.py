@@ -1,22 +1,22 @@
 """Client availability: AsyncFedED suspension, Poisson on/off, availability traces.
 
-References: ALGORITHMS.md §10 row "AsyncFedED suspension (R-AF6)" and §10.D
-(the authors' logs), NETEM-REFERENCE.md §2.6 (Mahimahi ``mm-onoff``: "a
-Poisson point process with specified average durations spent on and off"),
-§4.1 (FedScale/FLASH availability traces: ``t mod finish_time``, active
-inside ``[active[i], inactive[i]]``), §7 item 5.
+What each model means in a run: docs/netem.md#availability. Sources: the AsyncFedED
+authors' result logs for the suspension model (docs/algorithms.md#r-af6),
+Mahimahi's ``mm-onoff`` ("a Poisson point process with specified average
+durations spent on and off"), FedScale's availability traces (FLASH data:
+``t mod finish_time``, active inside ``[active[i], inactive[i]]``).
 
 Pure API, all times in emulated seconds:
 
 * :class:`SuspensionModel` ``.draw_run(t_run, rng) -> Suspension | None``:
   per local run, independently with probability ``p``, the run is
-  suspended. Default (§10, confirmed by the authors' logs): the run's work
+  suspended. Default (as the authors' logs show it): the run's work
   is done and **wasted** (its update is discarded) and the client is
   unavailable for ``t_run + U(0, hang_factor * t_run)``, ``hang_factor =
   3``, ``t_run`` being the client's own normal run time; afterwards it
   fetches the newest model and starts again. Option ``hang="budget"``: the
-  hang is ``U(0, budget_fraction * budget)`` (the pre-§10 reading; §9
-  claim AF-1 uses 20 % of a 300 s budget). ``discard_update=False`` keeps
+  hang is ``U(0, budget_fraction * budget)`` (a reading of the paper's text
+  before its logs were examined, e.g. 20 % of its 300 s budget). ``discard_update=False`` keeps
   the update (the client only hangs, nothing is wasted).
   Two uniforms are consumed per call whatever the outcome, so the draw for
   run ``k`` does not depend on earlier outcomes.
@@ -67,7 +67,7 @@ class Suspension:
 
 @dataclass(frozen=True, slots=True)
 class SuspensionModel:
-    """AsyncFedED suspension (ALGORITHMS.md §10, R-AF6)."""
+    """AsyncFedED suspension (docs/algorithms.md#r-af6)."""
 
     p: float
     hang_factor: float = 3.0
@@ -227,7 +227,7 @@ class AvailabilityTrace:
     def from_fedscale(
         cls, record: Mapping[str, Any], unit: float = 1.0
     ) -> AvailabilityTrace:
-        """From a FedScale ``client_behave_trace`` entry (§4.1).
+        """From a FedScale ``client_behave_trace`` entry.
 
         ``{'active': [...], 'inactive': [...], 'finish_time': T}``: active
         inside ``[active[i], inactive[i])``, periodic with period ``T``;

@@ -6,7 +6,7 @@ mapping to the host's monotonic clock is::
     real = epoch + emulated * dilation
 
 so a dilation of 10 gives every emulated second ten real seconds, which lets
-a two-core host keep up with a thousand clients (NETEM-REFERENCE.md §5.3).
+a two-core host keep up with a thousand clients (docs/netem.md#emulated-time-timers-and-dilation).
 Changing the dilation re-bases the epoch so that ``now()`` never jumps
 (trio's ``MockClock`` does the same). The real clock is an attribute that
 tests replace.

@@ -1,12 +1,12 @@
 """Correlated delay sampler that keeps the configured marginal exactly.
 
-Reference: NETEM-REFERENCE.md §1.2 (why netem's delay correlation does
-nothing), §7 item 1. The marginal distributions themselves are in
+Why it exists, and why tc netem's delay correlation does nothing:
+docs/netem.md#correlation. The marginal distributions themselves are in
 :mod:`netem.dist`; this module depends on it (for the :class:`~netem.dist.Dist`
 protocol), never the reverse.
 
-Correlation (§1.2 [calc] shows netem's ``get_crandom`` correlation vanishes
-after the table lookup): :class:`DelayProcess` uses a Gaussian-copula AR(1),
+Correlation (tc netem's ``get_crandom`` correlation vanishes after its modulo
+or table lookup): :class:`DelayProcess` uses a Gaussian-copula AR(1),
 ``z_n = rho z_{n-1} + sqrt(1 - rho^2) eps_n``, ``u_n = Phi(z_n)``,
 ``delay_n = ppf(u_n)``. Every ``z_n`` is exactly N(0, 1), so every delay has
 exactly the configured marginal whatever ``rho`` is; lag-1 correlation of the

@@ -1,14 +1,14 @@
 """Device compute time per local run, and heterogeneity across clients.
 
-Reference: NETEM-REFERENCE.md §4.1 (FedScale's compute model: a per-sample
-latency times ``3 x batch x steps``, or ``device_speed ~ lognormal``), DESIGN.md
-"Time" (a device's compute time comes from its profile: per-step time, or a
-speed factor against a calibrated host step).
+What the scenario's ``[devices]`` does with these: docs/netem.md#devices. Precedents:
+FedScale's compute model (a per-sample latency times ``3 x batch x steps``, or
+``device_speed ~ lognormal``); a device's compute time comes from its
+profile (per-step time, or a speed factor against a calibrated host step).
 
 A device answers ``compute_time(steps, rng, run_index=0)`` in emulated
 seconds. ``steps`` is whatever unit the caller counts (minibatch steps, or
 samples when a local epoch costs time proportional to the client's data, as
-ALGORITHMS.md §10 R-AF5 finds for AsyncFedED). Models:
+the AsyncFedED authors' logs show, docs/algorithms.md#r-af5). Models:
 
 * :class:`StepTime` -- per-step time from a distribution of :mod:`netem.dist`.
   ``per="run"`` (default): one draw per run times ``steps`` (run-to-run
@@ -20,8 +20,8 @@ ALGORITHMS.md §10 R-AF5 finds for AsyncFedED). Models:
   host step time is calibrated by the caller (factor 2 = twice as slow).
 
 :func:`draw_devices` draws per-client parameters from a distribution and
-returns the devices plus a JSON-able record of the draw (reference §4.5:
-"draw per-client profiles from a distribution ... and record the draw").
+returns the devices plus a JSON-able record of the draw, so that a run's
+heterogeneity is written down (``heterogeneity.json``).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def draw_devices(
     ``speed_factor`` (per-client factor; needs ``host_step_time``) is given.
     Example: ``step_time=LogNormal(0.05, 0.05)`` gives step times spread
     over an order of magnitude; FedScale's alternative is a log-normal
-    speed factor (§4.1).
+    speed factor (``get_completion_time_lognormal``).
 
     Parameters
     ----------

@@ -1,6 +1,6 @@
 """Marginal delay distributions with inverse CDFs.
 
-Reference: NETEM-REFERENCE.md §1.2 (netem's distribution tables), §7 item 1.
+The families and how they compare with tc netem's tables: docs/netem.md#delay-and-jitter.
 
 Conventions (all values in emulated **seconds**):
 
@@ -180,7 +180,7 @@ class Constant(_Scaled):
 
 @dataclass(frozen=True, slots=True)
 class Uniform(_Scaled):
-    """``U(mean - jitter, mean + jitter)``, netem's no-table default (§1.2)."""
+    """``U(mean - jitter, mean + jitter)``, netem's no-table default."""
 
     mean: float
     jitter: float
@@ -286,7 +286,7 @@ class LogNormal:
 
     ``sigma^2 = ln(1 + (jitter/mean)^2)``, ``mu = ln(mean) - sigma^2 / 2``.
     Not a netem family; useful for long-tailed delays and step times
-    (FedScale's ``get_completion_time_lognormal``, reference §4.1).
+    (FedScale's ``get_completion_time_lognormal``).
     """
 
     mean: float

@@ -1,8 +1,8 @@
 """Empirical delay tables (netem ``maketable`` semantics), see :mod:`netem.dist`.
 
-Reference: NETEM-REFERENCE.md §1.2 (tables are "a scaled, translated, inverse
-to the cumulative distribution function"; ``maketable`` builds one from
-measured samples).
+As tc netem's tables (iproute2's ``netem/README.distribution``: "a scaled,
+translated, inverse to the cumulative distribution function"; ``maketable``
+builds one from measured samples); see docs/netem.md#delay-and-jitter.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Empirical:
     With ``mean`` and ``jitter`` both ``None`` (default) the values are used
     as they are (absolute one-way delays in seconds). With both set, the table
     is standardised to mean 0 and std 1 and mapped to ``mean + jitter * z``,
-    then clipped at 0 -- netem's ``maketable`` semantics (§1.2), so a measured
+    then clipped at 0 -- netem's ``maketable`` semantics, so a measured
     shape can be moved and stretched.
 
     Parameters

@@ -1,10 +1,9 @@
 """Self-measured emulation fidelity and a suggested time dilation.
 
-Reference: NETEM-REFERENCE.md §5.1 (what to record: scheduled vs actual
-delivery, realised vs configured delay mean/std, rate, loss rate and burst
-length, compute-deadline overruns; a run-level verdict), §5.2 (timer
-lateness on this box: ~0.2-0.4 ms typical, several ms at 2,000 timers),
-§5.3 (dilation: real = emulated x TDF, so timer errors shrink by the TDF in
+What a run's verdict means and what to do when it fails: docs/netem.md#fidelity. It
+records scheduled vs actual delivery, realised vs configured delay mean/std,
+rate, loss rate and burst length, compute-deadline overruns, and judges them
+(real = emulated x dilation, so real timer errors shrink by the dilation in
 emulated time).
 
 All inputs are in **emulated** seconds (the emulator divides real lateness by
@@ -25,7 +24,7 @@ adds a reason and makes the verdict ``"fail"``:
   lateness, vs the configured marginal's true mean): off by at most
   ``max(2 % x mean, 3 std / sqrt(n), allowed lateness)``.
 * ``delay_std``: off by at most ``max(10 % x std, allowed lateness,
-  3 std / sqrt(2 n))`` (netem under-delivers jitter, §1.2).
+  3 std / sqrt(2 n))`` (tc netem is known to under-deliver jitter).
 * ``rate`` per link kind with a rate: realised serialisation rate >= 95 % of
   the configured one, judged within the lateness allowance (below).
 * ``loss_rate``: realised packet loss inside the model's two-sided 99 %
@@ -62,7 +61,7 @@ reported for information.
 **Suggested dilation.** ``suggested_dilation`` is the dilation in use when
 the verdict passes. When it fails, it is strictly larger, and large enough
 for every failing *timing* check (lateness, overruns, rate, delay mean and
-std) to pass under the model of §5.3: real lateness and real compute time
+std) to pass under the dilation model: real lateness and real compute time
 do not depend on the dilation, so at ``D' = k D`` every recorded lateness
 and every compute time, in emulated seconds, is divided by ``k``; the
 configured delays, rates, budgets and the allowance are emulated quantities

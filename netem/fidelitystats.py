@@ -1,6 +1,6 @@
 """Building blocks of the fidelity monitor: limits and bounded accumulators.
 
-Reference: NETEM-REFERENCE.md §5.1 (what to record), §5.3 (dilation). The
+See docs/netem.md#fidelity for the checks. The
 checks and the verdict that use these pieces are in :mod:`netem.fidelity`,
 which depends on this module (never the reverse); import :class:`Thresholds`
 and :func:`nice_ceiling` from here.

@@ -1,9 +1,9 @@
 """One direction of one client's connection, at message level.
 
-Reference: NETEM-REFERENCE.md §1 (netem's parameter set: delay, jitter,
-correlation, distribution, rate with packet overhead, limit, loss), §1.3 (a
-TCP stream never reorders), §1.6 (rate on a virtual clock), §3 (loss on TCP
-is delay), §7 items 1-3.
+tc netem's parameter set (delay, jitter, correlation, distribution, rate with
+packet overhead, limit, loss) applied to whole messages: a TCP stream never
+reorders, the rate runs on a virtual clock, and loss on TCP is delay.
+docs/netem.md#one-message-through-a-link explains it for users.
 
 ``Link.schedule(t_send, nbytes)`` is pure arithmetic on emulated seconds and
 returns a :class:`Delivery`; an emulator turns it into a timer. Stages, in

@@ -1,8 +1,7 @@
 """Parameters of one link direction: :class:`LinkParams` and its validation.
 
-Reference: NETEM-REFERENCE.md §1 (netem's parameter set: delay, jitter,
-correlation, distribution, rate with packet overhead, limit, loss), §3.1
-(per-packet overhead against the rate).
+tc netem's parameter set (delay, jitter, correlation, distribution, rate with
+packet overhead, limit, loss); the scenario keys are in docs/netem.md.
 
 A :class:`LinkParams` is an immutable, validated value: everything a
 :class:`~netem.link.Link` needs to know about one direction at one moment,
@@ -42,7 +41,7 @@ class LinkParams:
     distribution
         One of ``constant, uniform, normal, pareto, paretonormal, lognormal,
         empirical``. Default ``uniform``: what netem does when no table is
-        loaded (§1.2).
+        loaded.
     table
         The :class:`~netem.empirical.Empirical` table for ``"empirical"``; it is
         rescaled to ``delay`` / ``jitter`` (netem ``maketable`` semantics).
@@ -56,7 +55,7 @@ class LinkParams:
         Payload bytes per packet (1448: 1500 MTU - 52 B IPv4/TCP/timestamps).
     overhead
         Bytes per packet counted against the rate beyond the payload
-        (90 = 52 header + 38 Ethernet framing: 1448/1538 = 94.1 %, §3.1).
+        (90 = 52 header + 38 Ethernet framing: 1448/1538 = 94.1 %).
     queue_limit
         Bottleneck buffer in bytes; ``None`` = unbounded (Mahimahi default).
     loss

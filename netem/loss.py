@@ -1,7 +1,8 @@
 """Packet-loss models: Bernoulli, Gilbert-Elliott and netem's 4-state model.
 
-Reference: NETEM-REFERENCE.md §1.4 (netem's ``loss random``, ``loss gemodel``
-and ``loss state``; the derived GE formulas; FlowEmu's separate PRNGs).
+The models of tc netem's ``loss random``, ``loss gemodel`` and ``loss state``
+(Salsano et al.'s 4-state model), with FlowEmu's separate random streams for
+the chain and the draws; docs/netem.md#loss.
 
 All three are hidden-Markov loss processes: a state chain with transition
 matrix ``T`` and a loss probability ``l[s]`` per state. Per packet, as in the
@@ -10,7 +11,7 @@ from the *state* stream), **then** the loss is drawn in the new state (one
 uniform from the *loss* stream). Both streams advance by exactly one value per
 packet whatever happens, so the state sequence depends only on the state
 stream ("a given seed for the transitions always results in the same sequence
-of state lengths independent of the number of packets", FlowEmu, §1.4). The
+of state lengths independent of the number of packets", FlowEmu). The
 chain starts in state 0 (the good / gap state), as netem does.
 
 This module holds the models (stateless values) and their theory.
@@ -23,10 +24,10 @@ one way: this module imports that one, which knows a model only through its
 :class:`~netem.lossprocess.ChainModel` protocol.
 
 netem's loss correlation (``loss random P C``) is deliberately not offered:
-§1.4 [calc] shows it collapses the loss rate (1 % at 25 % correlation realises
-~0 %). Use Gilbert-Elliott for bursty loss.
+simulating the kernel's algorithm shows it collapses the loss rate (1 % at
+25 % correlation realises ~0 %). Use Gilbert-Elliott for bursty loss.
 
-Theory used by fidelity checks (§5.1): stationary distribution ``pi``,
+Theory used by fidelity checks: stationary distribution ``pi``,
 mean loss ``mu = sum pi_s l_s``; mean burst length (runs of consecutive lost
 packets) ``mu / P(previous kept, current lost)``; and the variance inflation
 ``1 + 2 sum_k rho_k`` of the loss indicator, from the fundamental matrix
@@ -139,7 +140,7 @@ class Bernoulli(MarkovLoss):
 
 @dataclass(frozen=True, slots=True)
 class GilbertElliott(MarkovLoss):
-    """Gilbert-Elliott, netem ``loss gemodel p r 1-h 1-k`` (§1.4).
+    """Gilbert-Elliott, netem ``loss gemodel p r 1-h 1-k``.
 
     Parameters
     ----------
@@ -169,7 +170,7 @@ class GilbertElliott(MarkovLoss):
     def from_durations(cls, good: float, bad: float) -> GilbertElliott:
         """Simple Gilbert from mean good and bad run lengths in packets.
 
-        str0m-netem style (§1.4): ``good=200, bad=2`` is about 1 % loss.
+        str0m-netem style: ``good=200, bad=2`` is about 1 % loss.
         """
         _check.positive("GilbertElliott.from_durations", "good", good, " packets")
         _check.positive("GilbertElliott.from_durations", "bad", bad, " packets")

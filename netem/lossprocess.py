@@ -1,11 +1,12 @@
 """Stateful packet-loss processes: the per-link chain, scripted loss, counters.
 
-Reference: NETEM-REFERENCE.md §1.4 (netem's per-packet ``loss_event``;
-FlowEmu's separate PRNGs). The models themselves and their theory are in
-:mod:`netem.loss`; this module runs them, one :class:`LossProcess` per link
-direction, and counts what they drew (:class:`LossStats`). It knows a model
-only through :class:`ChainModel` (what the process needs of it) and imports
-nothing from :mod:`netem.loss`, which depends on this module.
+As tc netem's per-packet ``loss_event``, with FlowEmu's separate random
+streams; docs/netem.md#the-loss-chain-runs-through-silences. The models
+themselves and their theory are in :mod:`netem.loss`; this module runs them,
+one :class:`LossProcess` per link direction, and counts what they drew
+(:class:`LossStats`). It knows a model only through :class:`ChainModel` (what
+the process needs of it) and imports nothing from :mod:`netem.loss`, which
+depends on this module.
 
 The chain's clock is the packet slot. netem's kernel chain only moves when a
 packet is sent, so a burst outlives any silence: a TCP retransmission sent

@@ -1,7 +1,7 @@
 """Named network profiles, each with its sources.
 
-Reference: NETEM-REFERENCE.md §4.5 (candidate profiles and their sources),
-§4.2-§4.4 (the measurements and presets behind them).
+The table with every source in full, and what is measured and what is a
+placeholder: docs/netem.md#profiles.
 
 Decisions:
 
@@ -12,9 +12,9 @@ Decisions:
   Loss applies to both directions (independent streams). Rates are
   ``down`` (server -> client) and ``up`` (client -> server) in bits/s;
   ``None`` = not the bottleneck ("link-limited" long-haul profiles).
-* Values marked *placeholder* in :data:`PROFILES` have no measured source
-  (reference §4.5: "Cells without a measured source are placeholders to be
-  tuned, not data"): all jitter values, the Wi-Fi rates, most loss values.
+* Values marked *placeholder* in :data:`PROFILES` have no measured source:
+  they are to be tuned, not data. All jitter values, the Wi-Fi rates, most
+  loss values.
 
 Override any :class:`~netem.linkparams.LinkParams` field with
 ``profile(name, overrides={...})``: a plain key applies to both directions,
@@ -75,10 +75,10 @@ class ProfileLinks:
     down: LinkParams
 
 
-_DGA = "DGA paper (shared/papers/dga.md L270-276): 1 / 16 / 132 / 470 ms (§4.2)"
-_WPT = "WebPageTest connectivity.ini.sample (§4.4)"
-_LH = "Lighthouse core/config/constants.js (§4.4)"
-_S0 = "str0m-netem GE presets, heuristic (§1.4)"
+_DGA = "DGA paper (Zhu et al., NeurIPS 2021, Sec. 3.2, Raspberry Pis): 1 / 16 / 132 / 470 ms"
+_WPT = "WebPageTest connectivity.ini.sample"
+_LH = "Lighthouse core/config/constants.js"
+_S0 = "str0m-netem GE presets (netem/src/config.rs), heuristic"
 
 PROFILES: dict[str, Profile] = {
     p.name: p
@@ -91,7 +91,7 @@ PROFILES: dict[str, Profile] = {
             jitter=0.00005,
             sources=(f"{_DGA}: wired 1 ms",),
             placeholders=("rate", "jitter"),
-            notes="lan-wired in §4.5",
+            notes="",
         ),
         Profile(
             "wifi-room",
@@ -148,7 +148,7 @@ PROFILES: dict[str, Profile] = {
             jitter=0.001,
             sources=(
                 f"{_WPT}: DSL 1.5 Mbps / 384 kbps, 50 ms",
-                "Verizon / FCC MBA 2016: DSL 37-40 ms (§4.3)",
+                "Verizon / FCC MBA 2016: DSL 37-40 ms",
             ),
             placeholders=("jitter",),
         ),
@@ -170,7 +170,7 @@ PROFILES: dict[str, Profile] = {
             jitter=0.001,
             sources=(
                 "Ookla Speedtest Global Index Aug 2024: fixed 93.99 / 48.36 Mbps;"
-                " Ookla fixed latency median 10 ms (§4.3)",
+                " Ookla fixed latency median 10 ms",
             ),
             placeholders=("jitter",),
         ),
@@ -183,7 +183,7 @@ PROFILES: dict[str, Profile] = {
             loss=Bernoulli(0.001),
             sources=(
                 f"{_WPT} public UI: LTE 12/12 Mbps, 70 ms",
-                "Huang et al. MobiSys 2012: LTE median 13 / 6 Mbps (§4.3)",
+                "Huang et al. MobiSys 2012: LTE median 13 / 6 Mbps",
             ),
             placeholders=("jitter", "loss"),
         ),
@@ -207,7 +207,7 @@ PROFILES: dict[str, Profile] = {
             loss=Bernoulli(0.015),
             sources=(
                 f"{_LH}: mobileRegular3G rtt 300 ms, 700 kbps",
-                "comcast README: 3G/HSDPA (good) 1.5 % loss (§2.2)",
+                "comcast README: 3G/HSDPA (good) 1.5 % loss",
             ),
             placeholders=("jitter",),
         ),
@@ -218,11 +218,11 @@ PROFILES: dict[str, Profile] = {
             21 * M,
             jitter=0.003,
             sources=(
-                "Ookla Q3 2021: global median 5G 166.13 / 21.08 Mbps (§4.3)",
+                "Ookla Q3 2021: global median 5G 166.13 / 21.08 Mbps",
                 "Ookla 2022: all-mobile median latency 28 ms (not 5G-specific)",
             ),
             placeholders=("jitter",),
-            notes="5g-mid in §4.5",
+            notes="",
         ),
         Profile(
             "satellite-leo",
@@ -232,7 +232,7 @@ PROFILES: dict[str, Profile] = {
             jitter=0.008,
             loss=GilbertElliott(p=0.0005, r=0.2),
             sources=(
-                "APNIC 2022 Starlink: median ~50 ms RTT (IQR 40-60), >300 Mbps (§4.3)",
+                "APNIC 2022 Starlink: median ~50 ms RTT (IQR 40-60), >300 Mbps",
                 "arXiv 2310.09242: 15 s reconfiguration intervals",
             ),
             placeholders=("rate", "jitter", "loss"),

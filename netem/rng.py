@@ -1,9 +1,9 @@
 """Seeded, independent random streams, one per (link, direction, purpose).
 
-Reference: NETEM-REFERENCE.md §7 item 7 ("seeded, independent PRNG streams per
-link and per process (delay, loss state, loss draw, availability), so the same
-seed yields the same loss/delay sequence regardless of traffic volume") and
-§1.4 (FlowEmu keeps GE transitions and loss draws on separate PRNGs).
+Seeded, independent streams per link and per purpose (delay, loss state,
+loss draw, availability), so that the same seed yields the same loss and delay
+sequence regardless of traffic volume (FlowEmu likewise keeps GE transitions
+and loss draws on separate generators).
 
 A stream is named by the scenario seed plus a tuple of string/int keys, e.g.
 ``stream(seed, "link", 7, "down", "delay")``. The keys are hashed with BLAKE2b

@@ -1,7 +1,7 @@
 """Packet loss on a TCP stream becomes message delay.
 
-Reference: NETEM-REFERENCE.md §3 (constants §3.1, throughput formulas §3.2,
-the message-level recipe §3.3, sampled mode).
+The model, the Linux constants it uses and a worked example are in
+docs/netem.md#loss-on-tcp-is-delay.
 
 fedsim's messages travel over ZeroMQ/TCP: a lost packet never loses a message,
 it delays it. :class:`TcpConnection` keeps one direction's sender state
@@ -9,10 +9,10 @@ it delays it. :class:`TcpConnection` keeps one direction's sender state
 ``n`` segments into extra delay on top of pure serialisation, with a
 decomposition ``slow_start`` + ``recovery``.
 
-The model (sampled mode of §3.3, in rounds of one window):
+The model (losses sampled per packet, in rounds of one window):
 
 * **Window.** A new connection, or one idle for longer than one RTO
-  (``tcp_slow_start_after_idle = 1``, §3.1), starts from cwnd 10
+  (``tcp_slow_start_after_idle = 1``), starts from cwnd 10
   (``TCP_INIT_CWND``) with ``ssthresh = max(ssthresh, 3/4 cwnd)`` as Linux's
   ``tcp_cwnd_restart`` does; otherwise the carried-over cwnd is used. (Linux
   halves cwnd once per elapsed RTO down to 10; for FL's seconds-long gaps
@@ -37,7 +37,7 @@ The model (sampled mode of §3.3, in rounds of one window):
     when the loss is in the last windows, the smaller window otherwise;
   - losses with fewer later segments (tail losses) wait for a tail-loss probe
     ``PTO = 2 SRTT`` (+ ``delayed_ack`` 200 ms when only one segment is in
-    flight), capped at the RTO (RFC 8985, §3.1);
+    flight), capped at the RTO (RFC 8985);
   - a retransmission lost again waits for the RTO,
     ``RTO = SRTT + max(4 RTTVAR, 200 ms)`` clamped to [200 ms, 120 s],
     doubling per repeat (capped at 120 s); after an RTO the stream stalls
@@ -54,7 +54,7 @@ The model (sampled mode of §3.3, in rounds of one window):
   feed an RFC 6298 estimator (first sample: SRTT = R, RTTVAR = R/2).
 
 Congestion control only sets the window response: BBR "is able to fully
-utilize the path" below 15 % random loss (§3.2), modelled as no window cut;
+utilize the path" below 15 % random loss (the Linux BBR cover letter), modelled as no window cut;
 CUBIC uses beta 0.7 with its Reno-friendly increase ``3(1-beta)/(1+beta)``
 (its cubic growth, which only wins at long RTT, is not modelled).
 """
@@ -85,7 +85,7 @@ _CC = {"reno": (0.5, 1.0), "cubic": (0.7, 3.0 * 0.3 / 1.7), "bbr": (1.0, 1.0)}
 
 @dataclass(frozen=True, slots=True)
 class TcpParams:
-    """TCP constants (Linux defaults, §3.1)."""
+    """TCP constants (Linux defaults: ``include/net/tcp.h``)."""
 
     mss: int = 1448
     init_cwnd: int = 10
@@ -152,7 +152,7 @@ def segments(nbytes: int, mss: int = 1448) -> int:
 
 
 def slow_start_rounds(n: int, cwnd0: float = 10, growth: float = 2.0) -> int:
-    """Rounds needed to send ``n`` segments from ``cwnd0``, no BDP cap (§3.2).
+    """Rounds needed to send ``n`` segments from ``cwnd0``, no BDP cap.
 
     100 KB / 1 MB / 10 MB (70 / 691 / 6,907 segments) from cwnd 10 take
     3 / 7 / 10 rounds with doubling and 4 / 9 / 15 with growth 1.5.
@@ -178,14 +178,22 @@ def rto_value(srtt: float | None, rttvar: float, p: TcpParams = TcpParams()) -> 
 def mathis_throughput(
     mss: int, rtt: float, p: float, c: float = math.sqrt(1.5)
 ) -> float:
-    """Mathis et al. 1997: ``MSS / RTT * C / sqrt(p)`` in bytes/s (§3.2)."""
+    """Mathis et al. 1997: ``MSS / RTT * C / sqrt(p)`` in bytes/s.
+
+    Mathis, Semke, Mahdavi and Ott, "The Macroscopic Behavior of the TCP
+    Congestion Avoidance Algorithm", ACM CCR 27(3), 1997.
+    """
     return mss / rtt * c / math.sqrt(p)
 
 
 def pftk_throughput(
     mss: int, rtt: float, p: float, t0: float, b: int = 1, wmax: float = math.inf
 ) -> float:
-    """Padhye-Firoiu-Towsley-Kurose throughput in bytes/s (§3.2)."""
+    """Padhye-Firoiu-Towsley-Kurose throughput in bytes/s.
+
+    Padhye, Firoiu, Towsley and Kurose, "Modeling TCP Throughput: A Simple
+    Model and its Empirical Validation", SIGCOMM 1998 (the form of RFC 5348).
+    """
     denom = rtt * math.sqrt(2 * b * p / 3) + t0 * min(
         1.0, 3 * math.sqrt(3 * b * p / 8)
     ) * p * (1 + 32 * p * p)

@@ -1,14 +1,14 @@
 """One timer heap per process, on absolute deadlines.
 
-asyncio's own timers round to whole milliseconds (the epoll timeout is
-rounded up) and fall behind with thousands pending; uvloop's fire up to
-1.3 ms early (MEASUREMENTS.md §2). This heap keeps every pending delivery in
-one ``heapq`` of ``(real_deadline, seq, entry)`` and arms a single Linux
-``timerfd`` (nanosecond resolution, 50 µs timer slack) at the earliest
-deadline; the event loop watches its file descriptor, so a deadline costs
-one heap push and the loop wakes once per due batch. Where timerfd is not
-available the heap falls back to ``loop.call_at`` and re-arms when woken
-early.
+asyncio's own timers round to whole milliseconds (the epoll timeout is rounded
+up) and fall behind with thousands pending; uvloop's fire up to 1.3 ms early
+(docs/measurements.md#event-loop-timers-asyncio-and-uvloop). This heap keeps
+every pending delivery in one ``heapq`` of ``(real_deadline, seq, entry)`` and
+arms a single Linux ``timerfd`` (nanosecond resolution, 50 µs timer slack) at
+the earliest deadline; the event loop watches its file descriptor, so a
+deadline costs one heap push and the loop wakes once per due batch. Where
+timerfd is not available the heap falls back to ``loop.call_at`` and re-arms
+when woken early.
 
 Each firing measures its lateness (actual minus scheduled real time). The
 heap keeps only a constant-size summary of it (count and maximum), however

@@ -1,7 +1,7 @@
 """Time-varying links: scheduled parameter changes and Mahimahi delivery traces.
 
-Reference: NETEM-REFERENCE.md §2.6 (Mahimahi's trace format and byte-level
-accounting), §7 item 4.
+Mahimahi's trace format and byte-level accounting (``ravinet/mahimahi``,
+``mm-link``); docs/netem.md#time-varying-links.
 
 * :class:`Schedule` -- a list of ``(t, {field: value})`` changes applied to a
   link's :class:`~netem.linkparams.LinkParams` at emulated time ``t`` (seconds).
@@ -83,7 +83,7 @@ class Schedule:
     ) -> Schedule:
         """Cycle through ``phases``, one every ``period`` seconds, up to ``until``.
 
-        E.g. Starlink's 15 s reconfiguration steps (§4.3):
+        E.g. Starlink's 15 s reconfiguration steps (arXiv:2310.09242):
         ``Schedule.periodic(15.0, [{"delay": .025}, {"delay": .035}], 3600)``.
         """
         _check.positive("Schedule.periodic", "period", period, " s")

@@ -15,8 +15,8 @@ when this package is imported; :func:`get` finds it by ``algorithm.name``.
 
 Models travel through these functions as flat float32 vectors (one
 contiguous ``torch.Tensor`` of the trainable parameters); norms and inner
-products that drive a decision are accumulated in float64 (ALGORITHMS.md
-§0.1, §8.2).
+products that drive a decision are accumulated in float64
+(docs/algorithms.md#the-model-vector).
 """
 
 from fedsim.algorithms import (

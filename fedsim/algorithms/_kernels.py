@@ -1,7 +1,7 @@
 """Shared tensor kernels over flat parameter vectors.
 
 Every algorithm module builds on these instead of re-writing its own loops
-(STYLE.md anti-pattern 3: copy-pasted averaging).
+(rather than each pasting its own copy of the averaging loop).
 """
 
 from __future__ import annotations
@@ -99,7 +99,10 @@ def check_async_update(x: torch.Tensor, result: ClientResult, version: int) -> i
 
 
 def norm64(vec: torch.Tensor) -> float:
-    """L2 norm of a whole flattened vector, accumulated in float64 (§0.1)."""
+    """L2 norm of a whole flattened vector, accumulated in float64.
+
+    See docs/algorithms.md#the-model-vector.
+    """
     return float(torch.linalg.vector_norm(vec.to(torch.float64)))
 
 
@@ -140,7 +143,7 @@ def weighted_average(
 
 
 def pseudo_gradient(x_base: torch.Tensor, x_local: torch.Tensor) -> torch.Tensor:
-    """Return ``x_local - x_base`` in float64 (the client's upload, §4.2 C7).
+    """Return ``x_local - x_base`` in float64 (a pseudo-gradient).
 
     The difference of two float32 vectors is exact in float64, so
     ``x_base + Delta`` gives back ``x_local`` exactly. Cast to float32 for

@@ -1,4 +1,7 @@
-r"""Adaptive client optimizers: Delta-SGD and SPS (ALGORITHMS.md §2, §6, §10.B).
+r"""Adaptive client optimizers: Delta-SGD and SPS.
+
+docs/algorithms.md#delta-sgd and docs/algorithms.md#sps say what they do and
+which choices fedsim made.
 
 Functional core
     :func:`deltasgd_step_size` and :func:`sps_step_size` map plain floats
@@ -13,8 +16,9 @@ Thin shells
     parameters, back-propagates and returns the objective's value.
 
 The step size is global: every norm is over the whole flattened vector of
-trainable parameters, accumulated in float64 (§0.1, §8.2). A fresh optimizer
-is built for every local run, so step sizes reset every round (§0.6).
+trainable parameters, accumulated in float64 (docs/algorithms.md#the-model-vector). A
+fresh optimizer is built for every local run, so step sizes reset every round
+(docs/algorithms.md#client-optimizers-are-fresh-for-every-task).
 Each optimizer logs the step sizes it used in ``step_sizes``.
 """
 
@@ -79,7 +83,7 @@ def deltasgd_step_size(
     dx_norm: float, dg_norm: float, eta_prev: float, theta_prev: float, *,
     gamma: float = 2.0, delta: float = 0.1, eps: float = 1e-8, eta_max: float = math.inf,
 ) -> tuple[float, float]:  # fmt: skip
-    r"""Delta-SGD's next step size and ratio (§2.2 C8-C11, guards of §10.B).
+    r"""Delta-SGD's next step size and ratio (docs/algorithms.md#delta-sgd-guards).
 
     .. math::
         \eta_k = \min\Big(\frac{\gamma\|x_k - x_{k-1}\|}{2\|g_k - g_{k-1}\|},
@@ -89,7 +93,7 @@ def deltasgd_step_size(
     The curvature term (and ``eps``) applies only when both norms are > 0;
     otherwise the step is the growth term alone, so ``eta`` never reaches 0.
     A non-finite result (``theta_prev = inf`` with no curvature estimate)
-    keeps ``eta_prev`` (§2.9). ``eta_max`` caps the result (default: no cap).
+    keeps ``eta_prev``. ``eta_max`` caps the result (default: no cap).
 
     Returns ``(eta_k, theta_k)``.
     """
@@ -201,7 +205,9 @@ class AdaptiveStepOptimizer(torch.optim.Optimizer):
 
 
 class DeltaSGD(AdaptiveStepOptimizer):
-    r"""Delta-SGD: SGD with a locality-adaptive step size (Kim et al., ALGORITHMS.md §2).
+    r"""Delta-SGD: SGD with a locality-adaptive step size (Kim et al.).
+
+    docs/algorithms.md#delta-sgd has the rule's keys and fedsim's choices.
 
     Paper: https://arxiv.org/abs/2306.00024, after Malitsky and Mishchenko (2020).
     Step ``k`` (``d = grad + weight_decay * x``, prox terms included by the
@@ -214,17 +220,18 @@ class DeltaSGD(AdaptiveStepOptimizer):
 
     * ``first_step="paper"``: step 0 uses ``eta0`` (Algorithm 1 line 8);
       ``"code"``: the rule with ``x_{-1} = x_0``, i.e. ``eta0 sqrt(1 + delta theta0)``
-      (authors' code, §10.B).
+      (authors' code, docs/algorithms.md#delta-sgd-first-step).
     * ``batch_mode="same"`` (R-DS3): the closure is called first at
       ``x_{k-1}`` and then at ``x_k``, on the same minibatch; the last call is
       at ``x_k``, so the gradients left in ``.grad`` and a loss the closure
       records belong to ``x_k``. ``"previous"`` reuses ``d(x_{k-1}; B_{k-1})``.
     * The evaluation at ``x_{k-1}`` restores ``buffers`` (BatchNorm statistics)
       afterwards; ``mask_mode="shared"`` forks torch's RNG around it so both
-      passes draw the same dropout masks (§2.9), ``"independent"`` does not
-      (authors' code, §10.B). It is skipped when ``x`` did not move, where
-      the rule takes the growth term whatever the gradients.
-    * ``||x_k - x_{k-1}||`` is computed as ``eta_{k-1} ||d_{k-1}||`` (§2.2):
+      passes draw the same dropout masks, ``"independent"`` does not
+      (authors' code, docs/algorithms.md#delta-sgd-dropout-masks). It is
+      skipped when ``x`` did not move, where the rule takes the growth term
+      whatever the gradients.
+    * ``||x_k - x_{k-1}||`` is computed as ``eta_{k-1} ||d_{k-1}||``:
       exact for this update and free of float32 cancellation.
     """
 
@@ -329,7 +336,7 @@ class DeltaSGD(AdaptiveStepOptimizer):
 
 
 class SPS(AdaptiveStepOptimizer):
-    r"""Stochastic Polyak step size, SPS_max (Loizou et al. 2021; ALGORITHMS.md §6, §10.B).
+    r"""Stochastic Polyak step size, SPS_max (Loizou et al. 2021; docs/algorithms.md#sps).
 
     Paper: https://arxiv.org/abs/2002.10542. With ``d = grad + weight_decay * x``
     and the objective value ``f`` returned by the closure (plus

@@ -2,33 +2,39 @@ r"""AsyncFedED: Euclidean-distance staleness and adaptive local work.
 
 Implementation of Wang, Yang, He, Shi and Chen, "AsyncFedED: Asynchronous
 Federated Learning with Euclidean Distance based Adaptive Weight Aggregation"
-(https://arxiv.org/abs/2205.13797), as specified in ALGORITHMS.md §4 with the
-overrides of §10.D and §10.H.
+(https://arxiv.org/abs/2205.13797). The choices fedsim made where the paper is
+ambiguous or the authors' logs disagree with it (the ``R-AF`` ids below) are
+in docs/algorithms.md#asyncfeded.
 
 The client trains from the global model ``x_{t-tau}`` (version ``tau``) and
-uploads its pseudo-gradient ``Delta = x_{t-tau,K} - x_{t-tau}`` (§4.2 C7-C8,
-§0.6). The server, holding ``x_t`` at version ``t``, applies (S4-S10)::
+uploads its local model; the server forms the pseudo-gradient
+``Delta = x_{t-tau,K} - x_{t-tau}`` in float64 from the base it kept
+(docs/algorithms.md#pseudo-gradients-are-formed-on-the-server). The server,
+holding ``x_t`` at version ``t``, applies (S4-S10)::
 
     gamma   = ||x_t - x_{t-tau}|| / ||Delta||           eq. (6), float64 norms
     eta_g   = lambda / (gamma + epsilon)                 eq. (7)
     x_{t+1} = x_t + eta_g * Delta                        eq. (5)
-    K_i    <- K_i + kappa * (gamma_bar - gamma)          §10.D "accumulate" (default)
+    K_i    <- K_i + kappa * (gamma_bar - gamma)          "accumulate" (default, R-AF2)
     K_i    <- K_i + floor(kappa * (gamma_bar - gamma))   eq. (8), "floor" (R-AF2)
-    K_i    <- clamp(K_i, K_min = 1, K_max = inf)         §10.D
+    K_i    <- clamp(K_i, K_min = 1, K_max = inf)         (the clamps)
 
-and replies with the *new* model ``x_{t+1}`` and its version (R-AF3). A
+and the client's next task carries the *new* model ``x_{t+1}`` and its
+version (R-AF3). A
 fresh update (``gamma = 0``) gets ``eta_g = lambda / epsilon``; with
 ``lambda = epsilon`` it lands exactly on the client's local model.
 
 The server needs ``x_{t-tau}`` for every update, so it keeps snapshots of
-past global models (the paper's GMIS). They are reference-counted (§4.9):
+past global models (the paper's GMIS). They are reference-counted
+(docs/algorithms.md#asyncfeded-model-history):
 :meth:`AsyncFedED.hold` a version when a task is dispatched from it,
 :meth:`AsyncFedED.release` it when that task's result arrives or the task is
 abandoned. Only held versions and the current one are kept, so with ``m``
 clients the history holds at most ``m + 1`` models.
 
-K counts passes over the client's local data by default (§10.D, R-AF5
-overridden); ``k_unit="steps"`` is the literal one-minibatch-step reading.
+K counts passes over the client's local data by default
+(docs/algorithms.md#r-af5); ``k_unit="steps"`` is the literal
+one-minibatch-step reading.
 The rule only returns the number: a client runs ``floor(K_i)`` units
 (:meth:`AsyncFedED.local_units`).
 """
@@ -80,7 +86,8 @@ def euclidean_staleness(x_t: torch.Tensor, x_base: torch.Tensor, delta: torch.Te
     """Return ``gamma = ||x_t - x_base|| / ||delta||`` (eq. 6), in float64.
 
     Raises ValueError when ``||delta|| = 0``: gamma is then undefined
-    (``inf``, or ``0/0`` for a fresh update; §4.9) and is never computed.
+    (``inf``, or ``0/0`` for a fresh update;
+    docs/algorithms.md#asyncfeded-zero-updates-are-discarded) and is never computed.
     """
     den = norm64(delta)
     if den == 0.0:
@@ -96,7 +103,7 @@ def asyncfeded_step(x: torch.Tensor, delta: torch.Tensor, eta_g: float) -> torch
 def next_k_value(
     k_used: float, gamma: float, gamma_bar: float, kappa: float, rounding: str
 ) -> float:
-    """Return the unclamped next ``K_i`` (eq. 8 and §10.D).
+    """Return the unclamped next ``K_i`` (eq. 8 and docs/algorithms.md#r-af2).
 
     ``accumulate`` adds ``kappa * (gamma_bar - gamma)`` as a real number;
     ``floor``/``ceil``/``trunc`` round that increment before adding it
@@ -119,7 +126,7 @@ def next_k_value(
 
 
 def clamp_k(k: float, k_min: float, k_max: float | None) -> tuple[float, bool]:
-    """Return ``(clamp(k, k_min, k_max), whether it was clamped)`` (§4.9, §10.D)."""
+    """Return ``(clamp(k, k_min, k_max), whether it was clamped)``."""
     if k < k_min:
         return float(k_min), True
     if k_max is not None and k > k_max:
@@ -150,28 +157,29 @@ class AsyncFedED(AsyncRule):
     gamma_bar : float
         Target staleness (>= 0).
     kappa : float
-        K adaptation step (>= 0; 0 = constant K, the §4.5 ablation).
+        K adaptation step (>= 0; 0 = constant K, the paper's ablation).
     k_initial : float
         K of a never-seen client (R-AF8); >= ``k_min``.
     k_min, k_max : float, float or None
-        Clamp of K (§10.D: 1 and no upper bound). ``k_min >= 1`` so a client
+        Clamp of K (1 and no upper bound,
+        docs/algorithms.md#asyncfeded-k-clamps). ``k_min >= 1`` so a client
         always runs at least one unit.
     k_rounding : {"accumulate", "floor", "ceil", "round", "trunc"}
-        ``accumulate`` (default, §10.D) keeps K real-valued; the others round
+        ``accumulate`` (default, R-AF2) keeps K real-valued; the others round
         the increment (``floor`` = the paper's eq. 8). Outside
         ``accumulate``, ``k_initial``, ``k_min`` and ``k_max`` must be whole.
     k_unit : {"epochs", "steps"}
         What one unit of K is for the caller: a pass over the client's data
-        (default, §10.D) or one minibatch step (literal Algorithm 2).
+        (default, R-AF5) or one minibatch step (literal Algorithm 2).
     reset_k_on_reconnect : bool
         Make :meth:`connect` reset a known client's K to ``k_initial``
         (R-AF8; default keeps K per client id).
     gamma_max : float or None
-        Discard updates with ``gamma > gamma_max`` (§4.9, Assumption 4);
+        Discard updates with ``gamma > gamma_max`` (the theory's Assumption 4);
         ``None`` (default, as in the experiments) applies them all.
     zero_tol : float
         An update with ``||Delta|| == 0`` or ``||Delta|| < zero_tol * ||x_t||``
-        is discarded (§4.9).
+        is discarded.
     """
 
     def __init__(
@@ -336,7 +344,7 @@ class AsyncFedED(AsyncRule):
         ``discarded``/``reason`` on a discard. Holds are not touched:
         :meth:`release` the base version afterwards.
 
-        A discarded zero update (``||Delta|| = 0``, §4.9) leaves all state
+        A discarded zero update (``||Delta|| = 0``) leaves all state
         unchanged, K included; a ``gamma_max`` discard still adapts K.
 
         Raises

@@ -1,8 +1,8 @@
 r"""FedAsync: staleness-weighted asynchronous mixing.
 
 Implementation of Xie, Koyejo and Gupta, "Asynchronous Federated
-Optimization" (https://arxiv.org/abs/1903.03934), as specified in
-ALGORITHMS.md §1 and §10.
+Optimization" (https://arxiv.org/abs/1903.03934); the choices fedsim made
+(the ``R-FA`` ids) are in docs/algorithms.md#fedasync.
 
 Server update for one arriving local model ``x_new`` trained from version
 ``tau`` while the server holds version ``t`` (updates already applied)::
@@ -17,7 +17,8 @@ with ``s`` one of
 * poly:  ``s(d) = (d + 1) ** (-a)``
 * hinge: ``s(d) = 1`` if ``d <= b`` else ``1 / (a * (d - b) + 1)``
 
-(the paper's hinge; FedLab's misplaced parenthesis is *not* ported, §10.F).
+(the paper's hinge; FedLab's misplaced parenthesis is *not* ported,
+docs/algorithms.md#fedasync-hinge-the-papers-formula).
 The client side is local SGD on ``f(x) + rho/2 ||x - x_tau||^2``: see
 :func:`fedsim.algorithms.local.local_train` with ``prox_mu = rho``.
 """
@@ -51,7 +52,7 @@ STALENESS_FUNCTIONS: tuple[str, ...] = ("const", "poly", "hinge")
 
 
 def staleness_weight(fn: str, d: float, a: float = 0.5, b: float = 4.0) -> float:
-    """Return ``s(d)`` for staleness ``d >= 0`` (ALGORITHMS.md §1.3).
+    """Return ``s(d)`` for staleness ``d >= 0``.
 
     >>> staleness_weight("poly", 3, a=0.5)
     0.5

@@ -1,7 +1,7 @@
 r"""FedAvg (and FedProx's server): sample-weighted model averaging.
 
 McMahan et al., "Communication-Efficient Learning of Deep Networks from
-Decentralized Data" (https://arxiv.org/abs/1602.05629); ALGORITHMS.md §6::
+Decentralized Data" (https://arxiv.org/abs/1602.05629); docs/algorithms.md#fedavg-and-fedprox::
 
     x <- x + eta_g * sum_{i in S} w_i (y_i - x),   w_i = n_i / sum_j n_j  (or 1/|S|)
 

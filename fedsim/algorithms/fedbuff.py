@@ -2,8 +2,7 @@ r"""FedBuff: buffered asynchronous aggregation.
 
 Implementation of Nguyen, Malik, Zhan, Yousefpour, Rabbat, Malek and Huba,
 "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022
-(https://arxiv.org/abs/2106.06639), Algorithm 1. FedBuff is not in
-ALGORITHMS.md; this follows the paper.
+(https://arxiv.org/abs/2106.06639), Algorithm 1; docs/algorithms.md#fedbuff.
 
 Each client trains from the global model ``x_tau`` (version ``tau``) and
 uploads ``Delta_i = x_local - x_tau`` (the paper's ``y_0 - y_Q`` with the

@@ -44,11 +44,12 @@ gradient ``g = -Delta_t``:
   bias-corrects and starts ``v`` at 0, ``torch.optim.Adagrad`` has no first
   moment, and torch has no Yogi.
 
-``Delta`` is accumulated in float64 (order independent, §0.1), and the
-optimizer state ``m``, ``v`` and the stepped parameter are float64 as well:
-``v`` starts at ``tau^2`` (1e-6 by default) and moves by ``(1 - beta2)
-Delta^2``, increments float32 would round away against a larger ``v``. The
-new model is cast back to ``x``'s dtype, the only float32 rounding.
+``Delta`` is accumulated in float64 (order independent,
+docs/algorithms.md#the-model-vector), and the optimizer state ``m``, ``v`` and
+the stepped parameter are float64 as well: ``v`` starts at ``tau^2`` (1e-6 by
+default) and moves by ``(1 - beta2) Delta^2``, increments float32 would round
+away against a larger ``v``. The new model is cast back to ``x``'s dtype, the
+only float32 rounding.
 """
 
 from __future__ import annotations

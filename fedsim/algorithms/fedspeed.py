@@ -2,12 +2,13 @@ r"""FedSpeed: prox term, prox-correction and gradient perturbation (client and s
 
 Sun, Huang, Shen, Ding and Tao, "FedSpeed: Larger Local Interval, Less
 Communication Round, and Higher Generalization Accuracy" (ICLR 2023,
-https://arxiv.org/abs/2302.10429); ALGORITHMS.md §5, corrected by §10.C.
+https://arxiv.org/abs/2302.10429). The choices fedsim made (the ``R-FS`` ids
+and where the authors' code differs) are in docs/algorithms.md#fedspeed.
 
-Client ``i`` from ``x^t``, for ``k = 0 .. K-1``, one minibatch ``eps`` a step (§5.2)::
+Client ``i`` from ``x^t``, for ``k = 0 .. K-1``, one minibatch ``eps`` a step::
 
     g1     = grad F_i(x; eps)
-    rho_k  = rho0 / (||g1|| + 1e-7)           (normalized, §10.C; or a constant rho, R-FS3)
+    rho_k  = rho0 / (||g1|| + 1e-7)           (normalized; or a constant rho, R-FS3)
     g2     = grad F_i(x + rho_k g1; eps)      (same minibatch, same dropout mask)
     gtilde = (1 - alpha) g1 + alpha g2        (quasi-gradient, R-FS1)
     x      = x - eta_l (gtilde - ghat_i + (1/lambda)(x - x^t) + wd x)
@@ -15,15 +16,16 @@ Client ``i`` from ``x^t``, for ``k = 0 .. K-1``, one minibatch ``eps`` a step (�
 then ``ghat_i <- ghat_i - (1/lambda)(x_K - x^t)`` (persistent, model-sized,
 zero before the first participation) and the upload is the amended model
 ``xhat_i = x_K - lambda * ghat_i`` with the *updated* ``ghat_i``. The server
-averages the uploads with the plain mean over the round's clients (§5.2 S5,
-§0.4). Each module (prox term, prox-correction, perturbation) has a switch for
-the Table 7 ablation (§5.6); with all three off the client is plain local SGD
-and the server plain FedAvg (§9).
+averages the uploads with the plain mean over the round's clients
+(Algorithm 1, line 16). Each module (prox term, prox-correction,
+perturbation) has a switch for the paper's Table 7 ablation; with all three
+off the client is plain local SGD and the server plain FedAvg.
 
 ``g1`` is the pure loss gradient: prox, correction and weight decay enter only
-the descent (§10.C, §10.H item 7). The ascent pass restores the model's buffers
-(BatchNorm statistics) and replays the first pass's global CPU/CUDA RNG state,
-so dropout masks match (§5.8); it draws nothing new from global random state.
+the descent (docs/algorithms.md#fedspeed-ascent-uses-the-loss-gradient-only).
+The ascent pass restores the model's buffers (BatchNorm statistics) and replays
+the first pass's global CPU/CUDA RNG state, so dropout masks match; it draws
+nothing new from global random state.
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ class FedSpeedConfig:
         "prox weight 0.1" is ``lambda = 10``); also scales the correction.
     perturb_alpha : float
         Weight ``alpha`` in [0, 1] of the ascent gradient in the quasi-gradient
-        (paper 0.9375; the authors' code hard-wires 1, §10.C).
+        (paper 0.9375; the authors' code hard-wires 1,
+        docs/algorithms.md#fedspeed-perturbation-weight-paper-not-code).
     ascent_rho : float
         ``rho0`` (``normalized``) or ``rho`` (``constant``), >= 0; not decayed.
     ascent_mode : {"normalized", "constant"}
@@ -113,7 +116,7 @@ class FedSpeedConfig:
         ``gtilde = g1``, one gradient per step).
     clip_norm : float or None
         ``None`` (paper) or the authors' ``clip_grad_norm_`` bound (10) on the
-        descent direction before weight decay (§10.C, ``clip = fl_simulator``).
+        descent direction before weight decay (docs/algorithms.md#fedspeed-no-gradient-clipping).
     upload : {"amended", "local"}
         Send ``xhat_i`` (paper), or ``x_K`` for a server that keeps
         ``h_i = -lambda ghat_i`` itself (``FedSpeedServer(aggregation=
@@ -237,7 +240,7 @@ def _perturbed_gradient(
     """Replace the params' grads (``g1``) with ``gtilde``; return the ascent scale."""
     g1 = [g.detach().clone() for g in _grads(params)]
     norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in g1]
-    norm = float(torch.linalg.vector_norm(torch.stack(norms)))  # §8.2: float64, one sync
+    norm = float(torch.linalg.vector_norm(torch.stack(norms)))  # float64, one sync
     scale = ascent_scale(norm, cfg.ascent_rho, cfg.ascent_mode, cfg.ascent_eps)
     saved = [p.detach().clone() for p in params]
     buffers = [b.detach().clone() for b in model.buffers()]
@@ -283,7 +286,7 @@ def fedspeed_local_train(
     is a new float32 vector the client keeps for its next round (unchanged
     when the correction is off); stats hold ``steps``, ``loss`` (mean minibatch
     loss at the descent points), ``samples``, ``grad_evals`` (2 per step with
-    the perturbation, §5.8) and ``ascent_scale`` (mean ``rho_k``).
+    the perturbation) and ``ascent_scale`` (mean ``rho_k``).
     """
     n = int(data_x.shape[0])
     if n == 0:
@@ -297,7 +300,8 @@ def fedspeed_local_train(
     if cfg.prox and lr > cfg.prox_lambda:
         raise ValueError(
             f"Invalid lr: {lr} > prox_lambda {cfg.prox_lambda} (the local recursion scales "
-            "the offset by 1 - lr/lambda; keep lr <= prox_lambda, §5.8)"
+            "the offset by 1 - lr/lambda; keep lr <= prox_lambda: "
+            "docs/algorithms.md#fedspeed-requires-lr-at-most-lambda)"
         )
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     load_vector(model, x0)
@@ -357,9 +361,10 @@ class FedSpeedServer(RoundRule):
     server_lr : float
         ``eta_g`` (> 0); the paper's "global lr 1.0" is plain averaging.
     weighting : {"uniform", "samples"}
-        ``uniform`` is the paper's plain mean over ``S^t`` (§5.2 S5, §0.4).
+        ``uniform`` is the paper's plain mean over ``S^t`` (Algorithm 1, line 16).
     aggregation : {"paper", "fl_simulator"}
-        ``paper``: ``x <- mean_S xhat_i``. ``fl_simulator`` (EXT, §5.8, §10.C):
+        ``paper``: ``x <- mean_S xhat_i``. ``fl_simulator`` (the authors' code,
+        docs/algorithms.md#fedspeed-keeps-the-correction-on-the-client):
         clients upload ``x_K`` (``upload="local"``); the server keeps
         ``h_i += x_K,i - x`` (= ``-lambda ghat_i``) for all clients and sets
         ``x <- mean_S x_K + (1/m) sum_all h_i``; equal under full participation.

@@ -1,14 +1,14 @@
-"""Client optimizers, fresh for every local run (ALGORITHMS.md §6, §10.B).
+"""Client optimizers, fresh for every local run (docs/algorithms.md#sgd-sgdm-adam-adagrad).
 
 ``sgd`` is plain SGD, ``sgdm`` SGD with heavy-ball momentum in the PyTorch
 convention (``u <- beta u + g; y <- y - eta u``), ``adam`` Adam with bias
 correction, ``adagrad`` Adagrad (``G <- G + g^2; y <- y - eta g / (sqrt(G) + eps)``).
 These are ``torch.optim`` optimizers, reused rather than rewritten.
 
-``deltasgd`` (Delta-SGD, §2 with §10.B) and ``sps`` (stochastic Polyak step,
-§6 with §10.B) choose their own step size every step; they live in
-:mod:`fedsim.algorithms.adaptive` and ignore ``lr``. Because every run builds
-a fresh optimizer, their step sizes reset every round (§0.6).
+``deltasgd`` (Delta-SGD, docs/algorithms.md#delta-sgd) and ``sps`` (stochastic
+Polyak step, docs/algorithms.md#sps) choose their own step size every step;
+they live in :mod:`fedsim.algorithms.adaptive` and ignore ``lr``. Because every
+run builds a fresh optimizer, their step sizes reset every round.
 
 All fields are validated whatever ``name`` is, so a config is valid or not on
 its own; each optimizer reads only its own fields:
@@ -57,13 +57,14 @@ class OptimizerConfig:
     """A client optimizer and its hyperparameters.
 
     Delta-SGD defaults are the paper's experiment settings with the authors'
-    code where §10.B overrides: ``eta0 = 0.2``, ``theta0 = 1``, ``gamma = 2``,
-    ``delta = 0.1``, ``lr_eps = 1e-8``, no cap (``eta_max = inf``), first step
-    ``eta0`` (``first_step = "code"``: ``eta0 sqrt(1 + delta theta0)``), both
-    gradients on the same minibatch, independent dropout masks. SPS defaults
-    are the authors' runs: ``constant`` mode, ``c = 0.5``, ``f* = 0``,
-    ``eps = 1e-8``, uncapped. Adagrad defaults are torch's (``eps = 1e-10``,
-    accumulator starting at 0), the authors' settings.
+    code where the docs say so (docs/algorithms.md#delta-sgd): ``eta0 = 0.2``,
+    ``theta0 = 1``, ``gamma = 2``, ``delta = 0.1``, ``lr_eps = 1e-8``, no cap
+    (``eta_max = inf``), first step ``eta0`` (``first_step = "code"``: ``eta0
+    sqrt(1 + delta theta0)``), both gradients on the same minibatch,
+    independent dropout masks. SPS defaults are the authors' runs: ``constant``
+    mode, ``c = 0.5``, ``f* = 0``, ``eps = 1e-8``, uncapped. Adagrad defaults
+    are torch's (``eps = 1e-10``, accumulator starting at 0), the authors'
+    settings.
     """
 
     name: str = "sgd"

@@ -2,8 +2,8 @@ r"""SCAFFOLD: stochastic controlled averaging (client and server).
 
 Karimireddy, Kale, Mohri, Reddi, Stich and Suresh, "SCAFFOLD: Stochastic
 Controlled Averaging for Federated Learning" (ICML 2020,
-https://arxiv.org/abs/1910.06378), Algorithm 1; ALGORITHMS.md §6 (option II,
-which the FedSpeed authors' simulator also runs, §10.C).
+https://arxiv.org/abs/1910.06378), Algorithm 1 (option II, which the FedSpeed
+authors' simulator also runs); docs/algorithms.md#scaffold.
 
 Server control variate ``c`` and client control variates ``c_i`` start at 0::
 

@@ -109,7 +109,7 @@ class RoundScheduler:
     deadline : float or None
         Emulated seconds after opening at which a round closes with whatever
         arrived (``None``: wait for every selected client; the paper-faithful
-        mode of ALGORITHMS.md §10).
+        mode, docs/algorithms.md#rounds-without-a-deadline-wait-for-suspended-clients).
     seed : int
         Seed of the scheduler's own sampling stream.
     """
@@ -220,8 +220,8 @@ class AsyncScheduler:
 
     Idle clients are picked uniformly at random from the scheduler's own
     seeded stream; a task whose result has not come back after
-    ``task_timeout`` emulated seconds frees its client (ALGORITHMS.md §1.11:
-    the scheduler must not wait for a suspended client). A late result is
+    ``task_timeout`` emulated seconds frees its client (the scheduler must
+    not wait for a suspended client: docs/algorithms.md#asynchronous-flow). A late result is
     still accepted by the caller; it just carries a large staleness.
     """
 

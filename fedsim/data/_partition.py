@@ -4,7 +4,7 @@ Every function takes the labels, the number of clients and an explicit
 ``numpy.random.Generator``, and returns a list of int64 index arrays (one per
 client, indices into ``labels``). None of them touches global random state.
 
-Recipes (ALGORITHMS.md §7.1, §7.2, §10.B, §10.C):
+Recipes (docs/algorithms.md#partitions):
 
 ``partition_iid``
     Uniform random equal split.
@@ -13,18 +13,19 @@ Recipes (ALGORITHMS.md §7.1, §7.2, §10.B, §10.C):
     :math:`q_i \sim \mathrm{Dir}(\alpha p)`; client :math:`i`'s :math:`n_i`
     labels are drawn from :math:`\mathrm{Cat}(q_i)`, each taking one unused
     example of that class; when a class runs out, :math:`q_i` is
-    renormalized over the classes that remain (ASSUMPTION, §7.1).
+    renormalized over the classes that remain
+    (docs/algorithms.md#dirichlet-class-exhaustion).
 ``partition_dirichlet(recipe="deltasgd_code")``
-    Delta-SGD authors' ``dirichlet_sampler_idsize`` (§10.B): counts
+    Delta-SGD authors' ``dirichlet_sampler_idsize``: counts
     ``round(n q_ij)``, the last class gets ``max(n - sum, 0)``, examples
     drawn *with* replacement, independently per client.
 ``partition_dirichlet(recipe="feddyn_sequential")``
-    FedSpeed's FL-Simulator / FedDyn ``DatasetObject`` (§10.C): equal
+    FedSpeed's FL-Simulator / FedDyn ``DatasetObject``: equal
     :math:`n_i`; examples are assigned one at a time to a uniformly random
     unfinished client, the class drawn from :math:`q_i`; an exhausted class
     pool is refilled (examples are reused) and the class redrawn.
 ``partition_shards``
-    McMahan et al. 2017 (https://arxiv.org/abs/1602.05629) shards (§7.2): sort
+    McMahan et al. 2017 (https://arxiv.org/abs/1602.05629) shards: sort
     by label, cut ``k N`` equal shards, give each client ``k`` random shards;
     optionally make each client's ``k`` shard classes distinct.
 

@@ -3,9 +3,9 @@ r"""The FedProx Synthetic(alpha, beta) generator.
 Implementation of the FedProx authors' generator
 (``litian96/FedProx``, ``data/synthetic_1_1/generate_synthetic.py`` and
 ``data/synthetic_iid/generate_iid.py``; Li et al., "Federated Optimization in
-Heterogeneous Networks", https://arxiv.org/abs/1812.06127), ALGORITHMS.md §7.3
-and §10.G. It is *not* LEAF's own ``data/synthetic`` generator, which is a
-different model.
+Heterogeneous Networks", https://arxiv.org/abs/1812.06127);
+docs/algorithms.md#synthetic-the-fedprox-generator-uncapped. It is *not*
+LEAF's own ``data/synthetic`` generator, which is a different model.
 
 For each user :math:`k` (d = 60 features, C = 10 classes):
 
@@ -121,8 +121,8 @@ def generate_synthetic(
     iid : bool
         The authors' ``synthetic_iid`` variant: shared ``W, b``, ``v_k = 0``.
     n_cap : int, optional
-        Upper bound on :math:`n_k` (ALGORITHMS.md §7.3 ASSUMPTION; none by
-        default, per §10.G). Uncapped, a user can hold tens of thousands
+        Upper bound on :math:`n_k` (none by default, as in the authors'
+        generator). Uncapped, a user can hold tens of thousands
         of examples (lognormal tail).
     seed : int or numpy.random.Generator
         An ``int`` seeds ``np.random.default_rng(seed)``; a generator is used

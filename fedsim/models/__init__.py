@@ -4,7 +4,7 @@ Rules
 -----
 1. No BatchNorm and no buffers: models hold trainable parameters only
    (no normalization, or GroupNorm), so "the model" is exactly the flat
-   vector of its parameters (ALGORITHMS.md §0.1, §8.1 (c)).
+   vector of its parameters (docs/algorithms.md#no-batchnorm).
 2. Initial weights depend only on ``(name, input_shape, num_classes, options,
    seed)``: :func:`build_model` draws them from a local ``torch.Generator``
    and never touches the global torch RNG, so every process builds the same

@@ -1,4 +1,4 @@
-"""Small torch models: no BatchNorm, hence no buffers (ALGORITHMS.md §8.1 (c)).
+"""Small torch models: no BatchNorm, hence no buffers (docs/algorithms.md#no-batchnorm).
 
 Every model maps a float32 batch ``(N, *input_shape)`` to ``(N, num_classes)``
 scores for ``torch.nn.functional.cross_entropy``.
@@ -71,7 +71,7 @@ class CNN(nn.Module):
 
     Works for 1x8x8 digits, 1x28x28 MNIST and 3x32x32 CIFAR-10 alike; the
     flattened size is computed from ``input_shape``. ``norm="group"`` adds
-    ``GroupNorm(groups, C)`` after each conv (FedSpeed's choice, §10.C).
+    ``GroupNorm(groups, C)`` after each conv (the FedSpeed authors' choice).
     """
 
     def __init__(
@@ -121,7 +121,7 @@ class CNN(nn.Module):
 
 
 class CNNMnist(nn.Module):
-    """The Delta-SGD authors' MNIST/FMNIST CNN (``CNNMnist``, ALGORITHMS.md §10.B).
+    """The Delta-SGD authors' MNIST/FMNIST CNN (``CNNMnist``, docs/algorithms.md#models).
 
     conv(C->10, 5) maxpool2 ReLU; conv(10->20, 5) Dropout2d maxpool2 ReLU;
     fc(320->50) ReLU dropout(0.5); fc(50->classes); log_softmax. The

@@ -1,4 +1,4 @@
-"""The algorithm registry that drives the contract tests (STYLE.md practice 4).
+"""The algorithm registry that drives the contract tests (torch's ``optim_db`` pattern).
 
 Modeled on torch's ``OptimizerInfo`` / ``optim_db``: one :class:`AlgoInfo` per
 server rule (or config class), listing valid constructions

@@ -5,7 +5,7 @@ current global model, trained from a version up to 5 updates old. ``_apply``
 plays the server and the client around the rule:
 
 * the first call records the model the server starts from and holds it;
-* the client's upload is its pseudo-gradient ``x_local - x_base`` (§4.2 C7),
+* the client's upload is its pseudo-gradient ``x_local - x_base``,
   with ``x_base`` taken from the rule's own history;
 * after the update, the reply sends the newest model back (R-AF3), so that
   version is held; tasks older than the draw's window of 5 versions are

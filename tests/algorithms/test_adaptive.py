@@ -1,4 +1,4 @@
-"""Delta-SGD, SPS and Adagrad as client optimizers (ALGORITHMS.md §2, §6, §9, §10.B)."""
+"""Delta-SGD, SPS and Adagrad as client optimizers (docs/algorithms.md#delta-sgd)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_gamma_scales_the_curvature_term(gamma):
 @pytest.mark.parametrize(("dx", "dg"), [(0.5, 0.0), (0.0, 0.7), (0.0, 0.0)])
 def test_zero_norms_give_the_growth_term_alone(dx, dg):
     eta, theta = deltasgd_step_size(dx, dg, 0.2, 1.0)
-    assert eta == 0.2 * GROWTH  # no eps in the growth-only branch (§10.B)
+    assert eta == 0.2 * GROWTH  # no eps in the growth-only branch
     assert theta == pytest.approx(GROWTH, rel=1e-15)
     assert eta > 0
     assert math.isfinite(eta)
@@ -110,7 +110,7 @@ def test_infinite_theta0():
     eta, theta = deltasgd_step_size(0.5, 2.0, 0.2, math.inf)
     assert eta == 0.25 + EPS
     assert theta == pytest.approx(eta / 0.2)
-    # without one the growth term is infinite: keep eta (§2.9 "cap it"), theta becomes 1
+    # without one the growth term is infinite: keep eta, theta becomes 1
     assert deltasgd_step_size(0.0, 0.0, 0.2, math.inf) == (0.2, 1.0)
     # delta = 0 never multiplies 0 by inf
     assert deltasgd_step_size(0.0, 0.0, 0.2, math.inf, delta=0.0) == (0.2, 1.0)
@@ -147,14 +147,14 @@ def test_step_size_stats():
     assert step_size_stats([]) == {}
 
 
-# ------------------------------------------------------------ quadratics (§9, §2.7)
+# ------------------------------------------------------------ quadratics
 
 
 @pytest.mark.parametrize("gamma", [1.0, 2.0])
 def test_isotropic_quadratic_curvature_term_is_gamma_over_2L(gamma):
     """On (L/2)||x||^2, dg = L dx, so the curvature term is exactly gamma / (2L).
 
-    gamma = 2 gives 1/L (ALGORITHMS.md §9), gamma = 1 the 1/(2L) of the theory.
+    gamma = 2 gives 1/L (R-DS1), gamma = 1 the 1/(2L) of the theory.
     Every adaptive step is then min(gamma/(2L), growth) + eps.
     """
     lip = 4.0
@@ -206,7 +206,7 @@ def test_quadratic_step_sizes_obey_the_curvature_bounds(gamma):
     assert closure() < 1e-8 * f0
 
 
-# ------------------------------------------------------- reference parity (§2.2, §10.B)
+# ------------------------------------------------------- reference parity
 
 CONFIGS = {
     "defaults": {},
@@ -483,14 +483,14 @@ def test_make_optimizer_builds_torch_adagrad():
     assert isinstance(opt, torch.optim.Adagrad)
     group = opt.param_groups[0]
     assert group["lr"] == 0.01
-    assert group["eps"] == 1e-10  # torch's default, the authors' setting (§10.B)
+    assert group["eps"] == 1e-10  # torch's default, the authors' setting
     assert group["initial_accumulator_value"] == 0.1
     assert group["weight_decay"] == 1e-3
     assert group["lr_decay"] == 0
 
 
 def test_adagrad_follows_its_update_rule():
-    """G <- G + g^2 ; y <- y - lr g / (sqrt(G) + eps) (ALGORITHMS.md §6)."""
+    """G <- G + g^2 ; y <- y - lr g / (sqrt(G) + eps)."""
     cfg = OptimizerConfig(name="adagrad", lr=0.1, initial_accumulator=0.5, adagrad_eps=1e-6)
     p = nn.Parameter(torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64))
     opt = make_optimizer(cfg, [p])

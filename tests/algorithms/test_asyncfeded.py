@@ -1,4 +1,4 @@
-"""AsyncFedED: parity with the paper's Algorithm 1, the §9 unit tests, §4.9 edge cases."""
+"""AsyncFedED: parity with the paper's Algorithm 1, its unit tests and edge cases."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_parity_with_reference_step_by_step(kwargs, rounding):
     assert max(gammas) > kwargs["gamma_bar"]
 
 
-# -- §9 / §4.8 unit tests ---------------------------------------------------------
+# -- unit tests that follow from the paper's equations ----------------------------
 
 
 @pytest.mark.parametrize(
@@ -183,7 +183,7 @@ def test_floor_increment_table_through_aggregate(gamma, increment):
 
 
 def test_floor_with_femnist_kappa_never_grows_k_but_accumulate_does():
-    """R-AF2 vs §10.D: at kappa = 0.05 the paper's floor rule cannot raise K."""
+    """R-AF2: at kappa = 0.05 the paper's floor rule cannot raise K."""
     x = torch.zeros(4, dtype=F64)
     floor = AsyncFedED(lam=1.0, epsilon=1.0, gamma_bar=3.0, kappa=0.05, k_rounding="floor")
     accumulate = AsyncFedED(lam=1.0, epsilon=1.0, gamma_bar=3.0, kappa=0.05)
@@ -300,7 +300,7 @@ def test_k_unit_and_local_units():
     assert rule.local_units(0) == 2
 
 
-# -- §4.9 edge cases ---------------------------------------------------------------
+# -- edge cases (docs/algorithms.md#asyncfeded-zero-updates-are-discarded) --------
 
 
 @pytest.mark.parametrize("scale", [0.0, 1e-14])

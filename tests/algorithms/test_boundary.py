@@ -1,4 +1,4 @@
-"""fedsim.algorithms stays sans-I/O (STYLE.md practice 1, the package's Rules).
+"""fedsim.algorithms stays sans-I/O (the package's Rules; docs/architecture.md#the-three-layers).
 
 Every module of the package is checked, found with
 :func:`pkgutil.walk_packages` (subpackages such as ``dga`` included), so a new

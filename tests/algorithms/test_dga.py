@@ -168,7 +168,7 @@ def test_c_beta_values():
     assert dga_c_beta(0.9, 20) == pytest.approx((1 - 0.9**20) / 0.1)
     assert dga_c_beta(0.9, 2) == pytest.approx(1.9)
     assert dga_c_beta(0.9, 1) == 1.0
-    assert dga_c_beta(0.9, 0) == 1.0  # not 0: that would drop the averaging (§10)
+    assert dga_c_beta(0.9, 0) == 1.0  # not 0: that would drop the averaging (R-DG2)
     assert dga_c_beta(0.0, 20) == 1.0
     for D in (1, 5, 20):
         assert dga_c_beta(0.9, D) == pytest.approx(ref.c_beta_paper(0.9, D))
@@ -274,7 +274,7 @@ def test_mean_invariant_every_step(D, beta):
 
 
 def test_clients_differ_only_in_their_last_d_gradients():
-    """§3.2: right after a correction, w^i = shared part - eta * (own recent gradients)."""
+    """Right after a correction, w^i = shared part - eta * (own recent gradients)."""
     n, K, D = 3, 3, 4  # s = 1, r = 1
     cfg = DGAConfig(local_steps=K, delay=D, lr=0.1)
     _, trace, dirs = lockstep(cfg, n, K * 5)
@@ -377,7 +377,7 @@ def test_c_beta_override_and_fedavg_mode(c_beta, D, want):
 def test_momentum_with_c_beta_one_shares_everything_older_than_d_steps():
     """v_t = sum of the round's u is the round's whole displacement / eta, so
     c_beta = 1 replaces it exactly by the average: right after a correction the
-    clients differ only in their last D momentum steps (§3.2 with d = u)."""
+    clients differ only in their last D momentum steps (with d = u)."""
     n, K, D = 3, 3, 4
     cfg = DGAConfig(local_steps=K, delay=D, lr=0.1, momentum=0.9, c_beta=1.0)
     _, trace, dirs = lockstep(cfg, n, K * 5)
@@ -548,7 +548,7 @@ def test_auto_blocks_beyond_max_pending():
 @pytest.mark.parametrize("beta", [0.0, 0.9])
 @pytest.mark.parametrize(("D", "lat"), [(3, (0, 2)), (4, (1, 9)), (10, (2, 25))])
 def test_auto_mean_invariant_after_all_corrections(D, lat, beta):
-    """§3.9: in auto mode the invariant holds again once every correction is applied."""
+    """In auto mode the invariant holds again once every correction is applied."""
     n = 4
     cfg = DGAConfig(local_steps=3, delay=D, lr=0.1, momentum=beta, mode="auto", rounds=6)
     clients, seen, log, _ = simulate(cfg, n, lambda rng: rng.randint(*lat), seed=D)

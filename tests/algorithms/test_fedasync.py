@@ -16,7 +16,7 @@ def _result(params: torch.Tensor, tau: int, client: int = 0) -> ClientResult:
     return ClientResult(client=client, base_version=tau, params=params, num_samples=10)
 
 
-# -- ALGORITHMS.md §1.3 worked values ---------------------------------------------
+# -- worked values (docs/algorithms.md#fedasync) ----------------------------------
 
 
 @pytest.mark.parametrize(("d", "expected"), [(0, 1.0), (3, 0.5), (15, 0.25)])
@@ -34,7 +34,7 @@ def test_hinge_worked_values(d, expected):
 
 
 def test_hinge_is_the_paper_formula_not_fedlab():
-    # FedLab's 1 / (a (d - b + 1)) would give 1/20 at d = 5 (ALGORITHMS.md §10.F).
+    # FedLab's 1 / (a (d - b + 1)) would give 1/20 at d = 5 (FedAsync hinge choice).
     assert staleness_weight("hinge", 5, a=10, b=4) != pytest.approx(1 / 20)
 
 

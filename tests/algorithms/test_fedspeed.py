@@ -171,7 +171,7 @@ def test_ghat_and_global_model_persist_over_two_rounds():
 @pytest.mark.parametrize("perturbation", [True, False])
 @pytest.mark.parametrize("ghat", [None, GHAT0], ids=["first-round", "later-round"])
 def test_closed_forms_lemmas_c1_c2(perturbation, ghat):
-    """Full-batch (deterministic) gradients: Delta, ghat and xhat match §5.2's closed forms."""
+    """Full-batch (deterministic) gradients: Delta, ghat and xhat match Lemmas C.1 / C.2."""
     cfg = FedSpeedConfig(prox_lambda=LAM, perturb_alpha=0.6, perturbation=perturbation)
     steps = 8
     g = None if ghat is None else torch.tensor(ghat)
@@ -212,7 +212,7 @@ def test_ascent_scale_and_quasi_gradient():
 @pytest.mark.parametrize("opt", ["sgd", "sgdm"])
 @pytest.mark.parametrize("wd", [0.0, 0.05])
 def test_modules_off_is_exactly_local_sgd_and_fedavg(opt, wd):
-    """§9: with prox, correction and perturbation off FedSpeed is FedAvg."""
+    """With prox, correction and perturbation off FedSpeed is FedAvg."""
     cfg = FedSpeedConfig(prox=False, correction=False, perturbation=False, prox_lambda=0.01)
     local = LocalConfig(
         steps=7, batch_size=BATCH, optimizer=OptimizerConfig(name=opt, lr=0.2, weight_decay=wd)
@@ -354,7 +354,7 @@ def test_fl_simulator_aggregation_matches_reference_under_partial_participation(
 
 
 def test_paper_and_fl_simulator_agree_under_full_participation():
-    """§5.8 / §10.C: the two placements give the same model when all clients run."""
+    """The paper's and the authors' code's placements give the same model when all clients run."""
     shards = [[0, 1, 2], [3, 4], [5, 6]]
     cfg_paper = FedSpeedConfig(prox_lambda=LAM)
     cfg_sim = FedSpeedConfig(prox_lambda=LAM, upload="local")

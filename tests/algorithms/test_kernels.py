@@ -52,7 +52,7 @@ def test_norm64_is_the_whole_vector_norm_in_float64():
     vec = torch.tensor([3e20, 4e20], dtype=torch.float32)  # squares overflow float32
     assert norm64(vec) == pytest.approx(5e20, rel=1e-6)
     parts = [torch.tensor([3.0]), torch.tensor([4.0])]
-    # ||v|| of the concatenation, not the sum of per-tensor norms (§0.1).
+    # ||v|| of the concatenation, not the sum of per-tensor norms.
     assert norm64(flatten(parts)) == 5.0
     assert math.isclose(norm64(torch.zeros(0)), 0.0)
 

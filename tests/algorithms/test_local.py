@@ -94,7 +94,7 @@ def test_parity_with_reference_after_k_steps(opt_name, prox_mu, k):
 def test_prox_term_pulls_toward_the_anchor(opt_name):
     """Larger mu keeps the local model closer to x0 (FedProx's point).
 
-    lr * mu stays below 1, the stability condition of ALGORITHMS.md §1.11.
+    lr * mu stays below 1: each step scales y - x0 by (1 - lr * mu).
     """
     opt = OptimizerConfig(name=opt_name, lr=0.05, momentum=0.5)
     dists = []

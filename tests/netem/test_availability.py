@@ -1,4 +1,4 @@
-"""Availability: AsyncFedED suspension (ALGORITHMS.md §10/§10.D), on/off, traces."""
+"""Availability: AsyncFedED suspension (docs/algorithms.md#r-af6), on/off, traces."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Fidelity accumulators and verdict logic (NETEM-REFERENCE §5)."""
+"""Fidelity accumulators and verdict logic (docs/netem.md#fidelity)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Loss models (NETEM-REFERENCE §1.4)."""
+"""Loss models (docs/netem.md#loss)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Profiles (NETEM-REFERENCE §4.5) and device compute models (§4.1)."""
+"""Profiles (docs/netem.md#profiles) and device compute models (docs/netem.md#devices)."""
 
 import json
 import math

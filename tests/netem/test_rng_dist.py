@@ -1,4 +1,4 @@
-"""rng streams and delay distributions (NETEM-REFERENCE §1.2, §7 item 7)."""
+"""rng streams and delay distributions (docs/netem.md#delay-and-jitter)."""
 
 import math
 import os

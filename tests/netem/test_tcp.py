@@ -1,4 +1,4 @@
-"""TCP loss-to-delay against NETEM-REFERENCE §3's constants, formulas and numbers."""
+"""TCP loss-to-delay (docs/netem.md#loss-on-tcp-is-delay): Linux's constants, formulas, numbers."""
 
 import pytest
 
@@ -141,7 +141,7 @@ def test_bbr_ignores_random_loss_for_the_window():
 
 
 def test_reference_throughput_numbers():
-    # §3.2 worked table (Mbit/s): Mathis C=1.22, PFTK b=1 T0 = RTT + 200 ms
+    # the formulas worked out by hand (Mbit/s): Mathis C=1.22, PFTK b=1 T0 = RTT + 200 ms
     assert mathis_throughput(1448, 0.02, 0.001) * 8e-6 == pytest.approx(22.43, abs=0.01)
     assert mathis_throughput(1448, 0.05, 0.01) * 8e-6 == pytest.approx(2.84, abs=0.01)
     assert pftk_throughput(1448, 0.02, 0.01, 0.22) * 8e-6 == pytest.approx(

@@ -1,4 +1,4 @@
-"""Mahimahi delivery traces and trace-driven serialisation (NETEM-REFERENCE §2.6)."""
+"""Mahimahi delivery traces and trace-driven serialisation (docs/netem.md#time-varying-links)."""
 
 import pytest
 

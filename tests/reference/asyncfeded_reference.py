@@ -1,7 +1,7 @@
 """AsyncFedED server, written out as in the paper.
 
-Wang et al., "AsyncFedED", Algorithm 1 with eqs. (5)-(8) (ALGORITHMS.md
-§4.2, corrected by R-AF2, R-AF3 and §10.D)::
+Wang et al., "AsyncFedED", Algorithm 1 with eqs. (5)-(8), read as R-AF2 and
+R-AF3 of docs/algorithms.md#asyncfeded say::
 
     S4  x_base  <- GMIS[t_base]
     S5  gamma   <- ||x_t - x_base|| / ||Delta_i||
@@ -9,7 +9,7 @@ Wang et al., "AsyncFedED", Algorithm 1 with eqs. (5)-(8) (ALGORITHMS.md
     S7  x_{t+1} <- x_t + eta_g * Delta_i
     S8  GMIS[t+1] <- x_{t+1} ; t <- t + 1
     S9  K_next  <- K_used + floor((gamma_bar - gamma) * kappa)      (paper)
-        K_next  <- K_used + (gamma_bar - gamma) * kappa             (§10.D accumulate)
+        K_next  <- K_used + (gamma_bar - gamma) * kappa             (accumulate)
     S10 K_next  <- max(K_next, K_min)  (and min(., K_max) if given)
 
 GMIS keeps every model, as the paper does (no eviction). Models are lists of
@@ -68,7 +68,7 @@ class AsyncFedEDServer:
     def update(
         self, client: int, delta: Iterable[float], t_base: int
     ) -> tuple[float, float, float] | None:
-        """Lines S3-S10 for one upload; None when ||Delta|| = 0 (§4.9)."""
+        """Lines S3-S10 for one upload; None when ||Delta|| = 0."""
         delta = [float(v) for v in delta]
         x_base = self.gmis[t_base]
         if norm(delta) == 0.0:

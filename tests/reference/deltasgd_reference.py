@@ -1,8 +1,8 @@
 """Delta-SGD's local loop (Kim et al.), written out by hand, float by float.
 
-ALGORITHMS.md §2.2, client side, with the experiment changes (delta inside
-the square root, R-DS2; both gradients on the same minibatch, R-DS3) and the
-decisions of §10.B:
+Algorithm 1, client side (docs/algorithms.md#delta-sgd), with the experiment changes
+(delta inside the square root, R-DS2; both gradients on the same minibatch,
+R-DS3) and the choices fedsim made from the authors' code:
 
     C1  x_0 <- x_t ; eta_0 <- eta0 ; theta_0 <- theta0
     C3  x_1 <- x_0 - eta_0 g_0                               (first_step "paper")
@@ -16,16 +16,16 @@ decisions of §10.B:
     C11     theta_k <- eta_k / eta_{k-1}
     C12     x_{k+1} <- x_k - eta_k g_k
 
-§10.B guards: ``eps`` (1e-8, the authors' ``lr_eps``) is added only when both
-norms are > 0; when either is 0 the step is the growth term alone. A growth
-term that is infinite (theta_0 = inf) with no curvature estimate keeps
-eta_{k-1} (§2.9: "cap it"). ``eta_max`` caps every step.
+Guards (docs/algorithms.md#delta-sgd-guards): ``eps`` (1e-8, the authors'
+``lr_eps``) is added only when both norms are > 0; when either is 0 the step is
+the growth term alone. A growth term that is infinite (theta_0 = inf) with no
+curvature estimate keeps eta_{k-1}. ``eta_max`` caps every step.
 ``first_step = "code"`` starts the rule at k = 0 with x_{-1} = x_0 (so the
 first step is growth-only: eta0 sqrt(1 + delta theta0)).
 
 g is the gradient of the whole local objective: cross-entropy, plus the
-FedProx term ``mu (x - anchor)`` and weight decay ``wd x`` when set (§2.2
-notes, §2.9). The model is local_reference's bias-free linear classifier.
+FedProx term ``mu (x - anchor)`` and weight decay ``wd x`` when set. The model
+is local_reference's bias-free linear classifier.
 """
 
 from __future__ import annotations

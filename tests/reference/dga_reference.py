@@ -1,4 +1,4 @@
-"""DGA, Algorithm 1 of Zhu et al., written out as in ALGORITHMS.md §3.2.
+"""DGA, Algorithm 1 of Zhu et al., written out as in docs/algorithms.md#dga.
 
 All N clients run in lockstep on plain Python floats, one coordinate at a
 time, exactly as the pseudocode reads (the "paper" mode: every average is
@@ -64,7 +64,7 @@ def dga(
     own: list[dict[int, list[float]]] = [{} for _ in range(n_clients)]
     mbar: dict[int, list[float]] = {}
     c = c_beta_paper(beta, D) if c_beta is None else c_beta
-    if D == 0:  # FedAvg mode uses the plain rule (§10)
+    if D == 0:  # FedAvg mode uses the plain rule (R-DG2)
         c = 1.0
     trace = []
     for t in range(1, rounds + 1):

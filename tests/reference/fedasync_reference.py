@@ -1,7 +1,7 @@
 """FedAsync server updater, written out as in the paper.
 
 Xie, Koyejo and Gupta, "Asynchronous Federated Optimization", Algorithm 1
-and the staleness functions of its Section 5 (ALGORITHMS.md §1.2-1.4):
+and the staleness functions of its Section 5 (docs/algorithms.md#fedasync):
 
     S7   d       <- staleness of the pushed model
     S8   alpha_t <- alpha * s(d)
@@ -30,7 +30,8 @@ def s_poly(d: float, a: float) -> float:
 def s_hinge(d: float, a: float, b: float) -> float:
     """FedAsync+Hinge: 1 for d <= b, else 1 / (a (d - b) + 1).
 
-    The paper's formula; not FedLab's 1 / (a (d - b + 1)) (ALGORITHMS.md §10.F).
+    The paper's formula; not FedLab's 1 / (a (d - b + 1))
+    (docs/algorithms.md#fedasync-hinge-the-papers-formula).
     """
     if d <= b:
         return 1.0

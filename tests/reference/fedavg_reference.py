@@ -1,4 +1,4 @@
-"""FedAvg server step, written out as in ALGORITHMS.md §6.
+"""FedAvg server step, written out as in docs/algorithms.md#fedavg-and-fedprox.
 
 McMahan et al.; with a server learning rate eta_g:
 

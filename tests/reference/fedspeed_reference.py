@@ -1,4 +1,4 @@
-"""FedSpeed written out from Algorithm 1 (ALGORITHMS.md §5.2, §10.C), loop by loop.
+"""FedSpeed written out from Algorithm 1 (docs/algorithms.md#fedspeed), loop by loop.
 
 Client i in round t, from x^t, with its persistent ghat_i (zero at first):
 
@@ -113,7 +113,7 @@ def closed_form(
     lr: float,
     lam: float,
 ) -> tuple[list[float], list[float], list[float]]:
-    """Lemmas C.1 / C.2 (§5.2): (Delta, ghat_new, xhat) from the gtilde sequence.
+    """Lemmas C.1 / C.2 of the paper: (Delta, ghat_new, xhat) from the gtilde sequence.
 
     gamma_k = (lr/lam)(1 - lr/lam)^(K-1-k), gamma = sum_k gamma_k = 1 - (1 - lr/lam)^K;
     Delta = -lam sum_k gamma_k gtilde_k + gamma lam ghat_prev;

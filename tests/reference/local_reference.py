@@ -5,7 +5,8 @@ The local problem (FedProx, Li et al.; FedAsync Algorithm 1, W5) is
     min_y  f_i(y) + (mu / 2) ||y - anchor||^2,
 
 so one local step feeds the optimizer the gradient ``g + mu (y - anchor)``
-(ALGORITHMS.md §6). The client optimizers are the ones of §6:
+(docs/algorithms.md#fedavg-and-fedprox). The client optimizers are the ones of
+docs/algorithms.md#sgd-sgdm-adam-adagrad:
 
     SGD   y <- y - lr * g
     SGDM  u <- beta * u + g ;  y <- y - lr * u                  (PyTorch convention)

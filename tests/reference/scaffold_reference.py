@@ -1,4 +1,4 @@
-"""SCAFFOLD written out from Karimireddy et al. 2020, Algorithm 1 (ALGORITHMS.md §6).
+"""SCAFFOLD written out from Karimireddy et al. 2020, Algorithm 1 (docs/algorithms.md#scaffold).
 
     client i:  y = x ;  for k = 1..K:  y = y - eta_l * (g_i(y) - c_i + c + wd * y)
                option I:   c_i+ = g_i(x)   (gradient over all local data at x)

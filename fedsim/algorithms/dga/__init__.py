@@ -1,9 +1,9 @@
 r"""DGA: Delayed Gradient Averaging, as a sans-I/O client and reducer.
 
 Zhu, Lin, Lu, Lin and Han, "Delayed Gradient Averaging: Tolerate the
-Communication Latency for Federated Learning" (NeurIPS 2021,
-https://dga.hanlab.ai); ALGORITHMS.md §3 and §10. No authors' code exists
-(§10.E), so every choice below cites the digest.
+Communication Latency in Federated Learning" (NeurIPS 2021,
+https://dga.hanlab.ai). No authors' code exists, so every choice below (the
+``R-DG`` ids) rests on the paper alone; they are explained in docs/algorithms.md#dga.
 
 Client ``i`` runs rounds of ``K`` local steps. With ``D = s K + r``,
 ``r in [1, K]`` (R-DG1; ``D = 0`` gives ``s = -1, r = K``, R-DG2)::

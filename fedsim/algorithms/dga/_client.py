@@ -55,7 +55,7 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Corrected:
-    """A correction was applied: for the log (§3.9, "effective delay")."""
+    """A correction was applied: for the log (its effective delay in steps)."""
 
     round: int
     delay: int
@@ -202,7 +202,7 @@ class DGAClient:
         own, sent_at = self._pending.pop(t0)
         delay = self.steps - sent_at
         if cfg.delay == 0:
-            c = 1.0  # FedAvg mode: the plain rule (§10)
+            c = 1.0  # FedAvg mode: the plain rule (R-DG2)
         elif cfg.c_beta == "paper":  # the configured D on every client, so that the
             c = dga_c_beta(cfg.momentum, cfg.delay)  # corrections cancel (Lemma A.1)
         else:
@@ -254,7 +254,7 @@ class DGAClient:
     )
 
     def state_dict(self) -> dict[str, Any]:
-        """A deep copy of everything needed to resume (§8.3: pending m, momentum)."""
+        """A deep copy of everything needed to resume (pending sums, momentum)."""
         return copy.deepcopy({name.lstrip("_"): getattr(self, name) for name in self._STATE})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

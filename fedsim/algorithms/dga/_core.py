@@ -1,4 +1,4 @@
-"""DGA's functional core and configuration (ALGORITHMS.md §3, R-DG1-R-DG7)."""
+"""DGA's functional core and configuration (docs/algorithms.md#dga: R-DG1 to R-DG7)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def dga_c_beta(beta: float, delay: int) -> float:
     """Momentum factor ``(1 - beta^D) / (1 - beta)`` of C13 (R-DG3).
 
     It is 1 for ``beta = 0`` and for ``D <= 1`` (the formula gives 0 at
-    ``D = 0``, which would drop the averaging; §10 uses the plain rule there).
+    ``D = 0``, which would drop the averaging; FedAvg mode uses the plain rule, R-DG2).
     """
     if beta == 0.0 or delay <= 1:
         return 1.0
@@ -93,7 +93,7 @@ def _check_positive(name: str, value: Any, hint: str = "must be finite and > 0")
 
 @dataclass(frozen=True, slots=True)
 class DGAConfig:
-    """Hyperparameters of one DGA run (paper defaults K = 5, D = 20, §3.4).
+    """Hyperparameters of one DGA run (the paper's experiments: K = 5, D = 20).
 
     Parameters
     ----------
@@ -102,7 +102,7 @@ class DGAConfig:
     delay : int
         ``D``, local steps between sending a round and applying its average
         (>= 0). ``0`` is FedAvg mode in either mode: a barrier at the end of
-        each round and the plain rule (R-DG2, §10). In auto mode ``D`` only
+        each round and the plain rule (R-DG2). In auto mode ``D`` only
         sets the default ``max_pending``.
     lr : float
         Default learning rate ``eta`` (a step may pass its own, R-DG7).
@@ -111,7 +111,7 @@ class DGAConfig:
     mode : {"paper", "auto"}
         ``paper``: correct at step ``r`` of round ``t0 + 1 + s``, waiting
         there if the average is late, holding it there if it is early.
-        ``auto``: correct whenever the average arrives (§3.9).
+        ``auto``: correct whenever the average arrives (docs/algorithms.md#dga-auto-mode).
     accumulate : {"raw", "displacement"}
         Send ``sum d`` and correct with the current eta (paper), or send
         ``sum eta d`` and correct with ``c_beta (M - Mbar)`` (R-DG7).
@@ -132,7 +132,7 @@ class DGAConfig:
         ``eta v`` by the average (the shipped DGA scenario uses it).
     max_pending : int or None
         Auto mode: block (``Wait``) while more than this many sent rounds
-        await their average (§3.9). Default ``4 (s + 1)``.
+        await their average (R-DG5). Default ``4 (s + 1)``.
     rounds : int or None
         ``T``. After round ``T`` the client drains: it waits for and applies
         every outstanding average, then reports ``Done``.

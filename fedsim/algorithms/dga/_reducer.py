@@ -29,7 +29,9 @@ class DGAServer:
 
     ``num_clients`` is ``N``, the reports that complete a round;
     ``add(..., expected=n)`` overrides it per round (e.g. a subset reduced
-    by a deadline, §3.9 option 2), and must then agree for the whole round.
+    by a deadline, or the clients left after one was lost:
+    docs/algorithms.md#dga-clients-that-leave-or-pause), and must then agree
+    for the whole round.
     """
 
     def __init__(self, num_clients: int | None = None) -> None:
