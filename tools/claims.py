@@ -237,6 +237,15 @@ def run_claim(c: Claim, out: Path, jobs: str, execute: bool) -> dict[str, Any]:
             "command": f"python tools/claims.py --only {c.id}"}
 
 
+def pending(c: Claim) -> dict[str, Any]:
+    """The record of a claim not measured yet."""
+    return {"id": c.id, "paper": c.paper, "claim": c.claim, "reported": c.reported,
+            "number": "not measured yet", "verdict": "pending", "why": "its sweep has not run.",
+            "details": [], "sweep": f"scenarios/repro/{c.sweep}", "figure": None, "runs": 0,
+            "counted": 0, "real_seconds": 0.0, "measured": "-", "commit": "-",
+            "command": f"python tools/claims.py --only {c.id}"}
+
+
 def table(records: list[dict[str, Any]]) -> str:
     """The Markdown table (README and docs/claims.md)."""
     lines = ["| claim | paper reports | fedsim (mean, 95 % CI) | verdict | figure | measured |",
@@ -299,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="where the sweeps run (they resume)")
     ap.add_argument("--jobs", default="auto", help="runs at once: N or auto")
     ap.add_argument("--no-run", action="store_true", help="evaluate the sweeps on disk")
+    ap.add_argument("--pending-only", action="store_true",
+                    help="run nothing: rewrite the docs from what is recorded")
     args = ap.parse_args(argv)
     known = {c.id: c for c in CLAIMS}
     wanted = [s.strip() for s in args.only.split(",")] if args.only else list(known)
@@ -306,14 +317,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown claim {unknown[0]} (known: {', '.join(known)})", file=sys.stderr)
         return 2
-    old = {r["id"]: r for r in json.loads(STATE.read_text())} if STATE.exists() else {}
+    old = {r["id"]: r for r in json.loads(STATE.read_text())
+           if r.get("verdict") != "pending"} if STATE.exists() else {}
+    if args.pending_only:
+        wanted = []
     for cid in wanted:
         print(f"{cid}: {known[cid].claim}", flush=True)
         old[cid] = run_claim(known[cid], args.out, args.jobs, not args.no_run)
         rec = old[cid]
         print(f"{cid}: {rec['number']} -> {rec['verdict']} ({rec['real_seconds'] / 60:.1f} min)",
               flush=True)
-    records = [old[c.id] for c in CLAIMS if c.id in old]
+    records = [old.get(c.id) or pending(c) for c in CLAIMS]
     STATE.parent.mkdir(parents=True, exist_ok=True)
     STATE.write_text(json.dumps(records, indent=2) + "\n")
     write_docs(records)
