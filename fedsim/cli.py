@@ -203,19 +203,137 @@ def check(scenario: str, sets: tuple[str, ...], as_json: bool) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else to_toml(data), nl=False)
 
 
-@cli.command()
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-def plot(run_dir: str) -> None:
-    """Redraw the plots of RUN_DIR (also works on a run that was killed)."""
-    from fedsim.metrics import read_summary
-    from fedsim.plots import plot_run
+def _window(text: str | None) -> tuple[float, float | None] | None:
+    """``--window START:END`` (emulated seconds; either side may be empty)."""
+    if text is None:
+        return None
+    lo, sep, hi = text.partition(":")
+    try:
+        start = float(lo) if lo.strip() else 0.0
+        end = float(hi) if hi.strip() else None
+    except ValueError:
+        sep = ""
+    if not sep or start < 0 or (end is not None and end <= start):
+        raise click.BadParameter(f"{text!r}: write START:END in emulated seconds with "
+                                 "0 <= START < END, e.g. 2:6, :10 or 30:", param_hint="--window")
+    return start, end
 
-    summary = read_summary(Path(run_dir))
-    if summary is not None:
-        why = summary.get("interrupted_reason") or summary.get("stop_reason")
-        click.echo(f"{run_dir}: {summary.get('status')}" + (f" ({why})" if why else ""))
-    for p in plot_run(Path(run_dir)):
+
+def _load_runs(paths: tuple[str, ...]) -> list[Any]:
+    """Every run directory read and checked; exit 2 with a one-line reason for one that is not."""
+    from fedsim.rundir import RunDirError, load_run
+
+    try:
+        return [load_run(p) for p in paths]
+    except RunDirError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_SCENARIO)
+
+
+def _compare(runs: list[Any], out: str | None, target: float | None,
+             labels: tuple[str, ...]) -> None:
+    """Print the comparison table of ``runs``; write it and the overlay figures to ``out``."""
+    from fedsim.compare import (
+        comparison_rows,
+        default_labels,
+        format_table,
+        plot_comparison,
+        shared_target,
+        write_csv,
+    )
+
+    if labels and len(labels) != len(runs):
+        raise click.BadParameter(f"{len(labels)} labels for {len(runs)} runs: give one "
+                                 "--label per RUN, in order", param_hint="--label")
+    names = list(labels) or default_labels(runs)
+    if target is None:
+        target = shared_target(runs)
+    out_dir = Path(out) if out is not None else runs[0].path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = comparison_rows(runs, names, target)
+    click.echo(format_table(rows))
+    for p in [write_csv(rows, out_dir / "compare.csv"),
+              *plot_comparison(runs, names, out_dir, target)]:
         click.echo(str(p))
+
+
+_TARGET = click.option("--target", type=click.FloatRange(0.0, 1.0), metavar="ACC",
+                       help="Target accuracy for the target line and time to target "
+                       "(default: the runs' own, if they share one).")
+_OUT = click.option("--out", type=click.Path(file_okay=False),
+                    help="Where several runs' figures and compare.csv go "
+                    "(default: the first run's parent directory).")
+_LABEL = click.option("--label", "labels", multiple=True, metavar="NAME",
+                      help="A run's name in legends and the table, once per RUN in order "
+                      "(default: the directory names).")
+
+
+@cli.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@_OUT
+@_TARGET
+@_LABEL
+@click.option("--timeline", is_flag=True,
+              help="Draw the per-client timeline even for a large run.")
+@click.option("--clients", "client_ids", metavar="RANGE",
+              help="The timeline's clients, e.g. 0-9,20 (default: all, or a sample of 40).")
+@click.option("--window", metavar="START:END",
+              help="The timeline's emulated-time window in seconds, e.g. 2:6 (default: all).")
+def plot(runs: tuple[str, ...], out: str | None, target: float | None, labels: tuple[str, ...],
+         timeline: bool, client_ids: str | None, window: str | None) -> None:
+    """Draw the plots of one run, or compare several.
+
+    One RUN: accuracy.png (accuracy and loss), staleness.png and timeline.png
+    in its directory (also on a run that was killed). Several: overlay
+    figures and a comparison table, as `fedsim compare` draws.
+    """
+    from fedsim.plots import plot_run, timeline_is_large
+
+    span = _window(window)
+    if len(runs) > 1:
+        if timeline or client_ids or span:
+            raise click.UsageError("--timeline, --clients and --window draw one run's "
+                                   "timeline: give one RUN")
+        _compare(_load_runs(runs), out, target, labels)
+        return
+    if labels or out:
+        raise click.UsageError("--label and --out are for several runs; one run's plots go "
+                               "to its own directory")
+    (run,) = _load_runs(runs)
+    ids = None
+    if client_ids is not None:
+        from fedsim._ids import parse_ids
+
+        total = run.summary.get("clients")
+        try:
+            ids = parse_ids(client_ids, total if isinstance(total, int) else None)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--clients") from None
+    why = run.summary.get("interrupted_reason") or run.summary.get("stop_reason")
+    click.echo(f"{run.path}: {run.status}" + (f" ({why})" if why else ""))
+    wants_timeline = True if (timeline or ids is not None or span is not None) else None
+    for p in plot_run(run, timeline=wants_timeline, clients=ids, window=span, target=target):
+        click.echo(str(p))
+    if wants_timeline is None and timeline_is_large(run.path):
+        click.echo("no timeline.png: a large run's timeline is drawn on request (--timeline, "
+                   "or --window/--clients for a part of it)")
+
+
+@cli.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@_OUT
+@_TARGET
+@_LABEL
+def compare(runs: tuple[str, ...], out: str | None, target: float | None,
+            labels: tuple[str, ...]) -> None:
+    """Compare RUNS: a table (printed, and compare.csv) and overlay figures.
+
+    compare-time.png (accuracy and loss against emulated time),
+    compare-progress.png (against rounds or updates) and compare-bytes.png
+    (against megabytes communicated), each with the target line and the
+    time each run first reached it.
+    """
+    _compare(_load_runs(runs), out, target, labels)
 
 
 @cli.command()

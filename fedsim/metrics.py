@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "FORMAT_FILE",
     "METRIC_FIELDS",
+    "RUN_FORMAT",
     "EventLog",
     "MetricsTable",
     "StalenessStats",
@@ -30,9 +32,24 @@ __all__ = [
     "read_metrics",
     "read_summary",
     "write_json_atomic",
+    "write_run_format",
     "writer_alive",
     "writer_record",
 ]
+
+RUN_FORMAT = 2
+"""The run directory's format version (docs/run-directory.md).
+
+1: no version file (fedsim before the format was versioned); ``send``
+records name the message kind in lower case and ``deliver``/``drop``
+records by its class name (``task`` / ``Task``).
+2: ``fedsim-run.json`` and the summary's ``format`` say 2; every ``kind`` is
+lower case; ``send`` and ``drop`` records carry the message's ``sent_at``
+(the key that joins a send to its delivery).
+"""
+
+FORMAT_FILE = "fedsim-run.json"
+"""The file that marks a run directory and names its format."""
 
 METRIC_FIELDS = (
     "t", "real", "version", "round", "updates", "accuracy", "loss",
@@ -55,6 +72,15 @@ def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
         if durable:
             os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def write_run_format(run_dir: Path, fedsim_version: str) -> None:
+    """Mark ``run_dir`` as a run directory of format :data:`RUN_FORMAT`.
+
+    Written before any record, so that even a run killed at once says what it is.
+    """
+    write_json_atomic(run_dir / FORMAT_FILE, {"format": RUN_FORMAT,
+                                              "fedsim_version": fedsim_version})
 
 
 def writer_alive(writer: dict[str, Any] | None, stale_after: float = 120.0) -> bool:

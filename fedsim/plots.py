@@ -1,70 +1,354 @@
-"""Plots of a run directory: accuracy vs emulated time, staleness histogram.
+"""Plots of one run: accuracy and loss, staleness, and the per-client timeline.
 
 matplotlib with the Agg backend (no screen needed). Works on a finished run
-and on one that was killed: it reads only complete records.
+and on one that was killed: :func:`fedsim.rundir.load_run` reads only
+complete records. Every figure says what its axes measure and in what unit;
+emulated seconds are the federation's own time.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-from fedsim.metrics import read_events, read_metrics
+import numpy as np
+from matplotlib.figure import Figure
 
-__all__ = ["plot_run"]
+from fedsim.rundir import Run, load_run
+from fedsim.timeline import MAX_CLIENTS, Timeline, build_timeline, sample_clients
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+__all__ = ["TIMELINE_AUTO_MAX_EVENTS", "accuracy_figure", "loss_scale", "new_figure",
+           "plot_accuracy", "plot_run", "plot_staleness", "plot_timeline", "save",
+           "staleness_figure", "staleness_values", "timeline_figure", "timeline_is_large"]
+
+TIMELINE_AUTO_MAX_EVENTS = 300_000
+"""A run with more event records than this gets its timeline only on request
+(``fedsim plot RUN --timeline``): reading and drawing it takes seconds per
+hundred thousand records."""
+
+#: Lane colours (Okabe-Ito, safe for colour-blind readers).
+COLOURS = {"download": "#56B4E9", "upload": "#CC79A7", "training": "#009E73",
+           "waiting": "#E69F00", "away": "#B0B0B0"}
 
 
-def plot_run(run_dir: Path) -> list[Path]:
-    """Write ``accuracy.png`` and ``staleness.png``; return the paths written."""
-    import matplotlib
+def new_figure(width: float, height: float, *, dpi: int = 110,
+               layout: Literal["constrained", "tight"] | None = None) -> Figure:
+    """A figure that belongs to no pyplot state (nothing to close; a notebook's backend kept)."""
+    return Figure(figsize=(width, height), dpi=dpi, layout=layout)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    run_dir = Path(run_dir)
-    out: list[Path] = []
-    metrics = run_dir / "metrics.csv"
-    rows = read_metrics(metrics) if metrics.exists() else []
-    rows = [r for r in rows if not math.isnan(r.get("accuracy", math.nan))]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
-    if rows:
-        ax.plot([r["t"] for r in rows], [r["accuracy"] for r in rows], marker=".", lw=1.2)
-    ax.set_xlabel("emulated time (s)")
+def save(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as a PNG to ``path``; return ``path``."""
+    fig.savefig(path)
+    return path
+
+
+def timeline_is_large(run_dir: Path) -> bool:
+    """Whether the run's event log is over :data:`TIMELINE_AUTO_MAX_EVENTS` records.
+
+    Estimated from the file's size (records are about 150 bytes), without reading it.
+    """
+    path = Path(run_dir) / "events.jsonl"
+    return path.exists() and path.stat().st_size > 150 * TIMELINE_AUTO_MAX_EVENTS
+
+
+def plot_run(run: Run | str | Path, *, timeline: bool | None = None,
+             clients: Iterable[int] | None = None,
+             window: tuple[float, float | None] | None = None,
+             target: float | None = None) -> list[Path]:
+    """Draw a run's plots into its directory; return the paths written.
+
+    ``accuracy.png`` always; ``staleness.png`` when the run has staleness
+    (an asynchronous rule's updates, or DGA's correction delays);
+    ``timeline.png`` when ``timeline`` is True, or when it is None and the
+    run is not large (:func:`timeline_is_large`). ``clients`` and
+    ``window`` choose the timeline's clients and emulated-time window;
+    ``target`` replaces the scenario's target accuracy on ``accuracy.png``.
+    Raises :class:`fedsim.rundir.RunDirError` for a directory it cannot read.
+    """
+    if not isinstance(run, Run):
+        path = Path(run)
+        if timeline is None:
+            timeline = not timeline_is_large(path)
+        run = load_run(path)
+    elif timeline is None:
+        timeline = not timeline_is_large(run.path)
+    out = [plot_accuracy(run, run.path / "accuracy.png", target=target)]
+    staleness = plot_staleness(run, run.path / "staleness.png")
+    if staleness is not None:
+        out.append(staleness)
+    if timeline:
+        out.append(plot_timeline(run, run.path / "timeline.png", clients=clients,
+                                 window=window))
+    return out
+
+
+# -- accuracy and loss --------------------------------------------------------------------
+def _finite(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
+    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(x) and math.isfinite(y)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def loss_scale(values: list[float]) -> str:
+    """``"log"`` when positive losses span over 20x (a divergence, a long descent), else linear."""
+    pos = [v for v in values if v > 0]
+    return "log" if pos and max(pos) / min(pos) > 20 else "linear"
+
+
+def _no_data(ax: Axes, what: str) -> None:
+    ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+def plot_accuracy(run: Run, path: Path, *, target: float | None = None) -> Path:
+    """Write ``accuracy.png`` (:func:`accuracy_figure`) to ``path``."""
+    return save(accuracy_figure(run, target=target), path)
+
+
+def accuracy_figure(run: Run, *, target: float | None = None) -> Figure:
+    """Test accuracy (top) and test loss (bottom) against emulated time.
+
+    The target accuracy (``target``, else the scenario's, if any) is a
+    dashed line, and the first evaluation that reached it is marked with its time.
+    """
+    fig = new_figure(7.0, 5.6)
+    ax, lx = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    t, acc = _finite(run.column("t"), run.column("accuracy"))
+    tl, loss = _finite(run.column("t"), run.column("loss"))
+    if acc:
+        ax.plot(t, acc, marker=".", lw=1.4, color="#0072B2", label="test accuracy")
+    else:
+        _no_data(ax, "no evaluation recorded")
+    if target is None:
+        target = run.summary.get("target_accuracy")
+    if isinstance(target, int | float):
+        ax.axhline(target, color="0.3", ls="--", lw=0.9, label=f"target {target:g}")
+        hit = next(((x, a) for x, a in zip(t, acc, strict=True) if a >= target), None)
+        if hit is not None:
+            ax.plot([hit[0]], [hit[1]], marker="o", ms=8, mfc="none", mec="#D55E00", mew=1.6,
+                    ls="", label=f"target reached at {hit[0]:.2f} s")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.set_title(f"{run_dir.name}: accuracy vs emulated time", fontsize=10)
-    fig.tight_layout()
-    path = run_dir / "accuracy.png"
-    fig.savefig(path)
-    plt.close(fig)
-    out.append(path)
-
-    staleness: list[int] = []
-    events = run_dir / "events.jsonl"
-    if events.exists():
-        for e in read_events(events):
-            if e.get("ev") != "aggregate":
-                continue
-            if e.get("stalenesses") is not None:
-                staleness.extend(int(x) for x in e["stalenesses"])
-            elif e.get("staleness") is not None:
-                staleness.append(int(e["staleness"]))
-    if staleness:
-        top = max(staleness)
-        ax.hist(staleness, bins=range(0, top + 2), align="left", rwidth=0.85)
-        mean = sum(staleness) / len(staleness)
-        ax.axvline(mean, color="k", ls="--", lw=1, label=f"mean {mean:.2f}")
-        ax.legend()
+    ax.legend(loc="lower right", fontsize=8)
+    final = run.summary.get("final_accuracy")
+    best = run.summary.get("best_accuracy")
+    scores = ""
+    if isinstance(final, int | float) and isinstance(best, int | float):
+        scores = f"; final {final:.3f}, best {best:.3f}"
+    ax.set_title(f"{run.name} ({run.algorithm}){scores}", fontsize=10)
+    if loss:
+        lx.plot(tl, loss, marker=".", lw=1.2, color="#D55E00")
+        lx.set_yscale(loss_scale(loss))
     else:
-        ax.text(0.5, 0.5, "no asynchronous updates", ha="center", transform=ax.transAxes)
-    ax.set_xlabel("staleness (server versions between download and upload)")
-    ax.set_ylabel("updates")
-    ax.grid(alpha=0.3, axis="y")
-    ax.set_title(f"{run_dir.name}: staleness that really occurred", fontsize=10)
+        _no_data(lx, "no finite loss recorded")
+    lx.set_ylabel("test loss")
+    lx.set_xlabel("emulated time (s)")
+    lx.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    path = run_dir / "staleness.png"
-    fig.savefig(path)
-    plt.close(fig)
-    out.append(path)
-    return out
+    return fig
+
+
+# -- staleness ------------------------------------------------------------------------------
+def staleness_values(run: Run) -> tuple[list[int], str, str] | None:
+    """What the staleness plot counts, its axis label and what one value is; None if nothing.
+
+    An asynchronous rule: each applied update's staleness (server versions
+    between its download and its aggregation). DGA: each correction's delay
+    D (local steps between a client's contribution to a round and the
+    correction that round's average brought).
+    """
+    stale: list[int] = []
+    delays: list[int] = []
+    for e in run.events:
+        if e["ev"] == "aggregate":
+            if e.get("stalenesses") is not None:
+                stale.extend(int(x) for x in e["stalenesses"])
+            elif e.get("staleness") is not None:
+                stale.append(int(e["staleness"]))
+        elif e["ev"] == "correction" and isinstance(e.get("delay"), int | float):
+            delays.append(int(e["delay"]))
+    if stale:
+        return (stale, "staleness (server versions between download and aggregation)",
+                "applied updates")
+    if delays:
+        return (delays, "DGA delay D (local steps from a contribution to its correction)",
+                "corrections")
+    return None
+
+
+def plot_staleness(run: Run, path: Path) -> Path | None:
+    """Write ``staleness.png`` (:func:`staleness_figure`); None if the run has no staleness."""
+    fig = staleness_figure(run)
+    return None if fig is None else save(fig, path)
+
+
+def staleness_figure(run: Run) -> Figure | None:
+    """How often each staleness occurred (:func:`staleness_values`); None when the run has none.
+
+    Counts on a log axis, each bar labelled with its count, so that a value
+    that occurred once stays visible beside one that occurred hundreds of times.
+    """
+    found = staleness_values(run)
+    if found is None:
+        return None
+    values, label, noun = found
+    from matplotlib.ticker import MaxNLocator
+
+    lo = min(values)
+    counts = np.bincount(np.asarray(values, dtype=np.int64) - lo)
+    idx = np.nonzero(counts)[0]
+    fig = new_figure(7.0, 3.8)
+    ax = fig.subplots()
+    ax.bar(idx + lo, counts[idx], width=0.8, color="#0072B2")
+    ax.set_yscale("log")
+    ax.set_ylim(0.7, counts.max() * 3.0)
+    if len(idx) <= 40:
+        for i in idx:
+            ax.text(float(i + lo), counts[i] * 1.12, str(counts[i]), ha="center", va="bottom",
+                    fontsize=7, zorder=4,
+                    bbox={"fc": "white", "ec": "none", "pad": 0.5, "alpha": 0.8})
+    arr = np.asarray(values, dtype=float)
+    mean, p99 = float(arr.mean()), float(np.percentile(arr, 99))
+    ax.axvline(mean, color="k", ls="--", lw=1, label=f"mean {mean:.2f}", zorder=1)
+    ax.axvline(p99, color="#D55E00", ls=":", lw=1.2, label=f"p99 {p99:g}", zorder=1)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(label)
+    ax.set_ylabel("count (log scale)")
+    ax.grid(alpha=0.3, axis="y", which="both")
+    ax.set_title(f"{run.name} ({run.algorithm}): {len(values)} {noun}, as they really "
+                 "occurred", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# -- the per-client timeline ------------------------------------------------------------------
+#: Each lane's band in a client's row (offsets from the row's centre, rows 1 apart).
+_BANDS = {"download": (-0.42, -0.2), "state": (-0.17, 0.17), "upload": (0.2, 0.42)}
+
+
+def _bars(rows: list[tuple[int, list[tuple[float, float]]]], band: tuple[float, float]
+          ) -> np.ndarray:
+    """Rectangles (n, 4, 2) for every interval of every row, in one band."""
+    spans = [(y, a, b) for y, ivs in rows for a, b in ivs]
+    if not spans:
+        return np.zeros((0, 4, 2))
+    arr = np.asarray(spans, dtype=float)
+    y, a, b = arr[:, 0], arr[:, 1], arr[:, 2]
+    lo, hi = y + band[0], y + band[1]
+    return np.stack([np.stack([a, lo], 1), np.stack([b, lo], 1),
+                     np.stack([b, hi], 1), np.stack([a, hi], 1)], axis=1)
+
+
+def plot_timeline(run: Run, path: Path, *, clients: Iterable[int] | None = None,
+                  window: tuple[float, float | None] | None = None,
+                  max_clients: int = MAX_CLIENTS) -> Path:
+    """``timeline.png``: what every client (or a sample of ``max_clients``) did, when.
+
+    One row per client: downloads above, uploads below, and between them
+    training, waiting (at a barrier, or for its update's aggregation) or
+    away. Each aggregation of a client's update is a marker on its row,
+    coloured by the update's staleness (black: a synchronous round's);
+    discarded updates and lost messages are crosses. ``clients`` picks the
+    rows (default: all, or a seeded sample of ``max_clients``); ``window``
+    = (start, end) in emulated seconds.
+    """
+    total = run.summary.get("clients")
+    all_ids: Iterable[int]
+    if isinstance(total, int) and total > 0:
+        all_ids = range(total)
+    else:
+        all_ids = {e["client"] for e in run.events if isinstance(e.get("client"), int)}
+    ids = sorted(set(clients)) if clients is not None else sample_clients(all_ids, max_clients)
+    start, end = window if window is not None else (0.0, None)
+    tl = build_timeline(run.events, clients=ids,
+                        total_clients=total if isinstance(total, int) else None,
+                        start=start, end=end)
+    return save(timeline_figure(tl, title=f"{run.name} ({run.algorithm})"), path)
+
+
+def timeline_figure(tl: Timeline, *, title: str) -> Figure:
+    """The picture of :class:`~fedsim.timeline.Timeline` ``tl`` (see :func:`plot_timeline`)."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    ids = sorted(tl.clients)
+    row = {cid: i for i, cid in enumerate(ids)}
+    n = max(1, len(ids))
+    fig = new_figure(11.0, 2.4 + 0.3 * n, dpi=100, layout="constrained")
+    ax = fig.subplots()
+    lanes: list[tuple[str, str, tuple[float, float]]] = [
+        ("download", "download", _BANDS["download"]), ("upload", "upload", _BANDS["upload"]),
+        ("training", "training", _BANDS["state"]), ("waiting", "waiting", _BANDS["state"]),
+        ("away", "away", _BANDS["state"])]
+    for attr, colour, band in lanes:
+        rows = [(row[c], getattr(tl.clients[c], attr)) for c in ids]
+        verts = _bars(rows, band)
+        if len(verts):
+            ax.add_collection(PolyCollection(list(verts), facecolors=COLOURS[colour],
+                                             edgecolors="none", linewidths=0))
+    agg = [(t, row[c], s) for c in ids for t, s in tl.clients[c].aggregated]
+    # markers shrink (and lose their edges) when a row holds more than ~8 per inch
+    per_inch = len(agg) / n / 9.5
+    marker_size = max(12.0, min(40.0, 600.0 / n)) if per_inch <= 8 else 6.0
+    edge = 0.4 if per_inch <= 8 else 0.0
+    stale = [(t, y, s) for t, y, s in agg if s is not None]
+    rounds = [(t, y) for t, y, s in agg if s is None]
+    scatter = None
+    if stale:
+        smax = max(1, max(s for _, _, s in stale))
+        scatter = ax.scatter([a[0] for a in stale], [a[1] for a in stale],
+                             c=[a[2] for a in stale], cmap="viridis", vmin=0, vmax=smax,
+                             s=marker_size, marker="o", edgecolors="k", linewidths=edge,
+                             zorder=3)
+    if rounds:
+        ax.scatter([a[0] for a in rounds], [a[1] for a in rounds], s=marker_size * 0.8,
+                   marker="D", c="k", linewidths=0, zorder=3)
+    discards = [(t, row[c]) for c in ids for t in tl.clients[c].discarded]
+    if discards:
+        ax.scatter([a[0] for a in discards], [a[1] for a in discards], marker="X",
+                   s=marker_size * 1.4, c="#D55E00", edgecolors="k", linewidths=0.4, zorder=4)
+    lost = [(t, row[c] + (_BANDS["download"][0] + _BANDS["download"][1]) / 2 if d == "down"
+             else row[c] + (_BANDS["upload"][0] + _BANDS["upload"][1]) / 2)
+            for c in ids for t, d in tl.clients[c].lost]
+    if lost:
+        ax.scatter([a[0] for a in lost], [a[1] for a in lost], marker="x", s=marker_size,
+                   c="k", linewidths=1.0, zorder=4)
+    ax.set_xlim(tl.start, max(tl.end, tl.start + 1e-3))
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_yticks(range(len(ids)))
+    ax.set_yticklabels([str(c) for c in ids], fontsize=7 if n > 20 else 8)
+    ax.set_ylabel("client")
+    ax.set_xlabel("emulated time (s)")
+    ax.grid(alpha=0.25, axis="x")
+    shown = (f"all {len(ids)} clients" if len(ids) == tl.total_clients
+             else f"{len(ids)} of {tl.total_clients} clients")
+    ax.set_title(f"{title}: what each client did ({shown})", fontsize=10)
+    handles: list[Any] = [
+        Patch(color=COLOURS["download"], label="download (server to client)"),
+        Patch(color=COLOURS["training"], label="training"),
+        Patch(color=COLOURS["upload"], label="upload (client to server)"),
+        Patch(color=COLOURS["waiting"], label="waiting (barrier, or update not yet applied)"),
+        Patch(color=COLOURS["away"], label="away (off or suspended)")]
+    if stale:
+        handles.append(Line2D([], [], ls="", marker="o", mfc="#21918c", mec="k", mew=0.4,
+                              label="update aggregated (colour: staleness)"))
+    if rounds:
+        handles.append(Line2D([], [], ls="", marker="D", color="k", label="update aggregated "
+                              "(round)"))
+    if discards:
+        handles.append(Line2D([], [], ls="", marker="X", mfc="#D55E00", mec="k",
+                              label="update discarded"))
+    if lost:
+        handles.append(Line2D([], [], ls="", marker="x", color="k", label="message lost"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    if scatter is not None:
+        cb = fig.colorbar(scatter, ax=ax, pad=0.01, fraction=0.03, aspect=30)
+        cb.set_label("staleness of the aggregated update")
+    return fig

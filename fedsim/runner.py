@@ -64,7 +64,8 @@ def new_run_dir(sc: Scenario, out: str | Path | None) -> Path:
     else:
         path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
-    for name in ("events.jsonl", "metrics.csv", "summary.json"):
+    for name in ("events.jsonl", "metrics.csv", "summary.json", "fedsim-run.json",
+                 "accuracy.png", "staleness.png", "timeline.png"):
         with contextlib.suppress(FileNotFoundError):
             (path / name).unlink()
     return path
@@ -268,13 +269,21 @@ def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str
 
 
 def finish(run_dir: Path) -> None:
-    """Draw a finished (or stopped) run's plots; never lose the run for them."""
-    from fedsim.plots import plot_run
+    """Draw a finished (or stopped) run's plots; never lose the run for them.
+
+    The per-client timeline is drawn unless the run is large
+    (:func:`fedsim.plots.timeline_is_large`; then ``fedsim plot RUN --timeline``).
+    """
+    from fedsim.plots import plot_run, timeline_is_large
 
     try:
         plot_run(run_dir)
     except Exception as exc:  # plots are a convenience
         log.warning("plotting failed: %s", exc)
+        return
+    if timeline_is_large(run_dir):
+        log.warning("a large run: no timeline.png (fedsim plot %s --timeline draws it)",
+                    run_dir)
 
 
 def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,

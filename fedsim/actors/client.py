@@ -216,8 +216,8 @@ class ClientActor:
         """A message for this client reached its host: schedule it on the downlink."""
         d = self.down.schedule(meta.sent_at, meta.nbytes)
         if d.dropped:
-            self.host.emit("drop", client=self.cid, kind=meta.kind, bytes=meta.nbytes,
-                           dir="down", reason=d.reason)
+            self.host.emit("drop", client=self.cid, kind=meta.kind.lower(), bytes=meta.nbytes,
+                           dir="down", sent_at=meta.sent_at, reason=d.reason)
             return
         self.host.timers.call_at(d.t_deliver, self._deliver, msg, meta, d, self.generation)
 
@@ -228,7 +228,8 @@ class ClientActor:
         policy = host.sc.network.in_flight
         lost = (self.away and policy != "held") or (
             policy == "reset" and generation != self.generation)
-        host.emit("drop" if lost else "deliver", client=self.cid, kind=meta.kind, dir="down",
+        host.emit("drop" if lost else "deliver", client=self.cid, kind=meta.kind.lower(),
+                  dir="down",
                   bytes=meta.nbytes, sent_at=meta.sent_at, scheduled=d.t_deliver,
                   version=msg.version, reason=f"away ({policy})" if lost else None)
         if lost:

@@ -115,10 +115,11 @@ class ClientHost:
 
     async def send(self, msg: Message) -> None:
         """Stamp a client's message with the emulated send time and send it."""
-        frames = encode(msg, sent_at=self.clock.now(), seq=next(self.seq))
+        sent_at = self.clock.now()
+        frames = encode(msg, sent_at=sent_at, seq=next(self.seq))
         await self.conn.send(frames)
         self.emit("send", client=getattr(msg, "client", None), kind=type(msg).__name__.lower(),
-                  dir="up", bytes=sum(memoryview(f).nbytes for f in frames),
+                  dir="up", bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at,
                   reset=msg.reset if isinstance(msg, Ready) else None)
 
     def expected_steps(self, task: Task, num_samples: int) -> int:

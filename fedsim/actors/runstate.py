@@ -22,10 +22,12 @@ import numpy as np
 from fedsim.algorithms.api import Step
 from fedsim.messages import HOST_EVENT_KINDS, Evaluate, Evaluated, Event, Model
 from fedsim.metrics import (
+    RUN_FORMAT,
     EventLog,
     MetricsTable,
     StalenessStats,
     write_json_atomic,
+    write_run_format,
     writer_record,
 )
 from fedsim.scenario import Scenario
@@ -94,11 +96,14 @@ class RunState:
     on_target
         Called once when the target accuracy is reached and the scenario
         says to stop there.
+    fedsim_version
+        Written with the run directory's format version (``fedsim-run.json``).
     """
 
     def __init__(self, sc: Scenario, run_dir: Path, cadence: str, clock: Clock,
                  evaluator: Evaluator, *, fidelity: Callable[[], dict[str, Any]],
-                 totals: Callable[[], dict[str, Any]], on_target: Callable[[], None]) -> None:
+                 totals: Callable[[], dict[str, Any]], on_target: Callable[[], None],
+                 fedsim_version: str) -> None:
         self.sc = sc
         self.run_dir = run_dir
         self.cadence = cadence
@@ -107,6 +112,7 @@ class RunState:
         self._fidelity = fidelity
         self._totals = totals
         self._on_target = on_target
+        write_run_format(run_dir, fedsim_version)
         self.events = EventLog(run_dir / "events.jsonl")
         self.metrics = MetricsTable(run_dir / "metrics.csv")
         self.staleness = StalenessStats()
@@ -296,6 +302,7 @@ class RunState:
         now = self.stopped_at if self.stopped_at is not None else max(0.0, self.clock.now())
         totals = self._totals()
         self.summary = {
+            "format": RUN_FORMAT,
             "status": "completed" if status in STOP_REASONS else status,
             "stop_reason": status if status in STOP_REASONS else None,
             "scenario": self.sc.name,

@@ -311,7 +311,8 @@ class Server:
     def _new_state(self, clock: Clock) -> RunState:
         return RunState(self.sc, self.run_dir, self.strategy.cadence, clock, self.evaluator,
                         fidelity=self.fidelity, totals=self._totals,
-                        on_target=lambda: self.queue.put_nowait(StopRun("target_accuracy")))
+                        on_target=lambda: self.queue.put_nowait(StopRun("target_accuracy")),
+                        fedsim_version=self.fedsim_version)
 
     async def _begin(self, registered: dict[int, int], t0: float) -> None:
         """t = t0 (0, or a checkpoint's time): the federation begins with those registered."""
@@ -498,12 +499,12 @@ class Server:
         assert self.state is not None
         sent, clamped = self._send_time(host, meta.sent_at)
         if clamped:
-            self.state.event(self._now(), "warning", client=cid, kind=meta.kind,
+            self.state.event(self._now(), "warning", client=cid, kind=meta.kind.lower(),
                              sent_at=meta.sent_at, reason="send time out of bounds: clamped")
         d = self.links[cid].schedule(sent, meta.nbytes)
         if d.dropped:
-            self.state.event(self._now(), "drop", client=cid, kind=meta.kind, dir="up",
-                             bytes=meta.nbytes, reason=d.reason)
+            self.state.event(self._now(), "drop", client=cid, kind=meta.kind.lower(), dir="up",
+                             bytes=meta.nbytes, sent_at=sent, reason=d.reason)
             return
         received = self._now()
         if not clamped and received - d.t_deliver > self.monitor.allowed_lateness():
@@ -518,7 +519,7 @@ class Server:
         if not unjudged:
             self.monitor.record_delivery(self.plan.kind(cid, "up"), d, now)
         lost = self._away_between(cid, sent, now)
-        self.state.event(now, "drop" if lost else "deliver", client=cid, kind=meta.kind,
+        self.state.event(now, "drop" if lost else "deliver", client=cid, kind=meta.kind.lower(),
                          dir="up", bytes=meta.nbytes, sent_at=sent,
                          scheduled=d.t_deliver, version=getattr(msg, "base_version", None),
                          reason=lost)
@@ -776,7 +777,8 @@ class Server:
                 self.queue.put_nowait(FromClient(cid, Leave(client=cid, reason="unreachable")))
             return
         self.state.bytes_down += body.nbytes
-        self.state.event(now, "send", client=cid, dir="down", bytes=body.nbytes, **fields)
+        self.state.event(now, "send", client=cid, dir="down", bytes=body.nbytes, sent_at=now,
+                         **fields)
 
     async def _stop_hosts(self) -> None:
         """Tell live hosts to stop; wait up to 10 real seconds for each one's goodbye."""

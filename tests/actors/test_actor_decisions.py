@@ -57,7 +57,7 @@ def test_fedbuff_reports_every_max_staleness_discard_even_with_a_buffered_update
     # discarded, or still in the buffer at the end (one delivered after the
     # stop, while the server waits for the hosts' goodbyes, reaches no algorithm)
     stop = run.summary["emulated_seconds"]
-    delivered = [e for e in of(events, "deliver", dir="up", kind="Update") if e["t"] <= stop]
+    delivered = [e for e in of(events, "deliver", dir="up", kind="update") if e["t"] <= stop]
     applied = sum(len(e["clients"]) for e in of(events, "aggregate"))
     assert run.server is not None
     buffered = run.server.strategy.rule.buffered()  # type: ignore[attr-defined]

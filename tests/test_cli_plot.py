@@ -1,0 +1,110 @@
+"""``fedsim plot`` and ``fedsim compare`` through click's runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from run_fixtures import make_run
+
+from fedsim.cli import cli
+from fedsim.metrics import FORMAT_FILE
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(cli, list(args))
+    return res.exit_code, res.stdout, res.stderr
+
+
+def test_plot_one_run_writes_its_figures_into_its_directory(tmp_path: Path) -> None:
+    d = make_run(tmp_path / "r")
+    code, out, _ = invoke("plot", str(d))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"{d}: completed (time_budget)"
+    assert lines[1:] == [str(d / n) for n in ("accuracy.png", "staleness.png", "timeline.png")]
+
+
+def test_plot_a_window_of_chosen_clients(tmp_path: Path) -> None:
+    d = make_run(tmp_path / "r", clients=6)
+    code, out, _ = invoke("plot", str(d), "--clients", "1-2,5", "--window", "0.5:2")
+    assert code == 0, out
+    assert (d / "timeline.png").exists()
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda d: d.mkdir(), "is not a run directory"),
+    (lambda d: None, "not a directory"),
+    (lambda d: (make_run(d), (d / FORMAT_FILE).write_text(json.dumps({"format": 99}))),
+     "format 99"),
+])
+def test_plot_refuses_what_it_cannot_read_with_exit_2_and_one_line(
+        tmp_path: Path, make: object, needle: str) -> None:
+    d = tmp_path / "x"
+    make(d)  # type: ignore[operator]
+    code, out, err = invoke("plot", str(d))
+    assert code == 2
+    assert out == ""
+    assert err.startswith("error: ")
+    assert needle in err
+    assert err.count("\n") == 1
+    assert not (d / "accuracy.png").exists()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--window", "5:2"], "--window"),
+    (["--window", "later"], "--window"),
+    (["--clients", "0-99"], "goes past the scenario's 4 clients"),
+    (["--label", "x"], "--label and --out are for several runs"),
+])
+def test_plot_bad_options_exit_2_naming_them(tmp_path: Path, args: list[str],
+                                             needle: str) -> None:
+    d = make_run(tmp_path / "r")
+    code, _, err = invoke("plot", str(d), *args)
+    assert code == 2
+    assert needle in err
+
+
+def test_plot_several_runs_compares_them(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "runs" / "fast", speed=1.5)
+    b = make_run(tmp_path / "runs" / "slow", speed=0.3, rounds=True, algorithm="fedavg")
+    code, out, _ = invoke("plot", str(a), str(b), "--target", "0.5")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["run", "algorithm"]
+    assert "time to 0.5 (s)" in lines[0]
+    assert lines[1].split()[:3] == ["fast", "fedasync", "completed"]
+    assert lines[2].split()[:3] == ["slow", "fedavg", "completed"]
+    parent = tmp_path / "runs"  # the default: the first run's parent
+    assert lines[3:] == [str(parent / n) for n in ("compare.csv", "compare-time.png",
+                                                   "compare-progress.png", "compare-bytes.png")]
+    assert not (a / "timeline.png").exists()  # one run's plots are not redrawn
+
+
+def test_compare_with_labels_and_an_output_directory(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a")
+    b = make_run(tmp_path / "b")
+    out_dir = tmp_path / "out" / "cmp"
+    code, out, _ = invoke("compare", str(a), str(b), "--label", "FedAsync",
+                          "--label", "Other", "--out", str(out_dir))
+    assert code == 0, out
+    assert [line.split()[0] for line in out.splitlines()[1:3]] == ["FedAsync", "Other"]
+    assert (out_dir / "compare.csv").exists()
+    assert (out_dir / "compare-bytes.png").exists()
+
+
+def test_compare_errors(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a")
+    code, _, err = invoke("compare", str(a), str(a), "--label", "only-one")
+    assert code == 2
+    assert "1 labels for 2 runs" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = invoke("compare", str(a), str(empty))
+    assert code == 2
+    assert "is not a run directory" in err
+    code, _, err = invoke("plot", str(a), str(a), "--timeline")
+    assert code == 2
+    assert "give one RUN" in err
