@@ -287,12 +287,19 @@ def timeline_figure(tl: Timeline, *, title: str) -> Figure:
         ("download", "download", _BANDS["download"]), ("upload", "upload", _BANDS["upload"]),
         ("training", "training", _BANDS["state"]), ("waiting", "waiting", _BANDS["state"]),
         ("away", "away", _BANDS["state"])]
+    span = max(tl.end - tl.start, 1e-9)
     for attr, colour, band in lanes:
         rows = [(row[c], getattr(tl.clients[c], attr)) for c in ids]
         verts = _bars(rows, band)
-        if len(verts):
-            ax.add_collection(PolyCollection(list(verts), facecolors=COLOURS[colour],
-                                             edgecolors="none", linewidths=0))
+        if not len(verts):
+            continue
+        # one bar per message: a thin white edge shows where one ends and the next
+        # begins, when bars are 4 pixels wide or more (the axis is about 1000 across)
+        width_px = float(np.mean(verts[:, 1, 0] - verts[:, 0, 0])) / span * 1000
+        edged = attr in ("download", "upload") and width_px >= 4
+        ax.add_collection(PolyCollection(list(verts), facecolors=COLOURS[colour],
+                                         edgecolors="white" if edged else "none",
+                                         linewidths=0.6 if edged else 0))
     agg = [(t, row[c], s) for c in ids for t, s in tl.clients[c].aggregated]
     # markers shrink (and lose their edges) when a row holds more than ~8 per inch
     per_inch = len(agg) / n / 9.5

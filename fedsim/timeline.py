@@ -94,9 +94,11 @@ def _clip(intervals: Iterable[Interval], lo: float, hi: float) -> list[Interval]
 class ClientTimeline:
     """One client's intervals and markers (see the module's docstring for each).
 
-    Interval lists are sorted and disjoint within a lane, clipped to the
-    timeline's window; ``in_flight`` are the parts of ``download`` and
-    ``upload`` that were still under way when the log ends.
+    ``download`` and ``upload`` hold one interval per message, sorted by
+    start; they may overlap (a link carries messages back to back, in
+    order). The other lanes are sorted and disjoint. All are clipped to the
+    timeline's window; ``in_flight`` are the messages still under way when
+    the log ends.
     """
 
     client: int
@@ -269,9 +271,9 @@ def _client(cid: int, events: list[dict[str, Any]], aggregated: list[tuple[float
     barrier_m = subtract(barrier, away_m)
     training_m = subtract(training, away_m + barrier_m)
     waiting = merge(barrier_m + subtract(held, training_m + away_m))
-    tl.download = _clip(merge(transfers["down"] + in_flight["down"]), start, end)
-    tl.upload = _clip(merge(transfers["up"] + in_flight["up"]), start, end)
-    tl.in_flight = _clip(merge(in_flight["down"] + in_flight["up"]), start, end)
+    tl.download = _clip(sorted(transfers["down"] + in_flight["down"]), start, end)
+    tl.upload = _clip(sorted(transfers["up"] + in_flight["up"]), start, end)
+    tl.in_flight = _clip(sorted(in_flight["down"] + in_flight["up"]), start, end)
     tl.training = _clip(training_m, start, end)
     tl.waiting = _clip(waiting, start, end)
     tl.away = _clip(away_m, start, end)

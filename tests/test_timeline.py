@@ -117,9 +117,15 @@ def test_messages_still_in_flight_at_the_end_run_to_the_end() -> None:
               ev(1.2, "send", client=0, kind="task", dir="down", sent_at=1.2),
               ev(1.5, "end")]
     c = timeline(events).clients[0]
-    assert c.in_flight == [(0.9, 1.5)]
+    assert c.in_flight == [(0.9, 1.5), (1.2, 1.5)]
     assert c.download == [(0.5, 0.7), (1.2, 1.5)]  # the first send is not the tail: not drawn
     assert c.upload == [(0.9, 1.5)]
+
+
+def test_messages_queued_on_a_link_overlap_one_bar_each() -> None:
+    # a pipelined client uploads a piece while the previous one is still on its way
+    events = [*up(0.1, 0.4), *up(0.3, 0.6), ev(1.0, "end")]
+    assert timeline(events).clients[0].upload == [(0.1, 0.4), (0.3, 0.6)]
 
 
 def test_lost_messages_are_marked_in_their_direction() -> None:
