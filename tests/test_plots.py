@@ -110,7 +110,7 @@ def test_plot_run_writes_the_three_figures_and_skips_a_large_timeline(
     for p in written:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (d / "timeline.png").unlink()
-    monkeypatch.setattr(plots, "TIMELINE_AUTO_MAX_EVENTS", 10)
+    monkeypatch.setattr(plots, "TIMELINE_AUTO_MAX_BYTES", 1000)
     assert plots.timeline_is_large(d)
     assert [p.name for p in plot_run(d)] == ["accuracy.png", "staleness.png"]
     assert not (d / "timeline.png").exists()

@@ -57,7 +57,8 @@ class InMemoryRun:
     host_codes: list[int | None] = field(default_factory=list)
 
     def events(self) -> list[dict[str, Any]]:
-        """Every record of the run's event log."""
+        """Every record of the run's event log, in the file's order (append order per
+        writer, not time order: :func:`fedsim.rundir.load_run` sorts by ``t``)."""
         return list(read_events(self.run_dir / "events.jsonl"))
 
     #: makes a host again (set by run_in_memory): index -> a new ClientHost and its task
