@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(180)
 
 def _check_run_dir(run_dir: Path) -> dict:
     for name in ("scenario.json", "scenario.toml", "events.jsonl", "metrics.csv",
-                 "summary.json", "accuracy.png", "staleness.png"):
+                 "summary.json", "fedsim-run.json", "accuracy.png", "staleness.png",
+                 "timeline.png"):
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("algorithm", "clients", "updates", "emulated_seconds", "real_seconds",
