@@ -1,9 +1,11 @@
 """Plots of one run: accuracy and loss, staleness, and the per-client timeline.
 
-matplotlib with the Agg backend (no screen needed). Works on a finished run
-and on one that was killed: :func:`fedsim.rundir.load_run` reads only
-complete records. Every figure says what its axes measure and in what unit;
-emulated seconds are the federation's own time.
+matplotlib figures made without pyplot: no screen needed, no global state
+touched (a notebook keeps its backend; a returned figure displays there), PNGs
+written by the Agg renderer. Works on a finished run and on one that was
+killed: :func:`fedsim.rundir.load_run` reads only complete records. Every
+figure says what its axes measure and in what unit; emulated seconds are the
+federation's own time.
 """
 
 from __future__ import annotations
