@@ -2,7 +2,9 @@
 
 Exit codes: 0 success; 2 a bad scenario or bad usage (the message names the
 key, the value and what is allowed); 3 a run that failed; 130 a run
-interrupted with Ctrl-C (its results so far are written).
+interrupted with Ctrl-C (its results so far are written). The library
+raises typed errors (:mod:`fedsim.errors`); this module alone turns them
+into messages and exit codes.
 """
 
 from __future__ import annotations
@@ -12,14 +14,22 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from fedsim.scenario import ScenarioError, load, resolved, to_toml
+from fedsim.errors import (
+    DeployError,
+    FedsimError,
+    ResumeError,
+    RunFailed,
+    RunInterrupted,
+    ScenarioError,
+)
 
 if TYPE_CHECKING:
     from fedsim.actors.runstate import Progress
+    from fedsim.scenario import Scenario
 
 __all__ = ["main"]
 
@@ -27,6 +37,26 @@ EXIT_OK = 0
 EXIT_SCENARIO = 2
 EXIT_FAILED = 3
 EXIT_INTERRUPTED = 130
+
+#: The exit code of each error the library raises (the first match counts).
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (ScenarioError, EXIT_SCENARIO),
+    (ResumeError, EXIT_SCENARIO),
+    (DeployError, EXIT_SCENARIO),
+    (RunInterrupted, EXIT_INTERRUPTED),
+    (RunFailed, EXIT_FAILED),
+    (FedsimError, EXIT_FAILED),
+)
+
+SET_HELP = ("Override a scenario key, e.g. --set algorithm.alpha=0.3 or "
+            "--set 'model.hidden=[64, 32]' (a TOML value; repeatable).")
+
+
+def _exit(exc: FedsimError, prefix: str = "") -> NoReturn:
+    """Print a library error and exit with its code."""
+    code = next(c for cls, c in EXIT_CODES if isinstance(exc, cls))
+    click.echo(f"error: {prefix}{exc}", err=True)
+    sys.exit(code)
 
 
 def _fmt(v: Any, spec: str = ".4f") -> str:
@@ -78,7 +108,7 @@ def cli(verbose: int) -> None:
 
 
 def _scenario_or_resume(scenario: str | None, resume: str | None, sets: tuple[str, ...],
-                        dilation: str | None, out: str | None) -> Any:
+                        dilation: str | None, out: str | None) -> Scenario | None:
     """The scenario to run, or None when resuming (the run directory holds it)."""
     if resume is not None:
         if scenario is not None or sets or dilation is not None or out is not None:
@@ -87,26 +117,47 @@ def _scenario_or_resume(scenario: str | None, resume: str | None, sets: tuple[st
         return None
     if scenario is None:
         raise click.UsageError("give a SCENARIO file (or --resume RUN_DIR)")
-    if dilation is not None:
-        value = '"auto"' if dilation == "auto" else dilation
-        sets = (*sets, f"run.dilation={value}")
-    return _load(scenario, sets)
+    return _load(scenario, sets, dilation)
 
 
-def _load(path: str, sets: tuple[str, ...]) -> Any:
-    from fedsim.network import NetPlan, NetworkError
+def _load(path: str, sets: tuple[str, ...], dilation: str | None = None) -> Scenario:
+    """The validated scenario (``fedsim.load``); exit 2 naming what is wrong."""
+    from fedsim import _overrides
+    from fedsim.api import load
 
     try:
-        sc = load(path, list(sets))
-        NetPlan(sc).check()
-    except (ScenarioError, NetworkError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_SCENARIO)
-    return sc
+        return load(path, _overrides.from_cli(sets, dilation))
+    except ScenarioError as exc:
+        _exit(exc)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f} ms"
+
+
+def _transfer_line(s: Any) -> str | None:
+    """Realised per-message transfer times next to the configured one-way delay."""
+    t = s.get("transfer") or {}
+    parts, delays, sizes = [], [], []
+    for d in ("down", "up"):
+        x = t.get(d) or {}
+        if x.get("messages"):
+            parts.append(f"{d} p50 {_ms(x['p50_ms'])}, p95 {_ms(x['p95_ms'])}")
+            sizes.append(x.get("mean_bytes") or 0)
+        if x.get("configured_delay_ms") is not None:
+            delays.append((d, x["configured_delay_ms"]))
+    if not parts:
+        return None
+    if len({round(v, 3) for _, v in delays}) == 1:
+        conf = f"configured one-way delay {_ms(delays[0][1])}"
+    else:
+        conf = "configured one-way delay " + ", ".join(f"{d} {_ms(v)}" for d, v in delays)
+    kb = max(sizes) / 1e3
+    return f"  transfer         {'; '.join(parts)} per model message ({kb:.0f} KB; {conf})"
 
 
 def _report(result: Any) -> None:
-    """Print a finished run's summary; exit with its status."""
+    """Print a run's summary."""
     s = result.summary
     st = s.get("staleness") or {}
     fid = s.get("fidelity") or {}
@@ -120,6 +171,9 @@ def _report(result: Any) -> None:
     if st.get("count"):
         click.echo(f"  staleness        mean {st['mean']:.2f}  p50 {st['p50']:.0f}  "
                    f"p99 {st['p99']:.0f}  max {st['max']}  (as it really occurred)")
+    transfer = _transfer_line(s)
+    if transfer is not None:
+        click.echo(transfer)
     if s.get("time_to_target_s") is not None:
         click.echo(f"  time to target   {s['time_to_target_s']:.2f} s "
                    f"(accuracy {s['target_accuracy']})")
@@ -150,19 +204,22 @@ def _report(result: Any) -> None:
         click.echo("  rejected         " + ", ".join(f"{k} {v}" for k, v in sorted(
             rejected.items())))
     click.echo(f"  run directory    {result.run_dir}")
-    status = s.get("status", "")
+
+
+def _status_code(summary: Any) -> int:
+    status = str(summary.get("status", ""))
     if status == "interrupted":
-        sys.exit(EXIT_INTERRUPTED)
-    if status.startswith("failed") or status.startswith("error"):
-        sys.exit(EXIT_FAILED)
+        return EXIT_INTERRUPTED
+    if status.startswith(("failed", "error")):
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 @cli.command()
 @click.argument("scenario", type=click.Path(dir_okay=False), required=False)
 @click.option("--out", type=click.Path(file_okay=False),
               help="Run directory (default runs/NAME-TIME).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a scenario key, e.g. --set algorithm.alpha=0.3 (repeatable).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--dilation", help="Real seconds per emulated second, or 'auto'.")
 @click.option("--resume", type=click.Path(exists=True, file_okay=False),
               help="Continue RUN_DIR from its last checkpoint (no SCENARIO).")
@@ -170,16 +227,28 @@ def _report(result: Any) -> None:
 def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: str | None,
         resume: str | None, no_progress: bool) -> None:
     """Run SCENARIO (a TOML file) on this machine."""
-    from fedsim.runner import run_scenario
+    from fedsim import api
 
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
     progress = Progress(not no_progress)
     try:
-        result = run_scenario(sc, out, resume=resume, on_progress=progress)
-    except (FileNotFoundError, ValueError) as exc:
+        if sc is None:
+            assert resume is not None
+            result = api.resume(resume, progress=progress)
+        else:
+            result = api.run(sc, out=out, progress=progress)
+    except (RunFailed, RunInterrupted) as exc:
         progress.close()
-        click.echo(f"error: cannot resume: {exc}", err=True)
-        sys.exit(EXIT_SCENARIO)
+        if exc.result is None:
+            _exit(exc)
+        _report(exc.result)
+        sys.exit(_status_code(exc.result.summary))
+    except ResumeError as exc:
+        progress.close()
+        _exit(exc, "cannot resume: ")
+    except FedsimError as exc:
+        progress.close()
+        _exit(exc)
     except KeyboardInterrupt:
         progress.close()
         click.echo("interrupted", err=True)
@@ -194,13 +263,19 @@ def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: 
 
 @cli.command()
 @click.argument("scenario", type=click.Path(dir_okay=False))
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of TOML.")
 def check(scenario: str, sets: tuple[str, ...], as_json: bool) -> None:
-    """Validate SCENARIO and print it with every default filled in."""
+    """Validate SCENARIO and print it with every default filled in.
+
+    Keys the algorithm or model does not read (client.local_steps under DGA,
+    which takes algorithm.local_steps per round) are marked with a comment.
+    """
+    from fedsim.api import as_toml
+    from fedsim.scenario import resolved
+
     sc = _load(scenario, sets)
-    data = resolved(sc)
-    click.echo(json.dumps(data, indent=2) if as_json else to_toml(data), nl=False)
+    click.echo(json.dumps(resolved(sc), indent=2) if as_json else as_toml(sc), nl=False)
 
 
 def _window(text: str | None) -> tuple[float, float | None] | None:
@@ -347,7 +422,7 @@ def compare(runs: tuple[str, ...], out: str | None, target: float | None,
 @click.option("--out", type=click.Path(file_okay=False),
               help="Run directory (default runs/NAME-TIME).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a scenario key (client hosts must use the same overrides).")
+              help=SET_HELP + " Client hosts must use the same overrides.")
 @click.option("--dilation", help="Real seconds per emulated second, or 'auto'.")
 @click.option("--resume", type=click.Path(exists=True, file_okay=False),
               help="Continue RUN_DIR from its last checkpoint (no SCENARIO).")
@@ -361,23 +436,23 @@ def server(scenario: str | None, bind: str, keys_dir: str | None, insecure: bool
     or after deploy.start_timeout real seconds with those present. CURVE
     authentication is on for any non-loopback address.
     """
-    from fedsim.deploy.run import DeployError, run_server
+    from fedsim.deploy.run import run_server
 
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
     progress = Progress(not no_progress)
     try:
         result = run_server(sc, bind=bind, out=out, keys_dir=keys_dir, insecure=insecure,
                             resume=resume, on_progress=progress)
-    except (DeployError, FileNotFoundError, ValueError) as exc:
+    except FedsimError as exc:
         progress.close()
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_SCENARIO)
+        _exit(exc)
     except KeyboardInterrupt:
         progress.close()
         click.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     progress.close()
     _report(result)
+    sys.exit(_status_code(result.summary))
 
 
 @cli.command()
@@ -395,7 +470,7 @@ def server(scenario: str | None, bind: str, keys_dir: str | None, insecure: bool
               help="Keep the clients' algorithm state here, so that a restarted host takes it "
               "back (SCAFFOLD's control variates, FedSpeed's correction).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a scenario key (the same overrides as the server).")
+              help=SET_HELP + " Use the server's overrides.")
 def clients(scenario: str, connect: str, ids: str, name: str | None, keys_dir: str | None,
             insecure: bool, state_dir: str | None, sets: tuple[str, ...]) -> None:
     """Run a client host: clients IDS of SCENARIO, for the server at CONNECT.
@@ -404,7 +479,7 @@ def clients(scenario: str, connect: str, ids: str, name: str | None, keys_dir: s
     (its version, scenario or key), 3 if the server went silent.
     """
     from fedsim._ids import parse_ids
-    from fedsim.deploy.run import DeployError, run_clients
+    from fedsim.deploy.run import run_clients
 
     sc = _load(scenario, sets)
     try:
@@ -415,9 +490,8 @@ def clients(scenario: str, connect: str, ids: str, name: str | None, keys_dir: s
     try:
         code = run_clients(sc, connect=connect, ids=id_list, name=name, keys_dir=keys_dir,
                            insecure=insecure, state_dir=state_dir)
-    except DeployError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_SCENARIO)
+    except FedsimError as exc:
+        _exit(exc)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
@@ -441,7 +515,7 @@ def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | No
     Give the server server.key_secret and allowed.toml; give client host i
     host-<i>.key_secret and server.key.
     """
-    from fedsim.deploy.keys import KeysError, make_keys
+    from fedsim.deploy.keys import make_keys
 
     if scenario is not None:
         num_clients = _load(scenario, ()).data.num_clients
@@ -449,7 +523,9 @@ def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | No
         raise click.UsageError("give --clients N or --scenario FILE")
     try:
         made = make_keys(directory, hosts, num_clients, list(ranges) or None)
-    except (KeysError, ValueError) as exc:
+    except FedsimError as exc:
+        _exit(exc)
+    except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_SCENARIO)
     from fedsim._ids import format_ids
@@ -473,7 +549,7 @@ def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | No
 @click.option("--python", "python", help="Python with fedsim installed on the nodes "
               "(default: this one).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Scenario overrides, passed to the server and every client host.")
+              help=SET_HELP + " Passed to the server and every client host.")
 def slurm(scenario: str, hosts: int, run_dir: str, out_file: str | None, port: int,
           time_limit: str | None, partition: str | None, python: str | None,
           sets: tuple[str, ...]) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "EventLog",
     "MetricsTable",
     "StalenessStats",
+    "TransferStats",
     "boot_id",
     "read_events",
     "read_metrics",
@@ -276,6 +277,78 @@ class StalenessStats:
             "max": int(a.max()),
             "count": int(a.size),
         }
+
+
+class TransferStats:
+    """Realised transfer time of every message that carries a model, per direction.
+
+    A message's transfer time is its delivery time minus its send time, in
+    emulated seconds: the link's propagation delay plus everything else the
+    emulated TCP connection costs (serialisation at the link's rate, queueing,
+    slow start after an idle period, loss recovery) and any lateness. On a
+    link with only a configured delay, a 57 KB model takes several round
+    trips of slow start: the quickstart's 50 ms link delivers it in about
+    250 ms. The summary puts this next to the configured one-way delay.
+    Quantiles come from a bounded sample (count and maximum stay exact).
+    """
+
+    #: Message kinds that carry a model (tasks, DGA's averages, updates); format 1
+    #: run directories name them by class (``Task``), format 2 in lower case.
+    KINDS = frozenset({"task", "average", "update"})
+    DIRECTIONS = ("down", "up")
+
+    def __init__(self, capacity: int = 1 << 15) -> None:
+        from netem.fidelitystats import Reservoir
+
+        self._capacity = capacity
+        self._times = {d: Reservoir(capacity, seed=i) for i, d in enumerate(self.DIRECTIONS)}
+        self._bytes = dict.fromkeys(self.DIRECTIONS, 0)
+
+    def add(self, direction: str, seconds: float, nbytes: int) -> None:
+        """One delivered message that took ``seconds`` (emulated) from send to delivery."""
+        if direction in self._times and math.isfinite(seconds):
+            self._times[direction].add(max(0.0, float(seconds)))
+            self._bytes[direction] += int(nbytes)
+
+    def record(self, event: dict[str, Any]) -> None:
+        """Take a ``deliver`` event-log record into account (others are ignored)."""
+        sent = event.get("sent_at")
+        if (event.get("ev") == "deliver" and str(event.get("kind")).lower() in self.KINDS
+                and isinstance(sent, int | float) and not isinstance(sent, bool)):
+            self.add(str(event.get("dir")), float(event["t"]) - float(sent),
+                     int(event.get("bytes") or 0))
+
+    def summary(self, configured_ms: dict[str, float | None]) -> dict[str, Any]:
+        """Per direction: ``messages``, ``p50_ms``, ``p95_ms``, ``max_ms``,
+        ``mean_bytes`` and ``configured_delay_ms`` (the mean configured one-way
+        delay over the clients, ``configured_ms``)."""
+        def ms(x: float | None) -> float | None:
+            return None if x is None else round(x, 6)
+
+        out: dict[str, Any] = {}
+        for d, r in self._times.items():
+            n = r.count
+            out[d] = {
+                "messages": n,
+                "p50_ms": ms(r.quantile(0.5) * 1e3) if n else None,
+                "p95_ms": ms(r.quantile(0.95) * 1e3) if n else None,
+                "max_ms": ms(r.max * 1e3) if n else None,
+                "mean_bytes": round(self._bytes[d] / n) if n else None,
+                "configured_delay_ms": ms(configured_ms.get(d)),
+            }
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """Plain data for a checkpoint."""
+        return {d: {"times": r.export(self._capacity), "bytes": self._bytes[d]}
+                for d, r in self._times.items()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state`."""
+        for d, s in state.items():
+            if d in self._times:
+                self._times[d].merge(s["times"])
+                self._bytes[d] += int(s["bytes"])
 
 
 def _complete_lines(path: Path) -> Iterator[str]:

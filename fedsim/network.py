@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedsim._netconfig import GroupConfig, LinkConfig, LossConfig
+from fedsim.errors import ScenarioError
 from fedsim.scenario import Scenario
 from netem.availability import AlwaysAvailable, AvailabilityTrace, OnOff, SuspensionModel
 from netem.device import Device, RunTrace, draw_devices
@@ -46,7 +47,7 @@ __all__ = ["DEFAULT_GROUP", "Delivery", "NetPlan", "NetworkError"]
 DEFAULT_GROUP = "default"
 
 
-class NetworkError(ValueError):
+class NetworkError(ScenarioError):
     """A ``[network]``, ``[devices]`` or ``[availability]`` setting that cannot be built."""
 
 
@@ -238,6 +239,13 @@ class NetPlan:
                     continue
                 out[f"{name}/{direction}"] = p
         return out
+
+    def mean_delay(self, direction: str) -> float:
+        """Configured mean one-way delay of ``direction``'s links at t = 0, averaged
+        over the clients (seconds): what a message would take on an idle link
+        with no rate limit, loss or slow start."""
+        return float(np.mean([self.params(c, direction).delay_dist().moments()[0]
+                              for c in range(self.n)])) if self.n else 0.0
 
     @property
     def min_delay(self) -> float:

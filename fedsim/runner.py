@@ -24,25 +24,68 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedsim.errors import ResumeError
 from fedsim.metrics import write_json_atomic
-from fedsim.scenario import Scenario, resolved, to_toml
+from fedsim.results import RunResult
+from fedsim.scenario import Scenario, resolved, to_toml, unused_keys
 
 if TYPE_CHECKING:
     from fedsim.actors.runstate import Progress
     from fedsim.transport import ServerKeys
 
-__all__ = ["RunResult", "calibrate_dilation", "finish", "plan_hosts", "prepare", "prepare_resume",
-           "run_scenario", "serve"]
+__all__ = ["RunControl", "calibrate_dilation", "finish", "plan_hosts", "prepare",
+           "prepare_resume", "run_scenario", "serve"]
 
 log = logging.getLogger(__name__)
 
 
-class RunResult:
-    """Where a run wrote its results, and its summary."""
+class RunControl:
+    """Stops a run from outside its event loop (another thread, a cancelled task).
 
-    def __init__(self, run_dir: Path, summary: dict[str, Any]) -> None:
-        self.run_dir = run_dir
-        self.summary = summary
+    :meth:`interrupt` does what Ctrl-C does to ``fedsim run``: the first call
+    ends the run cleanly with status ``interrupted`` (results written), a
+    second aborts it. It is safe from any thread, and may come before the
+    server exists: the run then stops as soon as it starts.
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: Callable[[str], None] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self.interrupts = 0
+
+    def _attach(self, loop: asyncio.AbstractEventLoop, stop: Callable[[str], None],
+                task: asyncio.Task[Any] | None) -> None:
+        with self._lock:
+            self._loop, self._stop, self._task = loop, stop, task
+            pending = self.interrupts
+        for n in range(1, pending + 1):
+            self._deliver(n)
+
+    def _detach(self) -> None:
+        with self._lock:
+            self._loop = self._stop = self._task = None
+
+    def interrupt(self) -> None:
+        """Stop the run (first call: cleanly; second: abort)."""
+        with self._lock:
+            self.interrupts += 1
+            n, attached = self.interrupts, self._loop is not None
+        if attached:
+            self._deliver(n)
+
+    def _deliver(self, n: int) -> None:
+        loop, stop, task = self._loop, self._stop, self._task
+        if loop is None or stop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop just closed: the run is over
+            if n == 1:
+                loop.call_soon_threadsafe(stop, "interrupted")
+            elif task is not None:
+                loop.call_soon_threadsafe(task.cancel)
 
 
 def plan_hosts(sc: Scenario) -> list[list[int]]:
@@ -118,7 +161,8 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
                 bind: str | None = None, keys: ServerKeys | None = None,
                 allowed: dict[str, tuple[int, ...]] | None = None,
                 local_hosts: list[list[int]] | None = None, resume: bool = False,
-                on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+                on_progress: Callable[[Progress], None] | None = None,
+                control: RunControl | None = None) -> dict[str, Any]:
     """Run the server of one federation; return its summary.
 
     ``bind`` is the address client hosts connect to (default: a local one).
@@ -126,8 +170,9 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     (``fedsim run``); without them, hosts connect from wherever they run
     (``fedsim server``). With ``keys`` the socket is a CURVE server that
     admits only the keys on ``allowed``'s allow-list. With ``resume`` the run
-    continues from ``run_dir``'s checkpoint. SIGINT and SIGTERM end the run
-    with status ``interrupted`` (a second one aborts).
+    continues from ``run_dir``'s checkpoint. SIGINT and SIGTERM (on the main
+    thread) and ``control`` end the run with status ``interrupted`` (a second
+    one aborts).
     """
     from fedsim.actors._proc import fedsim_version
     from fedsim.actors._setup import build_data, build_model, model_shapes
@@ -135,12 +180,18 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     from fedsim.actors.server import Server, load_checkpoint
     from fedsim.algorithms import flatten
     from fedsim.messages import TensorSpec
+    from fedsim.plugins import child_env
     from fedsim.scenario import scenario_hash
     from fedsim.transport import ZmqContext, ipc_address
 
     run_id = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
     scenario_file = str((run_dir / "scenario.json").resolve())
-    ckpt = load_checkpoint(run_dir, fedsim_version(), scenario_hash(data)) if resume else None
+    ckpt = None
+    if resume:
+        try:
+            ckpt = load_checkpoint(run_dir, fedsim_version(), scenario_hash(data))
+        except (FileNotFoundError, ValueError) as exc:
+            raise ResumeError(str(exc)) from None
     fed = build_data(sc)
     write_json_atomic(run_dir / "data.json", fed.stats())
     model = build_model(sc, tuple(fed.input_shape), int(fed.num_classes))
@@ -172,7 +223,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
             sys.executable, "-m", "fedsim.actors.host", "--connect", endpoint.address,
             "--host-id", str(h), "--clients", ",".join(map(str, clients)),
             "--scenario", scenario_file, "--run-id", run_id, "--parent", str(os.getpid()),
-            stdin=asyncio.subprocess.DEVNULL)
+            stdin=asyncio.subprocess.DEVNULL, env=child_env())
     write_json_atomic(run_dir / "endpoints.json", {
         "server": endpoint.address, "run_id": run_id, "pid": os.getpid(),
         "node": socket.gethostname(), "authenticated": keys is not None,
@@ -194,12 +245,16 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
         elif main is not None:
             main.cancel()
 
-    with contextlib.suppress(NotImplementedError, RuntimeError):
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
         loop.add_signal_handler(signal.SIGINT, on_signal)
         loop.add_signal_handler(signal.SIGTERM, on_signal)
+    if control is not None:
+        control._attach(loop, server.request_stop, main)
     try:
         summary = await server.run()
     finally:
+        if control is not None:
+            control._detach()
         stopping["flag"] = True
         for p in procs.values():
             if p.returncode is None:
@@ -249,7 +304,7 @@ def prepare(sc: Scenario, out: str | Path | None, dilation: float | str | None,
     write_json_atomic(run_dir / "scenario.json", data)
     (run_dir / "scenario.toml").write_text(
         "# Resolved scenario: every default filled in (keys set to none are omitted).\n"
-        + to_toml(data))
+        + to_toml(data, unused_keys(sc)))
     return sc, run_dir, float(choice), data
 
 
@@ -263,7 +318,9 @@ def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str
     try:
         data = json.loads((path / "scenario.json").read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} is not a run directory (no scenario.json)") from None
+        raise ResumeError(f"{path} is not a run directory (no scenario.json)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ResumeError(f"{path / 'scenario.json'}: {exc}") from None
     sc = parse(data, str(path / "scenario.json"))
     return sc, path, float(data["run"]["dilation"]), data
 
@@ -288,11 +345,14 @@ def finish(run_dir: Path) -> None:
 
 def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
                  dilation: float | str | None = None, resume: str | Path | None = None,
-                 on_progress: Callable[[Progress], None] | None = None) -> RunResult:
+                 on_progress: Callable[[Progress], None] | None = None,
+                 control: RunControl | None = None) -> RunResult:
     """Run a scenario to its end on this machine and return where its results are.
 
     With ``resume`` (a run directory) the run continues from its last
-    checkpoint instead (``sc`` is read from the directory).
+    checkpoint instead (``sc`` is read from the directory). The run's event
+    loop is this thread's (it must have none running: :func:`fedsim.run`
+    takes care of that); ``control`` stops it from elsewhere.
     """
     import torch
 
@@ -309,7 +369,8 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
         hosts = plan_hosts(sc)
         sc, run_dir, choice, data = prepare(sc, out, dilation, len(hosts))
     summary = run_loop(serve(sc, run_dir, choice, data, local_hosts=hosts,
-                             resume=resume is not None, on_progress=on_progress),
+                             resume=resume is not None, on_progress=on_progress,
+                             control=control),
                        sc.deploy.loop)
     finish(run_dir)
-    return RunResult(run_dir, summary)
+    return RunResult.of(run_dir, summary)

@@ -3,9 +3,17 @@
 A scenario is a TOML file validated on load into frozen pydantic models:
 an unknown key, a wrong type or an out-of-range value raises
 :class:`ScenarioError` whose message names the key, the value and what is
-allowed (the CLI exits with status 2). ``--set dotted.key=value`` overrides
-go through the same validation. :func:`resolved` gives the scenario with
-every default filled in, which each run writes to its directory.
+allowed (the CLI exits with status 2; :mod:`fedsim._explain` words it).
+Overrides (``--set dotted.key=value``, ``overrides=`` of :func:`fedsim.load`)
+go through the same validation, and an error they cause is blamed on them
+(:class:`~fedsim.errors.OverrideError` when only they are wrong).
+:func:`resolved` gives the scenario with every default filled in, which each
+run writes to its directory; :func:`unused_keys` says which of those keys the
+chosen algorithm or model does not read.
+
+``algorithm.name``, ``model.name`` and ``data.dataset`` also accept a
+plug-in: a ``module:attribute`` reference or an entry-point name
+(:mod:`fedsim.plugins`).
 
 pydantic does this job better than hand-written checks: it reports every
 bad field at once, with its location, and it fills the defaults we write
@@ -16,178 +24,103 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from fedsim import algorithms
+from fedsim import _overrides, algorithms, plugins
+from fedsim._explain import Problem, explain
 from fedsim._netconfig import AvailabilityConfig, DevicesConfig, NetworkConfig
-from fedsim._schema import NonNeg, Pos, Prob, SchemaModel
-from fedsim.algorithms import AlgorithmConfig
+from fedsim._overrides import Override
+from fedsim._schema import SchemaModel
+from fedsim._sections import (
+    DATASETS,
+    MODELS,
+    ClientConfig,
+    DataConfig,
+    DeployConfig,
+    EvalConfig,
+    ModelConfig,
+    RunConfig,
+)
+from fedsim.algorithms import AlgorithmConfig, AlgorithmSpec
+from fedsim.errors import OverrideError, PluginError, ScenarioError
 
 __all__ = [
+    "DATASETS",
     "DEFAULT_ALGORITHM",
+    "MODELS",
     "Scenario",
     "ScenarioError",
+    "apply_overrides",
     "load",
     "parse",
     "resolved",
     "scenario_hash",
+    "to_toml",
+    "unused_keys",
 ]
 
 #: The algorithm of an ``[algorithm]`` table without a ``name``.
 DEFAULT_ALGORITHM = "fedasync"
 
 
-class ScenarioError(ValueError):
-    """A scenario that cannot run; the message names every bad key."""
+def _spec(name: Any) -> AlgorithmSpec:
+    """The spec ``algorithm.name`` stands for: registered, or a plug-in (ValueError if none)."""
+    if not isinstance(name, str):
+        raise ValueError(f"must be a string (got {name!r})")
+    try:
+        return algorithms.get(name)
+    except KeyError:
+        pass
+    obj = plugins.resolve("algorithm", name, tuple(sorted(algorithms.algorithm_names())))
+    if not isinstance(obj, AlgorithmSpec):
+        raise PluginError(f"{name!r} is a {type(obj).__name__}, not an AlgorithmSpec "
+                         "(fedsim.algorithms.api; see fedsim.plugins)")
+    return algorithms.api.register_alias(name, obj)
+
+
+def _algorithm(raw: dict[str, Any]) -> tuple[AlgorithmConfig | None, list[Problem]]:
+    """Validate an ``[algorithm]`` table with its algorithm's config: the config, or problems.
+
+    A plug-in's config declares its own ``name``; the table keeps the name
+    the scenario used (the reference), so every process finds it again.
+    """
+    name = raw.get("name", DEFAULT_ALGORITHM)
+    try:
+        spec = _spec(name)
+    except ValueError as exc:
+        return None, [Problem(("algorithm", "name"), str(exc),
+                              plugin=isinstance(exc, PluginError))]
+    own = name if name in spec.names else spec.names[0]
+    try:
+        cfg = spec.config.model_validate({**raw, "name": own})
+    except ValidationError as exc:
+        return None, explain(exc, spec.config, ("algorithm",))
+    except Exception as exc:  # a plug-in's own validator failing otherwise
+        return None, [Problem(("algorithm",), f"{type(exc).__name__}: {exc}")]
+    return (cfg if own == name else cfg.model_copy(update={"name": name})), []
 
 
 def _algorithm_config(raw: Any) -> AlgorithmConfig:
-    """Validate an ``[algorithm]`` table with its registered algorithm's config."""
+    """An ``[algorithm]`` table as its algorithm's config (ValueError listing the problems)."""
     if isinstance(raw, AlgorithmConfig):
         return raw
     if not isinstance(raw, dict):
-        raise ValueError(f"must be a table, got {raw!r}")
-    name = raw.get("name", DEFAULT_ALGORITHM)
-    try:
-        spec = algorithms.get(name)
-    except KeyError:
-        allowed = ", ".join(repr(n) for n in sorted(algorithms.algorithm_names()))
-        raise ValueError(f"name: unknown algorithm {name!r} (allowed: {allowed})") from None
-    return spec.config.model_validate({**raw, "name": name})
+        raise ValueError(f"must be a table (got {raw!r})")
+    cfg, problems = _algorithm(raw)
+    if cfg is None:
+        raise ValueError("; ".join(p.line() for p in problems))
+    return cfg
 
-
-
-class DataConfig(SchemaModel):
-    """Dataset, partition and number of clients."""
-
-    dataset: Literal["synthetic", "digits", "leaf", "mnist", "cifar10"] = "synthetic"
-    num_clients: Annotated[int, Field(ge=1, le=1_000_000)] = 20
-    partition: Literal["natural", "iid", "dirichlet", "shards"] = "natural"
-    synthetic_alpha: NonNeg = 1.0
-    synthetic_beta: NonNeg = 1.0
-    synthetic_iid: bool = False
-    max_samples_per_client: Annotated[int, Field(ge=1)] | None = None
-    dirichlet_alpha: Pos = 0.5
-    dirichlet_recipe: Literal["hsu", "deltasgd_code", "feddyn_sequential"] = "hsu"
-    samples_per_client: Annotated[int, Field(ge=1)] | None = None
-    classes_per_client: Annotated[int, Field(ge=1)] = 2
-    test_fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
-    path: str | None = None
-
-
-class ModelConfig(SchemaModel):
-    """The torch model every client trains."""
-
-    name: Literal["mlp", "cnn", "cnn_mnist", "char_lstm"] = "mlp"
-    hidden: list[Annotated[int, Field(ge=1)]] = [200]
-    lstm_hidden: Annotated[int, Field(ge=1)] = 256
-
-
-class ClientConfig(SchemaModel):
-    """Client optimizer and local work per task."""
-
-    optimizer: Literal["sgd", "sgdm", "adam", "adagrad", "deltasgd", "sps"] = "sgd"
-    lr: Pos = 0.05
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
-    weight_decay: NonNeg = 0.0
-    # Adagrad
-    initial_accumulator: NonNeg = 0.0
-    # Delta-SGD (docs/algorithms.md#delta-sgd): locality-adaptive step size
-    eta0: Pos = 0.2
-    theta0: Pos = 1.0
-    gamma: Pos = 2.0
-    delta: NonNeg = 0.1
-    eta_max: Pos | None = None  # no cap
-    first_step: Literal["paper", "code"] = "paper"
-    batch_mode: Literal["same", "previous"] = "same"
-    # SPS (stochastic Polyak step size)
-    sps_c: Pos = 0.5
-    f_star: float = 0.0
-    sps_mode: Literal["constant", "smooth"] = "constant"
-    batch_size: Annotated[int, Field(ge=1)] = 32
-    local_steps: Annotated[int, Field(ge=1)] | None = None
-    local_epochs: Pos | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_steps(cls, data: Any) -> Any:
-        if (isinstance(data, dict) and data.get("local_epochs") is None
-                and "local_steps" not in data):
-            return {**data, "local_steps": 10}
-        return data
-
-    @model_validator(mode="after")
-    def _one_budget(self) -> ClientConfig:
-        if self.local_steps is not None and self.local_epochs is not None:
-            raise ValueError(
-                "set either local_steps or local_epochs, not both "
-                f"(got local_steps={self.local_steps}, local_epochs={self.local_epochs})"
-            )
-        if self.local_steps is None and self.local_epochs is None:
-            raise ValueError("set local_steps or local_epochs")
-        return self
-
-
-class RunConfig(SchemaModel):
-    """When a run stops. Durations are emulated seconds."""
-
-    time_budget: Pos | None = 60.0
-    max_updates: Annotated[int, Field(ge=1)] | None = None
-    max_rounds: Annotated[int, Field(ge=1)] | None = None
-    target_accuracy: Prob | None = None
-    stop_at_target: bool = False
-    dilation: Pos | Literal["auto"] = 1.0
-    # the server checkpoints (model, algorithm state, counters, log offsets)
-    # every this many aggregations (updates or rounds, as the algorithm
-    # counts them) or real seconds, whichever comes first; 0 turns either off
-    checkpoint_every: Annotated[int, Field(ge=0)] = 50
-    checkpoint_seconds: NonNeg = 30.0
-
-    @model_validator(mode="after")
-    def _some_limit(self) -> RunConfig:
-        if self.time_budget is None and self.max_updates is None and self.max_rounds is None:
-            raise ValueError("set at least one of time_budget, max_updates, max_rounds")
-        return self
-
-
-class EvalConfig(SchemaModel):
-    """How often the global model is evaluated on the held-out test set."""
-
-    every_updates: Annotated[int, Field(ge=1)] | None = None
-    every_rounds: Annotated[int, Field(ge=1)] | None = 1
-    every_seconds: Pos | None = None
-
-
-class DeployConfig(SchemaModel):
-    """Processes, sockets and limits (one host or many)."""
-
-    # client-host processes of `fedsim run` (0: one per core)
-    hosts: Annotated[int, Field(ge=0)] = 0
-    transport: Literal["ipc", "tcp"] = "ipc"
-    loop: Literal["uvloop", "asyncio"] = "uvloop"
-    max_message_mb: Pos = 512.0
-    # real seconds to wait for client hosts to register before the federation
-    # starts with those present (the missing ones are named)
-    start_timeout: Pos = 120.0
-    # real seconds of silence after which a host (or, seen from a host, the
-    # server) is taken for dead; hosts probe the server's clock every 2 s
-    host_timeout: Annotated[float, Field(ge=5.0)] = 15.0
-    # the longest real transit a message may claim (now - its send time); a
-    # claim outside [now - this, now + clock uncertainty] is clamped and counted
-    max_transit_ms: Pos = 1000.0
-    # messages per real second one client host may send, averaged over 5 s;
-    # beyond it messages are rejected (counted, logged)
-    max_host_rate: Pos = 5000.0
-    # messages per real second one client may send (updates, ready, leave),
-    # averaged over 5 s, and the largest message without a model a host may
-    # send (event batches, goodbyes), in MB
-    max_client_rate: Pos = 200.0
-    max_control_mb: Pos = 16.0
 
 
 class Scenario(SchemaModel):
@@ -222,87 +155,123 @@ class Scenario(SchemaModel):
         return self
 
 
-def _describe(err: dict[str, Any], prefix: str = "") -> str:
-    loc = prefix + ".".join(str(p) for p in err["loc"])
-    loc = loc.replace("function-after[", "").rstrip("]") or "(top level)"
-    value = err.get("input")
-    msg = err["msg"]
-    if err["type"] == "value_error":
-        msg = msg.removeprefix("Value error, ")
-        if loc == "(top level)":  # a cross-section rule names its own keys
-            return msg
-    if err["type"] == "extra_forbidden":
-        return f"{loc}: unknown key (value {value!r})"
-    if err["type"] == "union_tag_invalid":
-        return f"{loc}.name: {msg}"
-    if isinstance(value, dict):
-        return f"{loc}: {msg}"
-    return f"{loc}: {msg} (got {value!r})"
+def _error(source: str, problems: list[Problem],
+           overrides: Sequence[Override]) -> ScenarioError:
+    """One error listing every problem, each blamed on its override if it has one."""
+    lines: list[str] = []
+    blamed: list[Override] = []
+    for p in problems:
+        o = _overrides.blame(p.loc, p.text, overrides)
+        if o is None:
+            lines.append(p.line())
+        else:
+            lines.append(f"{p.line()} (from {o.label})")
+            blamed.append(o)
+    body = "\n  " + "\n  ".join(lines)
+    if blamed and len(blamed) == len(problems):
+        origin = blamed[0].origin
+        where = f" (not in {source})" if source != "scenario" else ""
+        return OverrideError(f"invalid override from {origin}{where}{body}",
+                             keys=[o.dotted for o in blamed], origin=origin, source=source,
+                             problems=lines)
+    if all(p.plugin for p in problems):
+        return PluginError(f"{source}: plug-in not found{body}", source=source, problems=lines)
+    return ScenarioError(f"{source}: invalid scenario{body}", source=source, problems=lines)
 
 
-def parse(raw: dict[str, Any], source: str = "scenario") -> Scenario:
+def parse(raw: dict[str, Any], source: str = "scenario",
+          overrides: Sequence[Override] = ()) -> Scenario:
     """Validate a raw mapping into a :class:`Scenario`.
 
-    The ``[algorithm]`` table is validated with its registered algorithm's
-    config first, so its errors carry their own keys; every error of the
-    whole scenario is reported at once.
+    The ``[algorithm]`` table is validated with its algorithm's config
+    first, so its errors carry their own keys; every error of the whole
+    scenario is reported at once. ``overrides`` are those already applied to
+    ``raw``: an error at a key one of them set is said to come from it.
     """
-    lines: list[str] = []
+    problems: list[Problem] = []
     alg = raw.get("algorithm", {})
     if isinstance(alg, dict):
-        try:
-            alg = _algorithm_config(alg)
-        except ValidationError as exc:
-            lines += [_describe(e, "algorithm.") for e in exc.errors(include_url=False)]
-            alg = _algorithm_config({})
-        except ValueError as exc:
-            lines.append(f"algorithm.{exc}")
-            alg = _algorithm_config({})
+        cfg, problems = _algorithm(alg)
+        alg = cfg if cfg is not None else _algorithm_config({})
     try:
         sc = Scenario.model_validate({**raw, "algorithm": alg})
     except ValidationError as exc:
-        lines += [_describe(e) for e in exc.errors(include_url=False)]
-    if lines:
-        raise ScenarioError(f"{source}: invalid scenario\n  " + "\n  ".join(lines)) from None
+        problems += explain(exc, Scenario)
+    if problems:
+        raise _error(source, problems, overrides) from None
     return sc
 
 
-def _coerce(text: str) -> Any:
-    """Interpret a ``--set`` value as TOML (numbers, booleans, arrays, strings)."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``dotted.key=value`` overrides to a raw scenario mapping."""
-    out = json.loads(json.dumps(raw))
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ScenarioError(f"--set {item!r}: expected dotted.key=value")
-        parts = key.strip().split(".")
-        node = out
-        for part in parts[:-1]:
-            nxt = node.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                raise ScenarioError(f"--set {item!r}: {part!r} is not a table")
-            node = nxt
-        node[parts[-1]] = _coerce(value.strip())
-    return out
+    """Apply ``dotted.key=value`` overrides (command-line syntax) to a raw scenario mapping."""
+    return _overrides.apply(raw, _overrides.from_cli(overrides))
 
 
-def load(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Load, override and validate a scenario file."""
+def _as_overrides(overrides: Sequence[str] | Sequence[Override] | Mapping[str, Any] | None
+                  ) -> list[Override]:
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return _overrides.from_python(overrides)
+    if all(isinstance(o, Override) for o in overrides):
+        return list(overrides)  # type: ignore[arg-type]
+    return _overrides.from_cli([str(o) for o in overrides])
+
+
+def load(path: str | Path,
+         overrides: Sequence[str] | Sequence[Override] | Mapping[str, Any] | None = None
+         ) -> Scenario:
+    """Load, override and validate a scenario file.
+
+    ``overrides``: ``"dotted.key=value"`` strings (command-line syntax, TOML
+    values), :class:`~fedsim._overrides.Override` values, or a mapping of
+    dotted keys to Python values. A plug-in module the scenario names is
+    also looked for next to the file.
+    """
+    ovs = _as_overrides(overrides)
     p = Path(path)
     try:
         raw = tomllib.loads(p.read_text())
     except FileNotFoundError:
-        raise ScenarioError(f"{p}: no such scenario file") from None
+        raise ScenarioError(f"{p}: no such scenario file", source=str(p)) from None
+    except IsADirectoryError:
+        raise ScenarioError(f"{p}: is a directory, not a scenario file", source=str(p)) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{p}: not valid TOML: {exc}") from None
-    return parse(apply_overrides(raw, overrides or []), str(p))
+        raise ScenarioError(f"{p}: not valid TOML: {exc}", source=str(p)) from None
+    with plugins.searching(p.parent):
+        return parse(_overrides.apply(raw, ovs), str(p), ovs)
+
+
+def unused_keys(scenario: Scenario) -> dict[str, str]:
+    """Resolved keys the scenario's algorithm or model does not read, and why.
+
+    ``resolved`` fills every default in, so ``client.local_steps = 10``
+    appears under DGA, whose clients take ``algorithm.local_steps`` per
+    round: ``fedsim check`` marks such keys with these reasons.
+    """
+    out: dict[str, str] = {}
+    work = scenario.algorithm.local_work()
+    if work is not None:
+        why = f"not used by {scenario.algorithm.name}: {work}"
+        for key in ("local_steps", "local_epochs"):
+            if getattr(scenario.client, key) is not None:
+                out[f"client.{key}"] = why
+    name = scenario.model.name
+    reads = {"mlp": ("hidden",), "char_lstm": ("lstm_hidden",)}.get(name, ())
+    for key in ("hidden", "lstm_hidden"):
+        if key not in reads:
+            out[f"model.{key}"] = f"not used by model {name}"
+    d = scenario.data
+    for keys, used, why in (
+            (("synthetic_alpha", "synthetic_beta", "synthetic_iid"), d.dataset == "synthetic",
+             f"not used by dataset {d.dataset}"),
+            (("dirichlet_alpha", "dirichlet_recipe"), d.partition == "dirichlet",
+             f"not used by partition {d.partition}"),
+            (("classes_per_client",), d.partition == "shards",
+             f"not used by partition {d.partition}")):
+        if not used:
+            out.update({f"data.{k}": why for k in keys})
+    return out
 
 
 #: Resolved keys the server settles at run time and sends to every host in
@@ -338,8 +307,13 @@ def _inline(table: dict[str, Any]) -> str:
     return f"{{ {items} }}"
 
 
-def to_toml(data: dict[str, Any]) -> str:
-    """Render a resolved scenario as TOML (tables last, ``None`` omitted)."""
+def to_toml(data: dict[str, Any], comments: Mapping[str, str] | None = None) -> str:
+    """Render a resolved scenario as TOML (tables last, ``None`` omitted).
+
+    ``comments`` maps dotted keys of plain values to a comment written
+    after them (:func:`unused_keys`).
+    """
+    comments = comments or {}
     lines: list[str] = []
 
     def emit(table: dict[str, Any], prefix: str) -> None:
@@ -354,7 +328,8 @@ def to_toml(data: dict[str, Any]) -> str:
             lines.append(f"\n[{prefix}]")
         for k, v in scalars.items():
             if v is not None:
-                lines.append(f"{k} = {json.dumps(v)}")
+                note = comments.get(f"{prefix}.{k}" if prefix else k)
+                lines.append(f"{k} = {json.dumps(v)}" + (f"  # {note}" if note else ""))
         for k, v in tables.items():
             emit(v, f"{prefix}.{k}" if prefix else k)
         for k, items in arrays.items():

@@ -26,19 +26,18 @@ __all__ = [
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent_pid: int | None = None) -> None:
+def die_with_parent(parent_pid: int | None = None) -> bool:
     """Ask the kernel to SIGTERM this process when its parent dies (Linux).
 
-    A crashed or killed parent then leaves no orphan behind. If the parent
-    is already gone when this runs, exit at once.
+    A crashed or killed parent then leaves no orphan behind. Returns False
+    when the parent is already gone (the caller, a process's main, ends).
     """
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    if parent_pid is not None and os.getppid() != parent_pid:
-        sys.exit(0)
+    return parent_pid is None or os.getppid() == parent_pid
 
 
 def ignore_sigint() -> None:

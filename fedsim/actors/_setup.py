@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from fedsim._sections import DATASETS, MODELS
 from fedsim.algorithms import LocalConfig, OptimizerConfig
 from fedsim.scenario import Scenario
 
@@ -18,22 +19,28 @@ __all__ = ["build_data", "build_model", "local_config", "model_shapes"]
 
 
 def build_data(sc: Scenario) -> Any:
-    """The federated dataset of a scenario."""
-    from fedsim.data import build_federated
+    """The federated dataset of a scenario (a plug-in's through :func:`fedsim.data.federate`)."""
+    from fedsim.data import build_federated, federate
 
     d = sc.data
     options: dict[str, Any] = {}
-    if d.dataset == "synthetic":
-        options.update(
-            alpha=d.synthetic_alpha, beta=d.synthetic_beta, iid=d.synthetic_iid,
-            n_cap=d.max_samples_per_client,
-        )
     if d.partition == "dirichlet":
         options.update(dirichlet_alpha=d.dirichlet_alpha, recipe=d.dirichlet_recipe)
         if d.samples_per_client is not None:
             options["samples_per_client"] = d.samples_per_client
     if d.partition == "shards":
         options["classes_per_client"] = d.classes_per_client
+    if d.dataset not in DATASETS:
+        from fedsim.plugins import dataset
+
+        out = dataset(d.dataset)(num_clients=d.num_clients, seed=sc.seed, **d.options)
+        return federate(d.dataset, out, num_clients=d.num_clients, partition=d.partition,
+                        seed=sc.seed, **options)
+    if d.dataset == "synthetic":
+        options.update(
+            alpha=d.synthetic_alpha, beta=d.synthetic_beta, iid=d.synthetic_iid,
+            n_cap=d.max_samples_per_client,
+        )
     if d.test_fraction is not None:
         if d.dataset in ("mnist", "cifar10"):
             raise ValueError(
@@ -50,9 +57,15 @@ def build_data(sc: Scenario) -> Any:
 
 def build_model(sc: Scenario, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
     """The initial model (identical in every process for one seed)."""
+    from fedsim.models import build_from
     from fedsim.models import build_model as _build
 
     m = sc.model
+    if m.name not in MODELS:
+        from fedsim.plugins import model
+
+        return build_from(model(m.name), input_shape, num_classes, seed=sc.seed, name=m.name,
+                          **m.options)
     options: dict[str, Any] = {}
     if m.name == "mlp":
         options["hidden_sizes"] = list(m.hidden)

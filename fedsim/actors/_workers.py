@@ -68,13 +68,15 @@ class WorkerHandle:
 
     async def start(self, ready_within: float = 120.0) -> WorkerReady:
         """Start the process and wait for its WorkerReady (data built, model ready)."""
+        from fedsim.plugins import child_env
+
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "fedsim.actors.worker",
             "--scenario", self.scenario_file, "--endpoint", self.endpoint,
             "--role", self.role, "--clients", ",".join(map(str, self.clients)),
             "--parent", str(os.getpid()),
             *(("--state", self.state_path) if self.state_path else ()),
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL, env=child_env(),
         )
         self._tasks.append(asyncio.create_task(self._watch_exit()))
         hello = asyncio.ensure_future(self.conn.recv())

@@ -365,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-id", default=str(os.getpid()))
     ap.add_argument("--parent", type=int, default=None)
     args = ap.parse_args(argv)
-    if args.parent is not None:
-        _proc.die_with_parent(args.parent)
+    if not _proc.die_with_parent(args.parent):
+        return 0
     _proc.ignore_sigint()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     name = f"host-{args.host_id}"

@@ -26,6 +26,7 @@ from fedsim.metrics import (
     EventLog,
     MetricsTable,
     StalenessStats,
+    TransferStats,
     write_json_atomic,
     write_run_format,
     writer_record,
@@ -98,12 +99,16 @@ class RunState:
         says to stop there.
     fedsim_version
         Written with the run directory's format version (``fedsim-run.json``).
+    delays_ms
+        The configured one-way delay per direction (``"up"``, ``"down"``),
+        written next to the realised transfer times in the summary.
     """
 
     def __init__(self, sc: Scenario, run_dir: Path, cadence: str, clock: Clock,
                  evaluator: Evaluator, *, fidelity: Callable[[], dict[str, Any]],
                  totals: Callable[[], dict[str, Any]], on_target: Callable[[], None],
-                 fedsim_version: str) -> None:
+                 fedsim_version: str,
+                 delays_ms: dict[str, float | None] | None = None) -> None:
         self.sc = sc
         self.run_dir = run_dir
         self.cadence = cadence
@@ -116,6 +121,8 @@ class RunState:
         self.events = EventLog(run_dir / "events.jsonl")
         self.metrics = MetricsTable(run_dir / "metrics.csv")
         self.staleness = StalenessStats()
+        self.transfers = TransferStats()
+        self.delays_ms = delays_ms or {}
         self.bytes_up = 0
         self.bytes_down = 0
         self.updates = 0
@@ -144,7 +151,9 @@ class RunState:
     def event(self, t: float, ev: str, **fields: Any) -> None:
         """Write one record of the event log (a :class:`~fedsim.messages.Event`)."""
         e = Event.of(round(t, 6), round(self.real(), 6), ev, **fields)
-        self.events.write(e.to_json_dict())
+        rec = e.to_json_dict()
+        self.transfers.record(rec)
+        self.events.write(rec)
 
     def write_events(self, events: tuple[Event, ...], host: str,
                      clients: frozenset[int]) -> list[str]:
@@ -162,6 +171,7 @@ class RunState:
                 continue
             rec = e.to_json_dict()
             rec["host"] = host
+            self.transfers.record(rec)
             self.events.write(rec)
         return bad
 
@@ -192,7 +202,8 @@ class RunState:
             "host_failures": list(self.host_failures), "missing": list(self.missing),
             "best": list(self.best), "final_accuracy": self.final_accuracy,
             "final_loss": self.final_loss, "time_to_target": self.time_to_target,
-            "resumed": list(self.resumed), "events_offset": self.events.offset,
+            "resumed": list(self.resumed), "transfers": self.transfers.state(),
+            "events_offset": self.events.offset,
             "metrics_offset": self.metrics.offset,
         }
 
@@ -210,6 +221,7 @@ class RunState:
         self.final_accuracy, self.final_loss = state["final_accuracy"], state["final_loss"]
         self.time_to_target = state["time_to_target"]
         self.resumed = list(state["resumed"])
+        self.transfers.restore(state.get("transfers", {}))
 
     def applied(self, now: float, step: Step) -> bool:
         """Record a step's outcome; True when an evaluation is due."""
@@ -321,6 +333,7 @@ class RunState:
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
             "staleness": self.staleness.summary(),
+            "transfer": self.transfers.summary(self.delays_ms),
             "rejected_messages": {"server": dict(self.rejects),
                                   "clients": totals.get("rejected", 0)},
             "host_failures": self.host_failures,

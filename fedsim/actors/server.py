@@ -312,7 +312,8 @@ class Server:
         return RunState(self.sc, self.run_dir, self.strategy.cadence, clock, self.evaluator,
                         fidelity=self.fidelity, totals=self._totals,
                         on_target=lambda: self.queue.put_nowait(StopRun("target_accuracy")),
-                        fedsim_version=self.fedsim_version)
+                        fedsim_version=self.fedsim_version,
+                        delays_ms={d: self.plan.mean_delay(d) * 1e3 for d in ("down", "up")})
 
     async def _begin(self, registered: dict[int, int], t0: float) -> None:
         """t = t0 (0, or a checkpoint's time): the federation begins with those registered."""

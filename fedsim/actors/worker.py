@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", default=None, help="file for the clients' state (restarts)")
     ap.add_argument("--parent", type=int, default=None)
     args = ap.parse_args(argv)
-    _proc.die_with_parent(args.parent)
+    if not _proc.die_with_parent(args.parent):
+        return 0
     _proc.ignore_sigint()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _proc.configure_child_logging(f"worker-{args.role}-{os.getpid()}")

@@ -22,6 +22,9 @@ Rules
 4. A new algorithm, inside or outside this package, is one call to
    :func:`register`; the scenario loader then accepts its name under
    ``[algorithm]`` and validates its table with the spec's config class.
+   A plug-in needs no call at all: ``algorithm.name = "module:attribute"``
+   names its spec, which the loader finds (:mod:`fedsim.plugins`) and
+   makes answer to that reference with :func:`register_alias`.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "algorithm_names",
     "get",
     "register",
+    "register_alias",
 ]
 
 Number = float | int | bool | None
@@ -76,6 +80,11 @@ class AlgorithmConfig(SchemaModel):
     def tasks_at_once(self, num_clients: int) -> int:
         """How many clients train at the same time (sizes ``--dilation auto``)."""
         return num_clients
+
+    def local_work(self) -> str | None:
+        """What sets a task's local work, when ``[client]`` ``local_steps`` and
+        ``local_epochs`` do not (None: they do). ``fedsim check`` prints it."""
+        return None
 
 
 # -- values exchanged with the actors -----------------------------------------------
@@ -357,6 +366,7 @@ class AlgorithmSpec:
 
 
 _REGISTRY: dict[str, AlgorithmSpec] = {}
+_ALIASES: dict[str, AlgorithmSpec] = {}
 
 
 def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
@@ -374,10 +384,20 @@ def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
     return spec
 
 
+def register_alias(name: str, spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Make ``spec`` answer to ``name`` too (a plug-in's ``module:attribute`` or
+    entry-point name); aliases are not listed by :func:`algorithm_names`."""
+    if not (isinstance(spec.config, type) and issubclass(spec.config, AlgorithmConfig)):
+        raise ValueError(f"Invalid config for {spec.names}: {spec.config!r} "
+                         "(must subclass fedsim.algorithms.api.AlgorithmConfig)")
+    _ALIASES[name] = spec
+    return spec
+
+
 def get(name: str) -> AlgorithmSpec:
-    """The spec registered under ``name``."""
+    """The spec registered under ``name`` (or aliased to it)."""
     try:
-        return _REGISTRY[name]
+        return _REGISTRY[name] if name in _REGISTRY else _ALIASES[name]
     except KeyError:
         raise KeyError(
             f"unknown algorithm {name!r} (registered: {', '.join(algorithm_names())})"

@@ -443,6 +443,10 @@ class AsyncFedEDConfig(AsyncConfig):
     k_unit: Literal["epochs", "steps"] = "epochs"
     reset_k_on_reconnect: bool = False
 
+    def local_work(self) -> str:
+        return (f"AsyncFedED's adaptive K, per client: from algorithm.k_initial = "
+                f"{self.k_initial:g} {self.k_unit}, within [k_min, k_max]")
+
 
 def _server(cfg: AsyncFedEDConfig, ctx: ServerContext) -> AsyncFlow:
     rule = AsyncFedED(lam=cfg.lam, epsilon=cfg.epsilon, gamma_bar=cfg.gamma_bar,

@@ -18,6 +18,7 @@ from fedsim.data._build import DATASETS, PARTITIONS, build_federated
 from fedsim.data._cifar import load_cifar10, load_cifar_batch
 from fedsim.data._common import make_rng
 from fedsim.data._digits import load_digits_arrays
+from fedsim.data._federate import federate
 from fedsim.data._holdout import HOLDOUTS, holdout_global, holdout_per_user
 from fedsim.data._leaf import LEAF_VOCAB, LeafData, chars_to_indices, load_leaf
 from fedsim.data._mnist import load_mnist, read_idx
@@ -51,6 +52,7 @@ __all__ = [
     "SyntheticUsers",
     "build_federated",
     "chars_to_indices",
+    "federate",
     "generate_synthetic",
     "holdout_global",
     "holdout_per_user",

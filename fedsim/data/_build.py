@@ -247,7 +247,12 @@ def _pooled(dataset: str, opts: dict[str, Any], seed: int) -> tuple[Any, ...]:
 
 
 def _partition(
-    partition: str, y: np.ndarray, num_clients: int, opts: Mapping[str, Any], seed: int
+    partition: str,
+    y: np.ndarray,
+    num_clients: int,
+    opts: Mapping[str, Any],
+    seed: int,
+    num_classes: int = 10,
 ) -> list[np.ndarray]:
     rng = make_rng(seed, STREAM_PARTITION)
     if partition == "iid":
@@ -265,7 +270,7 @@ def _partition(
             recipe=opts["recipe"],
             samples_per_client=opts["samples_per_client"],
             prior=opts["prior"],
-            num_classes=10,
+            num_classes=num_classes,
         )
     return partition_shards(
         y,
@@ -344,10 +349,25 @@ def build_federated(
         )
     else:
         x_tr, y_tr, test_x, test_y, num_classes, meta = _pooled(dataset, opts, seed)
-        parts = _partition(partition, y_tr, num_clients, opts, seed)
+        parts = _partition(partition, y_tr, num_clients, opts, seed, num_classes)
         ids = tuple(f"c{i:04d}" for i in range(num_clients))
         xs, ys = [x_tr[p] for p in parts], [y_tr[p] for p in parts]
         meta["partition_options"] = {k: opts[k] for k in _PARTITION_OPTIONS[partition]}
+    return _assemble(dataset, partition, ids, xs, ys, test_x, test_y, num_classes, meta, seed)
+
+
+def _assemble(
+    name: str,
+    partition: str,
+    ids: Sequence[str],
+    xs: Sequence[np.ndarray],
+    ys: Sequence[np.ndarray],
+    test_x: np.ndarray,
+    test_y: np.ndarray,
+    num_classes: int,
+    meta: dict[str, Any],
+    seed: int,
+) -> FederatedData:
     empty = [cid for cid, y in zip(ids, ys, strict=True) if y.shape[0] == 0]
     if empty:
         raise ValueError(
@@ -360,7 +380,7 @@ def build_federated(
         for cid, x, y in zip(ids, xs, ys, strict=True)
     )
     fed = FederatedData(
-        name=dataset,
+        name=name,
         partition=partition,
         clients=clients,
         test_x=np.ascontiguousarray(test_x),
@@ -371,10 +391,11 @@ def build_federated(
     )
     logger.info(
         "built %s/%s: %d clients, %d train, %d test examples",
-        dataset,
+        name,
         partition,
         fed.num_clients,
         fed.num_train,
         test_y.shape[0],
     )
     return fed
+

@@ -26,6 +26,7 @@ import zmq
 import zmq.auth
 
 from fedsim._ids import format_ids, parse_ids, split_ids
+from fedsim.errors import DeployError
 from fedsim.transport import ClientKeys, ServerKeys
 
 __all__ = ["AllowedHost", "KeysError", "load_allowed", "load_client_keys", "load_server_keys",
@@ -34,7 +35,7 @@ __all__ = ["AllowedHost", "KeysError", "load_allowed", "load_client_keys", "load
 ALLOWED = "allowed.toml"
 
 
-class KeysError(ValueError):
+class KeysError(DeployError):
     """Keys that cannot be used; the message names the file and what is wrong."""
 
 

@@ -20,7 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsim.runner import RunResult, finish, prepare, prepare_resume, serve
+from fedsim.errors import DeployError
+from fedsim.results import RunResult
+from fedsim.runner import finish, prepare, prepare_resume, serve
 from fedsim.scenario import Scenario, resolved
 from fedsim.transport import ClientKeys, ServerKeys, is_loopback
 
@@ -29,13 +31,9 @@ if TYPE_CHECKING:
 
     from fedsim.actors.runstate import Progress
 
-__all__ = ["DeployError", "client_keys", "run_clients", "run_server", "server_keys"]
+__all__ = ["client_keys", "run_clients", "run_server", "server_keys"]
 
 log = logging.getLogger(__name__)
-
-
-class DeployError(ValueError):
-    """A deployment that cannot start as asked; the message says what to do."""
 
 
 def server_keys(bind: str, keys_dir: str | None, insecure: bool, num_clients: int
@@ -107,7 +105,7 @@ def run_server(sc: Scenario | None, *, bind: str, out: str | None, keys_dir: str
                              resume=resume is not None, on_progress=on_progress),
                        sc.deploy.loop)
     finish(run_dir)
-    return RunResult(run_dir, summary)
+    return RunResult.of(run_dir, summary)
 
 
 def run_clients(sc: Scenario, *, connect: str, ids: list[int], name: str,

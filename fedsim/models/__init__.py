@@ -11,7 +11,7 @@ Rules
    initial model.
 """
 
-from fedsim.models._build import MODELS, build_model, param_spec
+from fedsim.models._build import MODELS, build_from, build_model, param_spec
 from fedsim.models._init import init_parameters
 from fedsim.models._nets import CNN, MLP, CharLSTM, CNNMnist
 
@@ -21,6 +21,7 @@ __all__ = [
     "MODELS",
     "CNNMnist",
     "CharLSTM",
+    "build_from",
     "build_model",
     "init_parameters",
     "param_spec",

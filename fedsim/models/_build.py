@@ -13,7 +13,7 @@ from torch import nn
 from fedsim.models._init import init_parameters
 from fedsim.models._nets import CNN, MLP, CharLSTM, CNNMnist
 
-__all__ = ["MODELS", "build_model", "param_spec"]
+__all__ = ["MODELS", "build_from", "build_model", "param_spec"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,27 @@ def build_model(
             f"Unknown option(s) {unknown} for model {name!r} "
             f"(allowed: {', '.join(allowed) or 'none'})"
         )
+    return build_from(factory, input_shape, num_classes, seed=seed, name=name, **options)
+
+
+def build_from(
+    factory: Callable[..., nn.Module],
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    seed: int,
+    name: str = "",
+    **options: Any,
+) -> nn.Module:
+    """Build ``factory(input_shape, num_classes, **options)`` as :func:`build_model` does.
+
+    For a plug-in model (:mod:`fedsim.plugins`): the module is made on the
+    ``meta`` device and its weights drawn from ``seed`` alone, so every
+    process builds the same model. It must hold trainable parameters only
+    (no buffers), in layers :func:`~fedsim.models.init_parameters` knows
+    (Linear, Conv, RNN/LSTM/GRU, Embedding, GroupNorm, LayerNorm).
+    """
+    name = name or getattr(factory, "__qualname__", repr(factory))
     shape = _check_shape(input_shape)
     if (
         isinstance(num_classes, bool)
@@ -98,8 +119,19 @@ def build_model(
         raise ValueError(f"Invalid seed: {seed!r} (must be an int >= 0)")
     with torch.device("meta"):  # no memory and no draws from the global RNG
         model = factory(shape, num_classes, **options)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"Invalid model {name!r}: its factory returned "
+                         f"{type(model).__name__}, not a torch.nn.Module")
+    buffers = [n for n, _ in model.named_buffers()]
+    if buffers:
+        raise ValueError(f"Invalid model {name!r}: it holds buffers ({', '.join(buffers[:3])}); "
+                         "a fedsim model is its trainable parameters only (no BatchNorm: use "
+                         "GroupNorm or LayerNorm)")
     model = model.to_empty(device="cpu")
-    init_parameters(model, seed)
+    try:
+        init_parameters(model, seed)
+    except TypeError as exc:
+        raise ValueError(f"Invalid model {name!r}: {exc}") from None
     logger.debug(
         "built model %s for input %s: %d parameters",
         name,

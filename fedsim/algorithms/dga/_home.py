@@ -75,6 +75,10 @@ class DGAScenarioConfig(AlgorithmConfig):
     chunk_steps: Annotated[int, Field(ge=1)] = 1
     max_pending: Annotated[int, Field(ge=1)] | None = None
 
+    def local_work(self) -> str:
+        return (f"algorithm.local_steps = {self.local_steps} local steps per round (K); a DGA "
+                "client steps without end until the run stops")
+
 
 def dga_config(cfg: DGAScenarioConfig, local: LocalConfig) -> DGAConfig:
     """The pure DGA config (lr and momentum from the client optimizer)."""

@@ -1,0 +1,266 @@
+"""A run's results as Python values: :class:`RunResult`, :class:`Summary`, :class:`Metrics`.
+
+What :func:`fedsim.run` returns, and what :func:`fedsim.open_run` reads back
+from any run directory (finished, stopped, killed or still running). Each
+reads the files a run writes (``summary.json``, ``metrics.csv``,
+``events.jsonl``), so a result is the same whether it came from the run
+itself or from its directory a week later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, overload
+
+__all__ = ["Metrics", "RunResult", "Staleness", "Summary", "Transfer"]
+
+
+@dataclass(frozen=True, slots=True)
+class Staleness:
+    """The staleness of the updates applied, as it really occurred (None: none applied)."""
+
+    count: int
+    mean: float | None
+    p50: float | None
+    p99: float | None
+    max: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Realised transfer time of the messages that carry a model, in one direction.
+
+    ``configured_delay_ms`` is the mean configured one-way delay of the
+    links; the realised time adds serialisation, queueing, TCP slow start
+    and loss recovery (:class:`fedsim.metrics.TransferStats`).
+    """
+
+    messages: int
+    p50_ms: float | None
+    p95_ms: float | None
+    max_ms: float | None
+    mean_bytes: float | None
+    configured_delay_ms: float | None
+
+
+def _transfer(raw: Any) -> Transfer | None:
+    if not isinstance(raw, Mapping):
+        return None
+    return Transfer(int(raw.get("messages", 0)), raw.get("p50_ms"), raw.get("p95_ms"),
+                    raw.get("max_ms"), raw.get("mean_bytes"), raw.get("configured_delay_ms"))
+
+
+class Summary(Mapping[str, Any]):
+    """A run's ``summary.json``: typed attributes for what is read most, and the
+    whole mapping (``summary["fidelity"]["lateness_ms"]``) for the rest.
+
+    The README's "Results" section lists every key.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data = dict(data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return (f"Summary(status={self.status!r}, algorithm={self.algorithm!r}, "
+                f"updates={self.updates}, final_accuracy={self.final_accuracy})")
+
+    @property
+    def status(self) -> str:
+        """``completed``, ``failed: <reason>``, ``error: ...``, ``interrupted`` or ``running``."""
+        return str(self._data.get("status", "unknown"))
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why a completed run stopped: ``time_budget``, ``max_updates``, ``max_rounds``,
+        ``target_accuracy``."""
+        return self._data.get("stop_reason")
+
+    @property
+    def completed(self) -> bool:
+        """Whether the run reached one of its limits."""
+        return self.status == "completed"
+
+    @property
+    def algorithm(self) -> str:
+        """``algorithm.name`` as the scenario gave it."""
+        return str(self._data.get("algorithm", ""))
+
+    @property
+    def clients(self) -> int:
+        """Clients in the scenario."""
+        return int(self._data.get("clients", 0))
+
+    @property
+    def updates(self) -> int:
+        """Client updates applied."""
+        return int(self._data.get("updates", 0))
+
+    @property
+    def rounds(self) -> int:
+        """Rounds closed (round-based algorithms)."""
+        return int(self._data.get("rounds", 0))
+
+    @property
+    def emulated_seconds(self) -> float:
+        """Emulated time the federation ran."""
+        return float(self._data.get("emulated_seconds", 0.0))
+
+    @property
+    def real_seconds(self) -> float:
+        """Real (wall-clock) time it took."""
+        return float(self._data.get("real_seconds", 0.0))
+
+    @property
+    def final_accuracy(self) -> float | None:
+        """Test accuracy of the last evaluation."""
+        return self._data.get("final_accuracy")
+
+    @property
+    def best_accuracy(self) -> float | None:
+        """Best test accuracy of any evaluation."""
+        return self._data.get("best_accuracy")
+
+    @property
+    def time_to_target_s(self) -> float | None:
+        """Emulated seconds until ``run.target_accuracy`` was first reached."""
+        return self._data.get("time_to_target_s")
+
+    @property
+    def staleness(self) -> Staleness:
+        """Staleness of the applied updates."""
+        s = self._data.get("staleness") or {}
+        return Staleness(int(s.get("count", 0)), s.get("mean"), s.get("p50"), s.get("p99"),
+                         s.get("max"))
+
+    @property
+    def transfer_down(self) -> Transfer | None:
+        """Realised transfer time of tasks and averages (server to client)."""
+        return _transfer((self._data.get("transfer") or {}).get("down"))
+
+    @property
+    def transfer_up(self) -> Transfer | None:
+        """Realised transfer time of updates (client to server)."""
+        return _transfer((self._data.get("transfer") or {}).get("up"))
+
+    @property
+    def fidelity(self) -> str | None:
+        """The timing verdict: ``pass`` or ``fail`` (its reasons in ``summary["fidelity"]``)."""
+        return (self._data.get("fidelity") or {}).get("verdict")
+
+
+class Metrics(Sequence[Mapping[str, float]]):
+    """``metrics.csv``: one row per evaluation (emulated ``t``, ``updates``,
+    ``accuracy``, ``loss``, ``staleness_mean``, bytes, ...), empty cells NaN.
+
+    A sequence of rows, with :attr:`columns` for plotting
+    (``plt.plot(m["t"], m["accuracy"])`` works too: a string index is a column).
+    """
+
+    __slots__ = ("_names", "_rows")
+
+    def __init__(self, rows: Sequence[Mapping[str, float]], names: Sequence[str] = ()) -> None:
+        self._rows = tuple(dict(r) for r in rows)
+        self._names = tuple(names) or (tuple(self._rows[0]) if self._rows else ())
+
+    @overload
+    def __getitem__(self, key: int) -> Mapping[str, float]: ...
+    @overload
+    def __getitem__(self, key: slice) -> Sequence[Mapping[str, float]]: ...
+    @overload
+    def __getitem__(self, key: str) -> list[float]: ...
+
+    def __getitem__(self, key: int | slice | str) -> Any:
+        if isinstance(key, str):
+            if key not in self._names:
+                raise KeyError(f"no column {key!r} (columns: {', '.join(self._names)})")
+            return [r.get(key, math.nan) for r in self._rows]
+        return self._rows[key]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __repr__(self) -> str:
+        return f"Metrics({len(self)} rows; columns {', '.join(self._names)})"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The column names, in file order."""
+        return self._names
+
+    @property
+    def columns(self) -> dict[str, list[float]]:
+        """Every column as a list (``pandas.DataFrame(m.columns)`` makes a frame)."""
+        return {n: self[n] for n in self._names}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A run directory and its summary; metrics, events and plots on demand."""
+
+    run_dir: Path
+    summary: Summary
+
+    @classmethod
+    def of(cls, run_dir: str | Path, summary: Mapping[str, Any] | None = None) -> RunResult:
+        """The result of ``run_dir`` (its ``summary.json`` unless ``summary`` is given)."""
+        from fedsim.metrics import read_summary
+
+        path = Path(run_dir)
+        if summary is None:
+            summary = read_summary(path)
+            if summary is None:
+                raise FileNotFoundError(f"{path} holds no summary.json (not a run directory, "
+                                        "or a run that never started)")
+        return cls(path, summary if isinstance(summary, Summary) else Summary(summary))
+
+    @property
+    def status(self) -> str:
+        """The run's status (:attr:`Summary.status`)."""
+        return self.summary.status
+
+    @property
+    def metrics(self) -> Metrics:
+        """``metrics.csv`` as it is now (empty before the first evaluation)."""
+        from fedsim.metrics import METRIC_FIELDS, read_metrics
+
+        path = self.run_dir / "metrics.csv"
+        return Metrics(read_metrics(path) if path.exists() else [], METRIC_FIELDS)
+
+    def events(self, kind: str | None = None) -> Iterator[dict[str, Any]]:
+        """The records of ``events.jsonl`` (only those of ``kind``, e.g. ``"aggregate"``)."""
+        from fedsim.metrics import read_events
+
+        path = self.run_dir / "events.jsonl"
+        if path.exists():
+            for e in read_events(path):
+                if kind is None or e.get("ev") == kind:
+                    yield e
+
+    def plot(self) -> list[Path]:
+        """Draw the run's plots into its directory; return the files written."""
+        from fedsim.plots import plot_run
+
+        return plot_run(self.run_dir)
+
+    def scenario(self) -> Any:
+        """The scenario as it ran (``scenario.json``, every default filled in)."""
+        import json
+
+        from fedsim.scenario import parse
+
+        path = self.run_dir / "scenario.json"
+        return parse(json.loads(path.read_text()), str(path))
