@@ -243,10 +243,18 @@ def _wait(job: _Job) -> RunResult:
 
 
 async def _await(job: _Job) -> RunResult:
-    """Await ``job`` on a worker thread; a cancel stops it cleanly, a second aborts it."""
+    """Await ``job`` on a worker thread.
+
+    A cancel stops the run cleanly and waits for it to write its results (a
+    second cancel aborts it); a KeyboardInterrupt stops it and goes on at once.
+    """
     fut = asyncio.wrap_future(job.start())
     try:
         return await asyncio.shield(fut)
+    except KeyboardInterrupt:
+        job.control.interrupt()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it
+        raise
     except asyncio.CancelledError:
         job.control.interrupt()
         while not fut.done():

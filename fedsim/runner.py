@@ -245,7 +245,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
         elif main is not None:
             main.cancel()
 
-    with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
         loop.add_signal_handler(signal.SIGINT, on_signal)
         loop.add_signal_handler(signal.SIGTERM, on_signal)
     if control is not None:
@@ -269,7 +269,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
             await evaluator.close()
         endpoint.close()
         zmq_ctx.close(linger_ms=500)
-        with contextlib.suppress(NotImplementedError, RuntimeError):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
     return summary
