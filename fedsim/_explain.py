@@ -28,6 +28,7 @@ from typing import Any, Literal
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
 from fedsim.errors import PluginError
 
@@ -193,7 +194,7 @@ def _keys_elsewhere(root: type[BaseModel], key: str, here: Loc) -> list[str]:
 # -- errors ---------------------------------------------------------------------------
 
 
-def _unknown_key(root: type[BaseModel], prefix: Loc, err: dict[str, Any]) -> Problem:
+def _unknown_key(root: type[BaseModel], prefix: Loc, err: ErrorDetails) -> Problem:
     place = _walk(root, err["loc"][:-1])
     key = str(err["loc"][-1])
     loc = (*prefix, *place.loc, key)
@@ -208,7 +209,7 @@ def _unknown_key(root: type[BaseModel], prefix: Loc, err: dict[str, Any]) -> Pro
     return Problem(loc, f"unknown key (allowed keys: {', '.join(keys)})")
 
 
-def _one(root: type[BaseModel], prefix: Loc, err: dict[str, Any]) -> Problem:
+def _one(root: type[BaseModel], prefix: Loc, err: ErrorDetails) -> Problem:
     kind, value = err["type"], err.get("input")
     place = _walk(root, err["loc"])
     loc = (*prefix, *place.loc)
@@ -242,7 +243,7 @@ def explain(exc: ValidationError, root: type[BaseModel], prefix: Loc = ()) -> li
     of one value become one problem.
     """
     out: list[Problem] = []
-    unions: dict[Loc, list[dict[str, Any]]] = {}
+    unions: dict[Loc, list[ErrorDetails]] = {}
     for err in exc.errors(include_url=False):
         if err["type"] == "extra_forbidden":
             out.append(_unknown_key(root, prefix, err))
