@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim._overrides import Override
-from fedsim.errors import RunFailed, RunInterrupted, ScenarioError
+from fedsim.errors import FedsimError, RunFailed, RunInterrupted, ScenarioError
 from fedsim.results import RunResult
 
 if TYPE_CHECKING:
@@ -133,7 +133,8 @@ def run(scenario: Scenario | str | Path, *, out: str | Path | None = None,
     Raises
     ------
     RunFailed
-        The run ended ``failed: ...`` or ``error: ...`` (``.result`` holds it).
+        The run ended ``failed: ...`` or ``error: ...``, or could not go on
+        (``.result`` holds what it wrote, if anything; the cause is chained).
     RunInterrupted
         Ctrl-C, or the process was told to stop (``.result`` holds what it did).
     """
@@ -196,8 +197,15 @@ class _Job:
     def __call__(self) -> RunResult:
         from fedsim.runner import run_scenario
 
-        result = run_scenario(self.sc, self.out, dilation=self.dilation, resume=self.resume,
-                              on_progress=self.progress, control=self.control)
+        try:
+            result = run_scenario(self.sc, self.out, dilation=self.dilation,
+                                  resume=self.resume, on_progress=self.progress,
+                                  control=self.control)
+        except FedsimError:
+            raise
+        except Exception as exc:  # the run could not go on (a plug-in's model fails, ...)
+            raise RunFailed(f"the run failed: {type(exc).__name__}: {exc}",
+                            self._partial()) from exc
         status = result.status
         if status == "interrupted":
             raise RunInterrupted(f"the run was interrupted; its results are in {result.run_dir}",
@@ -205,6 +213,16 @@ class _Job:
         if status.startswith(("failed", "error")):
             raise RunFailed(f"the run ended {status!r}; see {result.run_dir}", result)
         return result
+
+    def _partial(self) -> RunResult | None:
+        """What a run that failed on its way wrote, if it got as far as a summary."""
+        where = self.resume if self.resume is not None else self.out
+        if where is None:
+            return None
+        try:
+            return RunResult.of(where)
+        except FileNotFoundError:
+            return None
 
     def start(self) -> concurrent.futures.Future[RunResult]:
         """Run on a new thread (which gets its own event loop)."""

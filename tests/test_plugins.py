@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from click.testing import CliRunner
 import fedsim
 from fedsim import cli, plugins
 from fedsim.algorithms import ClientResult, api
-from fedsim.errors import PluginError, ScenarioError
+from fedsim.errors import PluginError, RunFailed, ScenarioError
 from fedsim.scenario import resolved
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,6 +146,42 @@ def test_entry_points_give_installed_plugins_short_names(mylab: None, tmp_path: 
     with pytest.raises(ScenarioError, match=r"'fedyogi', 'scaffold', 'normtrim', or a plug-in "
                                             r"'module:attribute'\); did you mean 'normtrim'\?"):
         fedsim.load(SCENARIO, overrides={"algorithm.name": "normtrm"})
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(num_classes))  # no initializer for it
+
+
+@pytest.mark.parametrize(("factory", "message"), [
+    (lambda shape, n: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(8)),
+     r"it holds buffers \(1\.running_mean, 1\.running_var, 1\.num_batches_tracked\); a "
+     r"fedsim model is its trainable parameters only \(no BatchNorm: use GroupNorm or "
+     r"LayerNorm\)"),
+    (_Scaled, "No deterministic initializer for _Scaled"),
+    (lambda shape, n: "a model", "its factory returned str, not a torch.nn.Module"),
+])
+def test_a_plugin_model_fedsim_cannot_build_the_same_everywhere_is_refused(
+        factory: Any, message: str) -> None:
+    from fedsim.models import build_from
+
+    with pytest.raises(ValueError, match=message):
+        build_from(factory, (8,), 4, seed=0, name="mine")
+
+
+def test_a_plugin_that_fails_during_a_run_is_a_run_failed(
+        clean_plugins: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from fedsim import runner
+
+    def broken(*args: Any, **kw: Any) -> Any:
+        raise ValueError("Invalid model 'mylab.nets:TinyMLP': it holds buffers")
+
+    monkeypatch.setattr(runner, "run_scenario", broken)
+    with pytest.raises(RunFailed, match="the run failed: ValueError: Invalid model") as info:
+        fedsim.run(fedsim.load(SCENARIO), out=tmp_path)
+    assert info.value.result is None
+    assert isinstance(info.value.__cause__, ValueError)
 
 
 def test_federate_splits_a_loaders_arrays_or_takes_its_clients(mylab: None) -> None:

@@ -131,7 +131,10 @@ def build_from(
     try:
         init_parameters(model, seed)
     except TypeError as exc:
-        raise ValueError(f"Invalid model {name!r}: {exc}") from None
+        raise ValueError(
+            f"Invalid model {name!r}: {str(exc).split(';')[0]} (fedsim draws the weights of "
+            "Linear, Conv, RNN/LSTM/GRU, Embedding, GroupNorm and LayerNorm layers from the "
+            "seed, so that every process builds the same model)") from None
     logger.debug(
         "built model %s for input %s: %d parameters",
         name,
