@@ -79,16 +79,18 @@ def parse_value(text: str, label: str, key: str, origin: str = CLI) -> Any:
                     "as [64, 32], a string in quotes (\"...\")", key, origin) from None
 
 
+def _item(item: str, label: str, origin: str) -> Override:
+    """One ``KEY=VALUE`` string (the value in TOML)."""
+    key, sep, text = item.partition("=")
+    if not sep:
+        raise _fail(f"{label}: expected dotted.key=value", key.strip(), origin)
+    parts = _split_key(key, label, origin)
+    return Override(parts, parse_value(text.strip(), label, key.strip(), origin), label, origin)
+
+
 def from_cli(items: Iterable[str], dilation: str | None = None) -> list[Override]:
     """Overrides from ``--set KEY=VALUE`` options (and ``--dilation X``)."""
-    out: list[Override] = []
-    for item in items:
-        key, sep, text = item.partition("=")
-        label = f"--set {item}"
-        if not sep:
-            raise _fail(f"{label}: expected dotted.key=value", key.strip(), CLI)
-        parts = _split_key(key, label, CLI)
-        out.append(Override(parts, parse_value(text.strip(), label, key.strip()), label, CLI))
+    out = [_item(item, f"--set {item}", CLI) for item in items]
     if dilation is not None:
         value: Any = "auto" if dilation.strip() == "auto" else parse_value(
             dilation.strip(), f"--dilation {dilation}", "run.dilation")
@@ -106,11 +108,8 @@ def from_python(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[Ove
         raise _fail(f"overrides={overrides!r}: give a mapping {{'dotted.key': value}} or a "
                     "list of 'key=value' strings", overrides, PYTHON)
     if not isinstance(overrides, Mapping):
-        out = []
-        for item in overrides:
-            for o in from_cli([str(item)]):
-                out.append(Override(o.key, o.value, f"overrides entry {item!r}", PYTHON))
-        return out
+        return [_item(str(item), f"overrides entry {str(item)!r}", PYTHON)
+                for item in overrides]
     flat: list[Override] = []
 
     def walk(prefix: tuple[str, ...], table: Mapping[Any, Any]) -> None:
