@@ -81,7 +81,7 @@ def test_a_runs_result_holds_its_summary_metrics_events_and_plots(
         tmp_path: Path, one_torch_thread: None) -> None:
     from fedsim.actors.inmemory import run_in_memory
 
-    sc = fedsim.load(TINY, overrides={"run.time_budget": 3.0})
+    sc = fedsim.load(TINY, overrides={"run.time_budget": 2.0})
     run_in_memory(sc, tmp_path)
     result = fedsim.open_run(tmp_path)
     s = result.summary
@@ -147,13 +147,12 @@ def test_run_inside_a_running_loop_runs_on_a_thread_of_its_own(
     assert seen["result"] == threading.get_ident()
 
 
-def test_real_runs_inside_a_running_event_loop(tmp_path: Path) -> None:
-    """As in Jupyter: ``fedsim.run`` inside a running loop, then ``fedsim.arun`` awaited
-    while the loop goes on, then stopped by cancelling its task."""
-    sc = fedsim.load(TINY)
+def test_a_real_run_inside_a_running_event_loop(tmp_path: Path) -> None:
+    """As in Jupyter: ``fedsim.arun`` awaited while the loop goes on (client hosts,
+    torch workers, netem: the real path), then stopped by cancelling its task."""
+    sc = fedsim.load(TINY, overrides={"run.time_budget": 120.0})
 
-    async def notebook() -> tuple[RunResult, int, int]:
-        first = fedsim.run(sc, out=tmp_path / "first")  # blocks the cell, not the run
+    async def notebook() -> int:
         ticks = 0
 
         async def heartbeat() -> None:
@@ -163,11 +162,10 @@ def test_real_runs_inside_a_running_event_loop(tmp_path: Path) -> None:
                 ticks += 1
 
         beat = asyncio.create_task(heartbeat())
-        long = fedsim.load(sc, overrides={"run.time_budget": 120.0})
-        task = asyncio.create_task(fedsim.arun(long, out=tmp_path / "second"))
+        task = asyncio.create_task(fedsim.arun(sc, out=tmp_path))
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not task.done():
-            s = read_summary(tmp_path / "second")
+            s = read_summary(tmp_path)
             if s is not None and s["updates"] >= 8:
                 break
             await asyncio.sleep(0.1)
@@ -176,13 +174,11 @@ def test_real_runs_inside_a_running_event_loop(tmp_path: Path) -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         beat.cancel()
-        return first, ticks_during, ticks
+        return ticks_during
 
-    first, ticks_during, _ = asyncio.run(notebook())
-    assert first.summary.completed, first.summary.status
-    assert first.summary.updates > 0
-    assert ticks_during >= 10  # the loop kept running while the run did
-    second = fedsim.open_run(tmp_path / "second")
-    assert second.status == "interrupted"
-    assert second.summary.updates >= 8
-    assert len(second.metrics) >= 1
+    assert asyncio.run(notebook()) >= 10  # the loop kept running while the run did
+    result = fedsim.open_run(tmp_path)
+    assert result.status == "interrupted"  # stopped cleanly: its results are written
+    assert result.summary.updates >= 8
+    assert len(result.metrics) >= 1
+    assert (tmp_path / "accuracy.png").exists()
