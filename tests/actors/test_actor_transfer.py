@@ -25,7 +25,7 @@ def test_the_summary_reports_each_directions_transfer_time_and_the_configured_de
     run = run_in_memory(sc, tmp_path)
     events = run.events()
     transfer = run.summary["transfer"]
-    for direction, kind in (("down", "Task"), ("up", "Update")):
+    for direction, kind in (("down", "task"), ("up", "update")):
         delivered = of(events, "deliver", dir=direction, kind=kind)
         took = [e["t"] - e["sent_at"] for e in delivered]
         t = transfer[direction]
@@ -41,12 +41,12 @@ def test_the_summary_reports_each_directions_transfer_time_and_the_configured_de
 
 def test_transfer_stats_count_only_model_messages_and_survive_a_checkpoint() -> None:
     stats = TransferStats()
-    for i in range(20):
-        stats.record({"ev": "deliver", "kind": "Task", "dir": "down", "t": 1.0 + i / 1000,
-                      "sent_at": 1.0, "bytes": 1000})
-    stats.record({"ev": "deliver", "kind": "Ready", "dir": "up", "t": 2.0, "sent_at": 1.0,
+    for i in range(20):  # run directories of format 1 name kinds by class (Task)
+        stats.record({"ev": "deliver", "kind": "Task" if i % 2 else "task", "dir": "down",
+                      "t": 1.0 + i / 1000, "sent_at": 1.0, "bytes": 1000})
+    stats.record({"ev": "deliver", "kind": "ready", "dir": "up", "t": 2.0, "sent_at": 1.0,
                   "bytes": 10})
-    stats.record({"ev": "drop", "kind": "Update", "dir": "up", "t": 2.0, "sent_at": 1.0})
+    stats.record({"ev": "drop", "kind": "update", "dir": "up", "t": 2.0, "sent_at": 1.0})
     again = TransferStats()
     again.restore(stats.state())
     for s in (stats, again):
