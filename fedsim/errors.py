@@ -13,6 +13,10 @@ error                   raised when                                    exit
                         cannot be found or is not what it must be
 :class:`ResumeError`    a run directory cannot be continued            2
 :class:`DeployError`    a deployment cannot start as asked             2
+:class:`SweepError`    a sweep file or directory is malformed, or     2
+                        ``--out`` holds a different sweep
+:class:`RunDirError`    a directory is not a run, or of a format this  2
+                        fedsim cannot read (``fedsim.rundir``)
 :class:`RunFailed`      a run ended ``failed`` or ``error``            3
 :class:`RunInterrupted` a run was stopped (Ctrl-C, a cancelled task)   130
 ======================  =============================================  ====

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsim.errors import FedsimError
 from fedsim.metrics import FORMAT_FILE, RUN_FORMAT, read_events, read_metrics, read_summary
 
 __all__ = [
@@ -58,7 +59,7 @@ EventRecord = dict[str, Any]
 _RECORD_FILES = ("summary.json", "metrics.csv", "events.jsonl")
 
 
-class RunDirError(Exception):
+class RunDirError(FedsimError):
     """A run directory cannot be read; ``path`` is the directory, the message says why."""
 
     def __init__(self, path: Path, message: str) -> None:

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsim.errors import FedsimError
 from fedsim.scenario import ScenarioError, load
 
 __all__ = [
@@ -92,7 +93,7 @@ FIGURES: dict[str, tuple[str, str]] = {
 }
 
 
-class SweepError(ValueError):
+class SweepError(FedsimError, ValueError):
     """A sweep that cannot be built or resumed; the message says which key or file."""
 
 
