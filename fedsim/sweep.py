@@ -139,6 +139,9 @@ class Sweep:
     target_accuracy: float | None = None
     plot: dict[str, Any] = field(default_factory=dict)
     name: str | None = None
+    #: grid key -> {other key: values}: the i-th value of each goes with the
+    #: grid key's i-th value (a dilation per latency, say)
+    with_: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
     def points(self) -> list[Point]:
         """Every point: variants x grid x seeds, in that nesting order."""
@@ -155,6 +158,8 @@ class Sweep:
                     over.update(var.set)
                     for k, v in zip(keys, combo, strict=True):
                         over.update((part, v) for part in k.split("+"))
+                        i = self.grid[k].index(v)
+                        over.update((o, vs[i]) for o, vs in self.with_.get(k, {}).items())
                     over["seed"] = seed
                     out.append(Point(var.label, tuple(zip(keys, combo, strict=True)), seed,
                                      tuple(self._switch_algorithm(over).items())))
@@ -186,7 +191,8 @@ class Sweep:
         return {"scenario": str(self.scenario), "seeds": self.seeds, "set": self.set,
                 "grid": self.grid, "variants": [{"label": v.label, "set": v.set}
                                                 for v in self.variants],
-                "target_accuracy": self.target_accuracy, "plot": self.plot, "name": self.name}
+                "target_accuracy": self.target_accuracy, "plot": self.plot, "name": self.name,
+                "with": self.with_}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Sweep:
@@ -196,7 +202,7 @@ class Sweep:
                    variants=[Variant(v["label"], dict(v["set"]))
                              for v in data.get("variants") or []],
                    target_accuracy=data.get("target_accuracy"), plot=dict(data.get("plot") or {}),
-                   name=data.get("name"))
+                   name=data.get("name"), with_=dict(data.get("with") or {}))
 
     def check(self) -> None:
         """Validate every point's scenario before anything runs (all errors at once)."""
@@ -227,7 +233,8 @@ class Sweep:
 
 # -- building a sweep ---------------------------------------------------------
 
-_SWEEP_KEYS = {"scenario", "seeds", "set", "grid", "variant", "target_accuracy", "plot", "name"}
+_SWEEP_KEYS = {"scenario", "seeds", "set", "grid", "with", "variant", "target_accuracy", "plot",
+               "name"}
 _PLOT_KEYS = {"x", "y", "logx", "normalize"}
 
 
@@ -289,6 +296,8 @@ def load_sweep(path: str | Path, *, grid: Iterable[str] = (), sets: Iterable[str
         "run.max_rounds" = 40
         [sweep.grid]                   # the cartesian product; a+b sets both keys
         "network.up.delay+network.down.delay" = [0.001, 0.01, 0.1, 1.0]
+        [sweep.with."network.up.delay+network.down.delay"]
+        "run.dilation" = [2.0, 1.0, 0.5, 0.25]   # paired with the delays, one each
         [[sweep.variant]]              # each crossed with the grid
         label = "FedAvg K=5"
         set = { "algorithm.name" = "fedavg", "algorithm.local_steps" = 5 }
@@ -320,6 +329,19 @@ def load_sweep(path: str | Path, *, grid: Iterable[str] = (), sets: Iterable[str
     for k, v in grid_table.items():
         if not isinstance(v, list) or not v:
             raise SweepError(f"{p}: sweep.grid.{k}: expected a non-empty list of values")
+    with_: dict[str, dict[str, list[Any]]] = {}
+    for gk, companions in (spec.get("with") or {}).items():
+        where = f"{p}: sweep.with.{gk}"
+        if gk not in grid_table:
+            raise SweepError(f"{where}: {gk!r} is not a grid key ({', '.join(grid_table)})")
+        table = _table(companions, where)
+        for ck, cv in table.items():
+            if not isinstance(cv, list) or len(cv) != len(grid_table[gk]):
+                raise SweepError(f"{where}.{ck}: expected a list of {len(grid_table[gk])} "
+                                 f"values, one per value of {gk}")
+        if len({json.dumps(v) for v in grid_table[gk]}) != len(grid_table[gk]):
+            raise SweepError(f"{where}: the grid key's values must differ to be paired")
+        with_[gk] = table
     variants = []
     for i, v in enumerate(spec.get("variant", [])):
         where = f"{p}: sweep.variant[{i}]"
@@ -341,7 +363,8 @@ def load_sweep(path: str | Path, *, grid: Iterable[str] = (), sets: Iterable[str
     sweep = Sweep(scenario=base, seeds=_seeds(spec.get("seeds", 1), f"{p}: sweep.seeds"),
                   set=_table(spec.get("set", {}), f"{p}: sweep.set"), grid=grid_table,
                   variants=variants, target_accuracy=tgt, plot=plot,
-                  name=spec.get("name") or p.name.removesuffix(".toml").removesuffix(".sweep"))
+                  name=spec.get("name") or p.name.removesuffix(".toml").removesuffix(".sweep"),
+                  with_=with_)
     return _add_cli(sweep, grid, sets, seeds, target)
 
 
@@ -357,6 +380,9 @@ def _add_cli(sweep: Sweep, grid: Iterable[str], sets: Iterable[str], seeds: int 
              target: float | None) -> Sweep:
     for item in grid:
         key, values = parse_grid(item)
+        if key in sweep.with_ and len(values) != len(sweep.grid[key]):
+            raise SweepError(f"--grid {key}: the sweep file pairs {len(sweep.grid[key])} values "
+                             f"of it with {', '.join(sweep.with_[key])} (sweep.with)")
         sweep.grid[key] = values
     for item in sets:
         key, sep, value = item.partition("=")

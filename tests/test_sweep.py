@@ -299,3 +299,24 @@ def test_a_variant_naming_another_algorithm_starts_from_its_defaults(tmp_path: P
 
     assert load(dga, fedavg.set_args()).algorithm.name == "fedavg"
     assert load(dga, dga_point.set_args()).algorithm.mode == "auto"   # the base's key kept
+
+
+def test_values_paired_with_a_grid_key(tmp_path: Path) -> None:
+    """A dilation per latency: the i-th dilation goes with the i-th delay only."""
+    f = _sweep(tmp_path, '[sweep]\nscenario = "QUICK"\n[sweep.grid]\n'
+               '"network.up.delay+network.down.delay" = [0.001, 1.0]\n'
+               '"algorithm.alpha" = [0.3, 0.9]\n'
+               '[sweep.with."network.up.delay+network.down.delay"]\n'
+               '"run.dilation" = [2.0, 0.25]\n')
+    s = sw.load_sweep(f)
+    got = {(dict(p.overrides)["network.up.delay"], dict(p.overrides)["algorithm.alpha"]):
+           dict(p.overrides)["run.dilation"] for p in s.points()}
+    assert got == {(0.001, 0.3): 2.0, (0.001, 0.9): 2.0, (1.0, 0.3): 0.25, (1.0, 0.9): 0.25}
+    assert s.points()[0].key == "delay=0.001,alpha=0.3,seed=1"
+    assert sw.Sweep.from_json(json.loads(json.dumps(s.to_json()))).points() == s.points()
+    with pytest.raises(sw.SweepError, match="pairs 2 values"):
+        sw.load_sweep(f, grid=["network.up.delay+network.down.delay=0.1,0.2,0.3"])
+    bad = _sweep(tmp_path, '[sweep]\nscenario = "QUICK"\n[sweep.grid]\n"a.b" = [1, 2]\n'
+                 '[sweep.with."a.b"]\n"run.dilation" = [2.0]\n')
+    with pytest.raises(sw.SweepError, match=r"expected a list of 2 values"):
+        sw.load_sweep(bad)
