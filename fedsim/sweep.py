@@ -305,7 +305,7 @@ def load_sweep(path: str | Path, *, grid: Iterable[str] = (), sets: Iterable[str
         x = "network.delay"            # default: the first grid key
         y = ["emulated_seconds"]       # default: accuracy, time, time to target
         logx = true                    # default: when x spans over two decades
-        normalize = "FedAvg K=5"       # divide by this variant's mean at the first x
+        normalize = "FedAvg K=5"       # times relative to this variant's mean at the first x
     """
     p = Path(path)
     try:
@@ -854,7 +854,7 @@ def plot_sweep(sweep: Sweep, out: Path, agg: list[dict[str, Any]]) -> list[Path]
             continue
         scale = 1.0
         label = FIGURES[y][1]
-        if norm:
+        if norm and y in _TIMES:   # accuracies and losses keep their own scale
             ref = sorted(next((v for k, v in lines.items() if k.split(",")[0] == norm), []))
             if ref and ref[0][1]:
                 scale = ref[0][1]
@@ -879,6 +879,10 @@ def plot_sweep(sweep: Sweep, out: Path, agg: list[dict[str, Any]]) -> list[Path]
         plt.close(fig)
         files.append(path)
     return files
+
+
+#: the figures ``plot.normalize`` divides (times: a ratio reads as a speedup)
+_TIMES = ("emulated_seconds", "time_to_target_s", "real_seconds")
 
 
 def _is_num(v: Any) -> bool:
