@@ -233,12 +233,13 @@ def test_three_namespaces_curve_a_skewed_clock_and_a_slow_path(
     assert s["fidelity"]["verdict"] == "fail"
     assert any(r.startswith("clock[host-1]") for r in s["fidelity"]["reasons"])
     assert not any(r.startswith("clock[host-0]") for r in s["fidelity"]["reasons"])
-    # 20 ms of real transit under a 50 ms link is absorbed, not added
-    assert clocks["host-1"]["late_arrivals"] == 0
+    # 20 ms of real transit under a 50 ms link is absorbed, not added (a
+    # loaded machine may stretch one transit past the link's 50 ms)
     events = list(read_events(run_dir / "events.jsonl"))
     ups = [e for e in events if e["ev"] == "deliver" and e.get("dir") == "up"
            and e["client"] >= 6]
     assert ups
+    assert clocks["host-1"]["late_arrivals"] <= max(2, 0.02 * len(ups))
     # (were it added, every uplink would take 70 ms; a loaded machine makes a
     # few deliveries late, which the lateness figures count, so: the median,
     # and nine in ten below the 70 ms an added transit would give)
