@@ -12,8 +12,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command as a user runs it: its own process."""
     return subprocess.run([sys.executable, "-m", "fedsim.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
+
+
+def cli_inproc(*args: str) -> subprocess.CompletedProcess[str]:
+    """The same command in this process (click's runner): the same code and exit
+    codes without a second interpreter's start-up."""
+    from click.testing import CliRunner
+
+    from fedsim.cli import cli
+
+    res = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, res.stderr)
 
 
 @pytest.mark.parametrize(
@@ -43,7 +55,7 @@ def test_bad_scenarios_exit_2_naming_the_key(tmp_path: Path, toml: str, sets: li
     args = ["check", str(path)]
     for s in sets:
         args += ["--set", s]
-    res = run_cli(*args)
+    res = cli_inproc(*args)
     assert res.returncode == 2, res
     for needle in needles:
         assert needle in res.stderr, (needle, res.stderr)
@@ -59,7 +71,7 @@ def test_run_validates_before_starting(tmp_path: Path) -> None:
 
 
 def test_missing_file_exits_2(tmp_path: Path) -> None:
-    res = run_cli("check", str(tmp_path / "nope.toml"))
+    res = cli_inproc("check", str(tmp_path / "nope.toml"))
     assert res.returncode == 2
     assert "no such scenario file" in res.stderr
 
@@ -67,7 +79,7 @@ def test_missing_file_exits_2(tmp_path: Path) -> None:
 def test_check_prints_resolved_defaults(tmp_path: Path) -> None:
     path = tmp_path / "s.toml"
     path.write_text("[algorithm]\nname = \"fedprox\"\nmu = 0.01\n")
-    res = run_cli("check", str(path), "--set", "client.lr=0.1")
+    res = cli_inproc("check", str(path), "--set", "client.lr=0.1")
     assert res.returncode == 0, res.stderr
     assert "mu = 0.01" in res.stdout
     assert "lr = 0.1" in res.stdout
