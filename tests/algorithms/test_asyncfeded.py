@@ -519,5 +519,5 @@ def test_fixed_eta_g_is_a_scenario_key_validated_on_load():
     sc = parse({"algorithm": {"name": "asyncfeded", "fixed_eta_g": 0.5}})
     assert sc.algorithm.fixed_eta_g == 0.5  # type: ignore[attr-defined]
     assert parse({"algorithm": {"name": "asyncfeded"}}).algorithm.fixed_eta_g is None  # type: ignore[attr-defined]
-    with pytest.raises(ScenarioError, match="algorithm.fixed_eta_g"):
+    with pytest.raises(ScenarioError, match=r"algorithm\.fixed_eta_g"):
         parse({"algorithm": {"name": "asyncfeded", "fixed_eta_g": 0}})
