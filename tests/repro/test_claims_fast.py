@@ -29,8 +29,8 @@ set from repeated runs (their values are noted beside each).
 
 from __future__ import annotations
 
-import csv
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,8 @@ MAX_DILATION = 20.0
 class Run:
     """A finished run whose fidelity verdict passed."""
 
-    summary: dict[str, Any]
-    metrics: list[dict[str, float]]
+    summary: Mapping[str, Any]
+    losses: list[float]
     dilation: float
 
     @property
@@ -63,13 +63,12 @@ class Run:
 
     def second_half_loss(self) -> float:
         """Mean test loss over the second half of the evaluations."""
-        losses = [m["loss"] for m in self.metrics]
-        half = losses[len(losses) // 2:]
+        half = self.losses[len(self.losses) // 2:]
         return sum(half) / len(half)
 
     def best_loss(self) -> float:
         """The lowest test loss any evaluation reached."""
-        return min(m["loss"] for m in self.metrics)
+        return min(self.losses)
 
 
 def run(out: Path, scenario: str, sets: list[str], dilation: float) -> Run:
@@ -88,10 +87,7 @@ def run(out: Path, scenario: str, sets: list[str], dilation: float) -> Run:
         print(f"[repro] {scenario} {' '.join(sets)}: dilation {dilation}, {fid['verdict']}, "
               f"{summary['emulated_seconds']:.1f} emulated s, {summary['real_seconds']:.1f} real s")
         if fid["verdict"] == "pass":
-            with open(res.run_dir / "metrics.csv") as fh:
-                rows = [{k: float(v) for k, v in r.items() if v not in ("", None)}
-                        for r in csv.DictReader(fh)]
-            return Run(summary, rows, dilation)
+            return Run(summary, list(res.metrics["loss"]), dilation)
         suggested = fid.get("suggested_dilation") or 2 * dilation
         if attempt == 3 or suggested > MAX_DILATION:
             break
@@ -106,8 +102,8 @@ def run(out: Path, scenario: str, sets: list[str], dilation: float) -> Run:
 DG1_ROUNDS = 10
 FEDAVG_K5 = ['algorithm={name="fedavg", weighting="uniform"}', "client.local_steps=5"]
 DGA = {"dga": [], "dga-D0": ["algorithm.delay=0"]}
-#: one-way latency (s) -> (network.rtt, the dilation to start at)
-LATENCY = {"500ms": (1.0, 0.5), "1ms": (0.002, 5.0)}
+#: name -> (one-way latency in s, the dilation to start at)
+LATENCY = {"500ms": (0.5, 0.5), "1ms": (0.001, 5.0)}
 
 _dg1: dict[tuple[str, str], Run] = {}
 
@@ -116,10 +112,11 @@ def dg1(tmp_path_factory: pytest.TempPathFactory, latency: str, method: str) -> 
     """One DG-1 run, made once per session."""
     key = (latency, method)
     if key not in _dg1:
-        rtt, dilation = LATENCY[latency]
+        delay, dilation = LATENCY[latency]
         sets = FEDAVG_K5 if method == "fedavg" else DGA[method]
         out = tmp_path_factory.mktemp(f"dg1-{method}-{latency}")
-        _dg1[key] = run(out, "dg1.toml", [*sets, f"network.rtt={rtt}",
+        _dg1[key] = run(out, "dg1.toml", [*sets, f"network.up.delay={delay}",
+                                          f"network.down.delay={delay}",
                                           f"run.max_rounds={DG1_ROUNDS}"], dilation)
     return _dg1[key]
 
@@ -130,6 +127,7 @@ def test_dg1_dga_hides_a_500ms_latency_and_d0_does_not(
     fedavg = dg1(tmp_path_factory, "500ms", "fedavg")
     dga = dg1(tmp_path_factory, "500ms", method)
     assert dga.summary["rounds"] == fedavg.summary["rounds"] == DG1_ROUNDS
+    assert fedavg.seconds_per_round > 1.0  # K tau_g + a 1 s round trip really happened
     speedup = fedavg.seconds_per_round / dga.seconds_per_round
     print(f"[repro] DG-1 500 ms: FedAvg {fedavg.seconds_per_round:.3f} s/round, {method} "
           f"{dga.seconds_per_round:.3f} s/round, speedup {speedup:.2f}")
@@ -146,6 +144,7 @@ def test_dg1_dga_hides_a_500ms_latency_and_d0_does_not(
 def test_dg1_dga_costs_nothing_at_1ms(tmp_path_factory: pytest.TempPathFactory) -> None:
     fedavg = dg1(tmp_path_factory, "1ms", "fedavg")
     dga = dg1(tmp_path_factory, "1ms", "dga")
+    assert fedavg.seconds_per_round < 0.25  # K tau_g = 0.2 s and a 2 ms round trip
     ratio = dga.seconds_per_round / fedavg.seconds_per_round
     print(f"[repro] DG-1 1 ms: FedAvg {fedavg.seconds_per_round:.3f} s/round, DGA "
           f"{dga.seconds_per_round:.3f} s/round, ratio {ratio:.3f}")

@@ -1,9 +1,11 @@
 """Every shipped scenario runs, and every point of every reproduction sweep is valid.
 
-The smoke runs each scenario (scenarios/*.toml and scenarios/repro/*.toml)
-as shipped, with its own algorithm, model, data, network, devices and
-availability, for a few emulated seconds through the real server and
-client-host actors in one process (``fedsim.actors.inmemory``: an in-memory
+Every sweep file is read by :mod:`fedsim.sweep` (what ``fedsim sweep`` runs)
+and every one of its points must be a valid scenario. The smoke runs each
+scenario (scenarios/*.toml and scenarios/repro/*.toml) as shipped, with its
+own algorithm, model, data, network, devices and availability, for a few
+emulated seconds through the real server and client-host actors in one
+process (``fedsim.actors.inmemory``: an in-memory
 network and a virtual clock, real torch training), and asserts that the
 server aggregated client work and evaluated a finite accuracy. What it does
 not check is timing fidelity, which needs real processes
@@ -13,7 +15,6 @@ not check is timing fidelity, which needs real processes
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,7 @@ import pytest
 from fedsim.actors.inmemory import run_in_memory
 from fedsim.network import NetPlan
 from fedsim.scenario import load
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweeps import read_sweep
+from fedsim.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 REPRO = ROOT / "scenarios" / "repro"
@@ -54,21 +53,17 @@ def test_every_claim_has_a_scenario_and_a_sweep() -> None:
 
 @pytest.mark.parametrize("path", SWEEPS, ids=_rel)
 def test_every_sweep_point_is_a_valid_scenario(path: Path) -> None:
-    sweep = read_sweep(path)
-    assert sweep.scenario.is_file(), f"{path}: base scenario {sweep.scenario} is missing"
-    assert sweep.seeds == (1, 2, 3)
-    head = path.read_text().splitlines()[0]
-    assert head == f"# scenarios/repro/{path.name} — " + head.split(" — ", 1)[1]
-    assert "measured" in path.read_text().split("[sweep]")[0].lower(), \
-        f"{path}: state the sweep's measured cost at the top"
-    base = sweep.base()
-    labels = set()
-    for point in sweep.points:
-        sc = point.scenario(base, str(path))  # raises naming the key if invalid
-        NetPlan(sc).check()
-        assert sc.seed == point.seed
-        labels.add(point.label)
-    assert len(labels) * len(sweep.seeds) == len(sweep.points)  # every point is distinct
+    head = path.read_text().split("[sweep]")[0]
+    assert head.startswith(f"# scenarios/repro/{path.name} — "), head[:80]
+    words = " ".join(line.removeprefix("#").strip() for line in head.splitlines())
+    assert "Cost (measured)" in words, f"{path}: state the sweep's measured cost at the top"
+    sweep = load_sweep(path)
+    assert sweep.seeds == [1, 2, 3]
+    sweep.check()  # every point's scenario validates (raises naming the point and key)
+    points = sweep.points()
+    assert len({p.key for p in points}) == len(points)
+    for point in points[:: len(sweep.seeds)]:  # one seed per point: the links check
+        NetPlan(load(sweep.scenario, point.set_args())).check()
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=_rel)
