@@ -23,6 +23,8 @@ and the client's next task carries the *new* model ``x_{t+1}`` and its
 version (R-AF3). A
 fresh update (``gamma = 0``) gets ``eta_g = lambda / epsilon``; with
 ``lambda = epsilon`` it lands exactly on the client's local model.
+``fixed_eta_g`` replaces eq. (7) by one constant for every update (the
+ablation of the adaptive weight; gamma is still measured and still adapts K).
 
 The server needs ``x_{t-tau}`` for every update, so it keeps snapshots of
 past global models (the paper's GMIS). They are reference-counted
@@ -180,6 +182,13 @@ class AsyncFedED(AsyncRule):
     zero_tol : float
         An update with ``||Delta|| == 0`` or ``||Delta|| < zero_tol * ||x_t||``
         is discarded.
+    fixed_eta_g : float or None
+        ``None`` (default): the adaptive weight ``eta_g = lam / (gamma +
+        epsilon)`` of eq. (7). A number > 0: every applied update gets this
+        ``eta_g`` whatever its staleness, which switches the adaptive weight
+        off (an ablation; ``lam / (gamma_bar + epsilon)`` is the weight the
+        rule gives at its target staleness). ``gamma`` is still computed, and
+        K still adapts from it.
     """
 
     def __init__(
@@ -196,6 +205,7 @@ class AsyncFedED(AsyncRule):
         reset_k_on_reconnect: bool = False,
         gamma_max: float | None = None,
         zero_tol: float = 1e-12,
+        fixed_eta_g: float | None = None,
     ) -> None:
         _check("lam", lam, _finite(lam, 0, strict=True), "must be finite and > 0")
         _check("epsilon", epsilon, _finite(epsilon, 0, strict=True), "must be finite and > 0")
@@ -214,6 +224,9 @@ class AsyncFedED(AsyncRule):
             _check(name, value, whole, f"must be whole with k_rounding={k_rounding!r}")
         _check("gamma_max", gamma_max, gamma_max is None or _finite(gamma_max, 0, True), "> 0")
         _check("zero_tol", zero_tol, _finite(zero_tol, 0), "must be finite and >= 0")
+        _check("fixed_eta_g", fixed_eta_g,
+               fixed_eta_g is None or _finite(fixed_eta_g, 0, strict=True),
+               "must be None or finite and > 0")
         super().__init__()
         self.k_initial = float(k_initial)
         self.k_min = float(k_min)
@@ -225,6 +238,7 @@ class AsyncFedED(AsyncRule):
         self.gamma_bar, self.kappa = float(gamma_bar), float(kappa)
         self.gamma_max = None if gamma_max is None else float(gamma_max)
         self.zero_tol = float(zero_tol)
+        self.fixed_eta_g = None if fixed_eta_g is None else float(fixed_eta_g)
         self.applied = 0
         self._history: dict[int, torch.Tensor] = {}
         self._holds: dict[int, int] = {}
@@ -385,7 +399,8 @@ class AsyncFedED(AsyncRule):
             info["eta_g"] = 0.0
             return None, {**info, "discarded": True, "reason": "gamma above gamma_max"}
 
-        eta_g = self.lam / (gamma + self.epsilon)
+        eta_g = self.lam / (gamma + self.epsilon) if self.fixed_eta_g is None \
+            else self.fixed_eta_g
         new = asyncfeded_step(x, delta, eta_g)
         self._history[version + 1] = new.detach().clone()
         self._current = version + 1
@@ -429,7 +444,8 @@ class AsyncFedEDConfig(AsyncConfig):
     """``[algorithm]`` of AsyncFedED: Euclidean-distance staleness, adaptive K.
 
     ``concurrency`` defaults to every client (each trains as soon as it is
-    free, as in the paper)."""
+    free, as in the paper). ``fixed_eta_g`` switches the adaptive weight off
+    (every update gets that ``eta_g``; see :class:`AsyncFedED`)."""
 
     name: Literal["asyncfeded"]
     lam: Pos = 5.0
@@ -442,6 +458,7 @@ class AsyncFedEDConfig(AsyncConfig):
     k_rounding: Literal["accumulate", "floor", "ceil", "round", "trunc"] = "accumulate"
     k_unit: Literal["epochs", "steps"] = "epochs"
     reset_k_on_reconnect: bool = False
+    fixed_eta_g: Pos | None = None
 
     def local_work(self) -> str:
         return (f"AsyncFedED's adaptive K, per client: from algorithm.k_initial = "
@@ -452,7 +469,8 @@ def _server(cfg: AsyncFedEDConfig, ctx: ServerContext) -> AsyncFlow:
     rule = AsyncFedED(lam=cfg.lam, epsilon=cfg.epsilon, gamma_bar=cfg.gamma_bar,
                       kappa=cfg.kappa, k_initial=cfg.k_initial, k_min=cfg.k_min,
                       k_max=cfg.k_max, k_rounding=cfg.k_rounding, k_unit=cfg.k_unit,
-                      reset_k_on_reconnect=cfg.reset_k_on_reconnect)
+                      reset_k_on_reconnect=cfg.reset_k_on_reconnect,
+                      fixed_eta_g=cfg.fixed_eta_g)
     rule.snapshot(0, ctx.x0)
     return AsyncFlow.build(rule, cfg, ctx)
 

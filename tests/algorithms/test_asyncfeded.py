@@ -482,3 +482,42 @@ def test_pseudo_gradient_is_exact_and_checks_shape():
     assert torch.equal((base.double() + delta).float(), local)
     with pytest.raises(ValueError, match="shape"):
         pseudo_gradient(base, torch.ones(3))
+
+
+# -- fixed_eta_g: the adaptive weight switched off (an ablation) --------------------
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 3.0, 40.0])
+def test_fixed_eta_g_applies_the_same_weight_at_any_staleness(gamma):
+    x_base = torch.zeros(4, dtype=F64)
+    x_t = _e(0, scale=gamma)
+    delta = _e(1, scale=2.0)
+    adaptive = _rule_at(x_base, 0, lam=5.0, epsilon=5.0)
+    fixed = _rule_at(x_base, 0, lam=5.0, epsilon=5.0, fixed_eta_g=0.625)
+    for rule in (adaptive, fixed):
+        rule.hold(0)
+        rule.snapshot(1, x_t)
+    _, info_a = adaptive.aggregate(x_t, 1, _result(delta, 0, client=3))
+    new, info_f = fixed.aggregate(x_t, 1, _result(delta, 0, client=3))
+    assert info_a["eta_g"] == pytest.approx(5.0 / (gamma / 2.0 + 5.0))
+    assert info_f["eta_g"] == 0.625
+    assert torch.allclose(new, x_t + 0.625 * delta, rtol=1e-15, atol=0)
+    # gamma is still measured and K still adapts from it, exactly as when adaptive
+    assert info_f["gamma"] == info_a["gamma"] == gamma / 2.0
+    assert fixed.next_k(3) == adaptive.next_k(3) == info_a["k_next"]
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+def test_fixed_eta_g_must_be_positive_and_finite(bad):
+    with pytest.raises(ValueError, match="fixed_eta_g"):
+        AsyncFedED(fixed_eta_g=bad)
+
+
+def test_fixed_eta_g_is_a_scenario_key_validated_on_load():
+    from fedsim.scenario import ScenarioError, parse
+
+    sc = parse({"algorithm": {"name": "asyncfeded", "fixed_eta_g": 0.5}})
+    assert sc.algorithm.fixed_eta_g == 0.5  # type: ignore[attr-defined]
+    assert parse({"algorithm": {"name": "asyncfeded"}}).algorithm.fixed_eta_g is None  # type: ignore[attr-defined]
+    with pytest.raises(ScenarioError, match=r"algorithm\.fixed_eta_g"):
+        parse({"algorithm": {"name": "asyncfeded", "fixed_eta_g": 0}})
