@@ -1,18 +1,10 @@
-"""The seed algorithms end to end: real sockets, real torch, netem timing."""
+"""The seed algorithms' cases and what every run of them must show.
+
+The cases run in process on the fake clock (tests/actors/
+test_algorithms_inmemory.py); DGA's real path runs in tests/repro/.
+"""
 
 from __future__ import annotations
-
-from pathlib import Path
-
-import pytest
-
-from fedsim.metrics import read_events
-from fedsim.runner import run_scenario
-from fedsim.scenario import load
-
-from .conftest import write_scenario
-
-pytestmark = pytest.mark.timeout(240)
 
 CASES = {
     "asyncfeded": """
@@ -70,23 +62,9 @@ mode = "auto"
 }
 
 
-def _run(tmp_path: Path, extra: str, sets: list[str] | None = None) -> tuple[dict, list[dict]]:
-    path = write_scenario(tmp_path, extra)
-    sc = load(path, ["run.time_budget=5.0", *(sets or [])])
-    res = run_scenario(sc, tmp_path / "run", dilation=2.0)
-    return res.summary, list(read_events(res.run_dir / "events.jsonl"))
-
-
-#: Cases that also run over real sockets and processes (the smoke tier): DGA's
-#: pipeline (the most actor paths); every case runs in one process on virtual
-#: time in tests/actors, and the deployment tests run FedAsync over TCP.
-SMOKE = ("dga-paper",)
-
-
-@pytest.mark.parametrize("case", SMOKE)
-def test_algorithm_learns(tmp_path: Path, case: str) -> None:
-    summary, events = _run(tmp_path, CASES[case])
-    check_run(case, summary, events)
+# Every case runs in process on the fake clock (tests/actors/
+# test_algorithms_inmemory.py, with check_run below); DGA's real path (client
+# hosts, ZeroMQ, netem) runs in tests/repro/test_claims_fast.py (DG-1).
 
 
 def check_run(case: str, summary: dict, events: list[dict]) -> None:
