@@ -424,7 +424,9 @@ def test_af1_authors_not_reproduced_in_the_known_case(tmp_path: Path) -> None:
     make = _af(lambda m, p: 0.84 if m == "asyncfeded" else 0.79)
     f = claims.eval_af1_authors(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
     assert f.verdict == "not reproduced", f
-    assert "Likely reason: a suspended run's update is discarded" in f.why
+    assert ("Likely reason: at P = 0.9 FedAsync applied 500 updates of mean staleness 1.2: "
+            "a suspended run's update is discarded") in f.why
+    assert "cannot be checked" in f.why
 
 
 # -- AF-2 --------------------------------------------------------------------------
@@ -576,7 +578,7 @@ def test_run_claim_evaluates_a_sweep_on_disk_and_writes_its_figure(
         gain = 0.02 * sum(bool(_get(sweep, p, f"algorithm.{m}"))
                           for m in ("correction", "perturbation"))
         (run_dir / "summary.json").write_text(json.dumps({
-            "status": "completed", "fidelity": {"verdict": "pass"},
+            "status": "completed", "fidelity": {"verdict": "pass"}, "real_seconds": 2.0,
             "final_accuracy": 0.85 + gain + _jitter(p.seed)}))
     rec = claims.run_claim(claim, out, "auto", execute=False)
     assert rec["verdict"] == "reproduced"
@@ -584,6 +586,8 @@ def test_run_claim_evaluates_a_sweep_on_disk_and_writes_its_figure(
     assert (tmp_path / "docs" / "claims" / "fs-2.png").exists()
     assert (out / "FS-2" / "claim.png").exists()
     assert rec["counted"] == rec["runs"] == 15
+    assert rec["real_seconds"] == 30.0          # the runs' own time, one after another
+    assert rec["sweep"] == "scenarios/repro/fs2.sweep.toml"
     assert "chart" not in rec
     claims.write_docs([rec])
     text = (tmp_path / "docs" / "claims.md").read_text()
