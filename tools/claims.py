@@ -490,7 +490,8 @@ def draw_chart(chart: Chart, path: Path) -> Path:
             _draw_bars(ax, panel)
         else:
             raise ValueError(f"Panel.kind: {panel.kind!r} (allowed: bars, lines)")
-    fig.suptitle(textwrap.fill(chart.title, int(13 * width)), fontsize=10)
+    title = chart.title.replace("95 % CI", "95\u00a0%\u00a0CI")   # never split across lines
+    fig.suptitle(textwrap.fill(title, int(13 * width)), fontsize=10)
     return save(fig, path)
 
 
@@ -545,8 +546,14 @@ def _draw_lines(ax: Any, panel: Panel) -> None:
     if panel.logx:
         ax.set_xscale("log")
     xs = sorted({float(x) for pts_ in panel.series.values() for x, m, _ in pts_ if m is not None})
-    if xs:      # ticks at the measured values, written as they are
-        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+    if xs:      # ticks at the measured values, written as they are, none on top of another
+        pos = [math.log10(x) if panel.logx and x > 0 else x for x in xs]
+        room = 0.06 * ((pos[-1] - pos[0]) or 1.0)
+        kept = [0]
+        for i in range(1, len(xs)):
+            if pos[i] - pos[kept[-1]] >= room:
+                kept.append(i)
+        ax.set_xticks([xs[i] for i in kept], [f"{xs[i]:g}" for i in kept])
         ax.minorticks_off()
     ax.set_xlabel(panel.xlabel)
     ax.set_ylabel(panel.value)
@@ -563,7 +570,17 @@ def _missing(what: str) -> Finding:
 
 
 def _label(runs: Sequence[sw.PointResult]) -> str:
+    """The variant label of a group of runs."""
     return runs[0].point.variant if runs else "-"
+
+
+def _point_label(runs: Sequence[sw.PointResult]) -> str:
+    """The variant label with the grid values, for a group that is one grid point."""
+    if not runs:
+        return "-"
+    p = runs[0].point
+    return ", ".join([p.variant] * bool(p.variant)
+                     + [f"{sw._short(k)} = {v}" for k, v in p.grid]) or "-"
 
 
 def _grid_or_setting(sweep: sw.Sweep, p: sw.Point, key: str) -> Any:
@@ -723,18 +740,22 @@ def eval_fa1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     number = "; ".join(f"Const/{name} late-loss std {fmt(*mean_ci(ratios[name]), unit='x')}"
                        for name, k in (("Poly", poly), ("Hinge", hinge)) if k in runs)
     number += f" at {where}" + (f" (Const diverged on {diverged} seeds)" if diverged else "")
-    rows, bars, bars_loss = [], [], []
-    for k, rs in runs.items():
+    rows = []
+    bars: dict[str, list[tuple[Any, float | None, float | None]]] = {}
+    bars_loss: dict[str, list[tuple[Any, float | None, float | None]]] = {}
+    for k, rs in sorted(runs.items(), key=lambda kv: kv[0][2]):
         s, lm = std[k], per_seed(rs, late_loss_mean)
         div = sum(math.isinf(v) for v in s.values())
-        name = _label(rs) + (f" ({div} diverged)" if div else "")
-        rows.append([name, fmt(*mean_ci(s.values()), ".3f"), fmt(*mean_ci(lm.values()), ".3f"),
+        note = f" ({div} diverged)" if div else ""
+        rows.append([_point_label(rs) + note, fmt(*mean_ci(s.values()), ".3f"),
+                     fmt(*mean_ci(lm.values()), ".3f"),
                      _short_m(values(rs, "staleness_mean").values()), str(len(s))])
-        bars.append((name, *mean_ci(s.values())))
-        bars_loss.append((name, *mean_ci(lm.values())))
-    chart = Chart("FA-1: test-loss instability over each run's second half (mean, 95 % CI)",
-                  [Panel("std of the test loss", {"": bars}),
-                   Panel("mean test loss", {"": bars_loss})])
+        bars.setdefault(f"c = {k[2]}", []).append((_label(rs) + note, *mean_ci(s.values())))
+        bars_loss.setdefault(f"c = {k[2]}", []).append((_label(rs) + note,
+                                                        *mean_ci(lm.values())))
+    chart = Chart("FA-1: test-loss instability over each run's second half, by tasks in "
+                  "flight c (mean, 95 % CI)",
+                  [Panel("std of the test loss", bars), Panel("mean test loss", bars_loss)])
     return Finding(number, verdict, _why(verdict, summary, reason),
                    _table(["variant", "late-loss std", "late-loss mean", "staleness (mean)",
                            "seeds"], rows), chart)
