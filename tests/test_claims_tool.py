@@ -386,6 +386,8 @@ def test_ds2_reproduced_when_delta_barely_matters_and_clients_differ(tmp_path: P
     assert f.verdict == "reproduced", f
     assert f.number.startswith("spread of final accuracy over delta 0.4 points")
     assert "differ 3.0x" in f.number
+    assert f.chart is not None
+    assert f.chart.panels[0].min_span == 8.0         # a 1-point change drawn as one
 
 
 def test_ds2_not_reproduced_when_delta_moves_accuracy_and_clients_step_alike(
