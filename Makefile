@@ -1,4 +1,5 @@
-# `make demo` runs the quickstart, `make test` runs the tests, `make lint`
+# `make demo` runs the quickstart, `make test` runs the tests (`make
+# test-repro` the reproductions' real-run checks), `make lint`
 # runs ruff and mypy (both in the `test` extra). Each creates .venv on first
 # use and installs what it needs (torch pinned to the CPU wheel through
 # constraints.txt, before anything that depends on it).
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 # ruff covers every Python directory; mypy checks what [tool.mypy] lists.
 LINT_DIRS := fedsim netem tests tools
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-repro lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -22,7 +23,12 @@ demo: $(STAMP)
 	$(BIN)/fedsim run scenarios/quickstart.toml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# the reproductions' fast subset: real runs of the claims' mechanisms with
+# margins (tests/repro/test_claims_fast.py); CI runs it after `make test`
+test-repro: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_DIRS)
