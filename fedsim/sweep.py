@@ -149,6 +149,7 @@ class Sweep:
         keys = list(self.grid)
         combos = list(itertools.product(*(self.grid[k] for k in keys))) if keys else [()]
         out = []
+        base = self._base_algorithm()   # read the base file once, not per point
         for var in variants:
             for combo in combos:
                 for seed in self.seeds:
@@ -162,16 +163,16 @@ class Sweep:
                         over.update((o, vs[i]) for o, vs in self.with_.get(k, {}).items())
                     over["seed"] = seed
                     out.append(Point(var.label, tuple(zip(keys, combo, strict=True)), seed,
-                                     tuple(self._switch_algorithm(over).items())))
+                                     tuple(self._switch_algorithm(over, base).items())))
         return out
 
-    def _switch_algorithm(self, over: dict[str, Any]) -> dict[str, Any]:
+    def _switch_algorithm(self, over: dict[str, Any], base: Any) -> dict[str, Any]:
         """A point that names another algorithm than the base scenario gets a
         fresh ``[algorithm]`` table: that algorithm's defaults plus the
         point's own ``algorithm.*`` keys (the base's keys belong to the base's
         algorithm and would not validate under another)."""
         name = over.get("algorithm.name")
-        if name is None or name == self._base_algorithm():
+        if name is None or name == base:
             return over
         table = {k.removeprefix("algorithm."): v for k, v in over.items()
                  if k.startswith("algorithm.")}
