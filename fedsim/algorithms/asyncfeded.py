@@ -284,6 +284,10 @@ class AsyncFedED(AsyncRule):
             self._k.pop(client, None)
         return self.next_k(client)
 
+    def rejoined(self, client: int) -> None:
+        """The asynchronous flow's hook: a client came back from being away."""
+        self.connect(client)
+
     # -- model history (GMIS) --------------------------------------------------
 
     def snapshot(self, version: int, x: torch.Tensor) -> None:

@@ -114,6 +114,13 @@ class AsyncRule(ABC):
         """The local budget of ``client``'s next task (None: the scenario's)."""
         return None
 
+    def rejoined(self, client: int) -> None:
+        """``client`` is back from being away (its task, if any, was abandoned).
+
+        Most rules keep nothing per client and ignore it.
+        """
+        return None
+
     def keep(self, version: int, x: torch.Tensor) -> None:
         """A task was dispatched from ``x`` at ``version``: hold it."""
         entry = self._bases.setdefault(version, [x, 0])
@@ -186,6 +193,7 @@ class AsyncFlow(ServerAlgorithm):
 
     def rejoin(self, client: int, now: float, reset: bool) -> Step:
         self._release(client)
+        self.rule.rejoined(client)
         self.sched.add(client)
         return Step(dispatch=self.sched.fill(now))
 

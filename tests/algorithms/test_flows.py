@@ -193,3 +193,20 @@ def test_rounds_flow_reproduces_fedavg_rule():
     assert torch.equal(flow.model(), 2 * torch.ones(N))
     assert step.applied[0].version == 1
     assert flow.version == 1
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_asyncfeded_reset_k_on_reconnect_acts_when_a_client_rejoins(reset: bool):
+    """Bug: ``algorithm.reset_k_on_reconnect`` had no effect in a run: the
+    asynchronous flow never told the rule that a client came back."""
+    spec = get("asyncfeded")
+    cfg = spec.config.model_validate({"name": "asyncfeded", "k_initial": 10.0,
+                                      "reset_k_on_reconnect": reset})
+    flow = spec.server(cfg, _ctx(torch.zeros(N)))
+    step = flow.start([0, 1], 0.0)
+    tasks = {c: flow.task(c, 10 + c) for c in step.dispatch}
+    flow.update(_result(0, torch.full((N,), 0.01), task_id=tasks[0].task_id), 1.0)
+    grown = flow.rule.next_k(0)
+    assert grown != 10.0  # K moved away from k_initial with the update
+    flow.rejoin(0, 2.0, reset=False)
+    assert flow.rule.next_k(0) == (10.0 if reset else grown)
