@@ -194,7 +194,8 @@ class DevicesConfig(SchemaModel):
     ``"speed_factor"``: per-client factor (mean 1, std ``spread``) times the
     host's calibrated step time; ``"trace"``: measured run times from
     ``trace`` (one value in seconds per line, ``steps_per_run`` steps each).
-    ``within_cv`` adds run-to-run variation inside a client.
+    ``within_cv`` adds variation inside a client, drawn once per run
+    (``per = "run"``) or once per step (``"step"``).
     ``host_step_time`` (seconds per real local step on this host) is measured
     by ``fedsim run`` when a speed factor needs it and left unset.
     """
@@ -215,6 +216,9 @@ class DevicesConfig(SchemaModel):
             raise ValueError("devices.model = \"trace\" needs trace = \"path\"")
         if self.model != "trace" and self.trace is not None:
             raise ValueError(f"devices.trace = {self.trace!r} needs model = \"trace\"")
+        if self.per == "step" and self.within_cv == 0:
+            raise ValueError("devices.per = \"step\" needs within_cv > 0 (the variation "
+                             "it draws per step)")
         if self.distribution != "constant" and self.spread == 0:
             raise ValueError(
                 f"devices.distribution = {self.distribution!r} needs spread > 0 "

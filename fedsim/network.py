@@ -280,8 +280,9 @@ class NetPlan:
                     raise NetworkError("devices.model = \"speed_factor\" needs the host's "
                                        "calibrated step time")
                 return draw_devices(self.n, rng, speed_factor=across,
-                                    host_step_time=self.host_step_time, within_cv=d.within_cv)
-            return draw_devices(self.n, rng, step_time=across, within_cv=d.within_cv)
+                                    host_step_time=self.host_step_time, within_cv=d.within_cv,
+                                    per=d.per)
+            return draw_devices(self.n, rng, step_time=across, within_cv=d.within_cv, per=d.per)
         except ValueError as exc:
             raise NetworkError(f"devices: {exc}") from None
 

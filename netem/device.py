@@ -150,6 +150,7 @@ def draw_devices(
     speed_factor: Dist | None = None,
     host_step_time: float | None = None,
     within_cv: float = 0.0,
+    per: Literal["run", "step"] = "run",
 ) -> tuple[list[Device], dict[str, Any]]:
     """Draw heterogeneous devices, one per client, and record the draw.
 
@@ -163,16 +164,21 @@ def draw_devices(
     ----------
     within_cv
         Run-to-run coefficient of variation inside each client: 0 gives a
-        constant step time per client, > 0 a per-run ``LogNormal`` around it.
+        constant step time per client, > 0 a ``LogNormal`` around it.
+    per
+        With ``within_cv > 0``: ``"run"`` draws the step time once per run
+        (a whole run is slow or fast), ``"step"`` once per step (the
+        variation averages out over long runs); see :class:`StepTime`.
 
     Returns
     -------
     devices, record
-        ``record = {"kind", "distribution", "within_cv", "host_step_time",
+        ``record = {"kind", "distribution", "within_cv", "per", "host_step_time",
         "clients": [{"client": i, "step_time": s}, ...]}`` (JSON-able).
     """
     _check.integer("draw_devices", "n_clients", n_clients, 0)
     _check.nonneg("draw_devices", "within_cv", within_cv)
+    _check.choice("draw_devices", "per", per, ("run", "step"))
     if (step_time is None) == (speed_factor is None):
         raise ValueError(
             "draw_devices: give exactly one of step_time= or speed_factor="
@@ -202,7 +208,7 @@ def draw_devices(
         if kind == "speed_factor":
             entry["factor"] = v
         if within_cv > 0:
-            dev = StepTime(LogNormal(step, within_cv * step))
+            dev = StepTime(LogNormal(step, within_cv * step), per=per)
         elif kind == "speed_factor":
             dev = SpeedFactor(v, scale)
         else:
@@ -213,6 +219,7 @@ def draw_devices(
         "kind": kind,
         "distribution": dist_record(across),
         "within_cv": within_cv,
+        "per": per,
         "host_step_time": host_step_time,
         "clients": clients,
     }

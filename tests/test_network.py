@@ -82,6 +82,26 @@ def test_devices_drawn_per_client_and_recorded() -> None:
     assert plan.record()["clients"][3]["step_time"] == pytest.approx(steps[3])
 
 
+def test_devices_per_draws_the_variation_per_run_or_per_step() -> None:
+    """Bug: ``devices.per`` was accepted but never read (always one draw per run)."""
+    import numpy as np
+    cv = 0.5
+    spreads = {}
+    for per in ("run", "step"):
+        plan = _plan(devices={"step_time": 0.01, "within_cv": cv, "per": per})
+        dev = plan.device(0)
+        rng = np.random.default_rng(0)
+        runs = np.array([dev.compute_time(400, rng) for _ in range(400)])
+        assert runs.mean() == pytest.approx(4.0, rel=0.1)
+        spreads[per] = runs.std() / runs.mean()
+        assert plan.record()["devices"]["per"] == per
+    # one draw per run keeps the step's cv; 400 draws per run divide it by 20
+    assert spreads["run"] == pytest.approx(cv, rel=0.2)
+    assert spreads["step"] == pytest.approx(cv / 20, rel=0.3)
+    with pytest.raises(ScenarioError, match="within_cv"):
+        _plan(devices={"step_time": 0.01, "per": "step"})
+
+
 def test_availability_models() -> None:
     plan = _plan(availability={"model": "onoff", "mean_on": 1.0, "mean_off": 1.0})
     av = plan.availability(4)
