@@ -13,6 +13,10 @@ Server control variate ``c`` and client control variates ``c_i`` start at 0::
                send (y_i, delta_c_i = c_i+ - c_i) ;  keep c_i <- c_i+
     server:    x <- x + eta_g mean_S (y_i - x) ;  c <- c + (1/N) sum_S delta_c_i
 
+``algorithm.weighting = "samples"`` weights the server's model mean by the
+clients' sample counts (as FedAvg's); the default, ``"uniform"``, is the
+paper's plain mean.
+
 The client uploads its model ``y_i`` (``ClientResult.params``, as FedAvg;
 ``delta_y = y_i - x`` is recovered on the server) and ``delta_c_i``, passed to
 :meth:`Scaffold.aggregate` as a list aligned with the results.
@@ -93,12 +97,15 @@ def scaffold_server_step(
     delta_cs: Sequence[torch.Tensor],
     server_lr: float,
     total_clients: int,
+    weights: Sequence[float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(x + eta_g mean(y_i - x), c + sum(delta_c_i) / N)``.
 
     With ``eta_g = 1`` the new model is ``mean(y_i)`` computed directly.
+    ``weights`` (e.g. sample counts) weight the model mean; None: the plain
+    mean (the paper's). The control variate's step is always the paper's.
     """
-    avg = weighted_average(list(ys), [1.0] * len(ys))
+    avg = weighted_average(list(ys), [1.0] * len(ys) if weights is None else list(weights))
     new_x = avg if server_lr == 1.0 else x + server_lr * (avg - x)
     acc = c.to(torch.float64).clone()
     for d in delta_cs:
@@ -245,14 +252,21 @@ class Scaffold:
     total_clients : int
         ``N``, the number of clients (``c`` moves by ``|S|/N`` of the mean
         ``delta_c``).
+    weighting : {"uniform", "samples"}
+        The model mean: plain (the paper's Algorithm 1) or weighted by each
+        client's sample count, as FedAvg's. ``c`` moves the same either way.
 
     ``c`` starts at zeros shaped like the first model it sees; send
     :meth:`control` with every task.
     """
 
-    def __init__(self, server_lr: float = 1.0, *, total_clients: int) -> None:
+    def __init__(self, server_lr: float = 1.0, *, total_clients: int,
+                 weighting: Literal["uniform", "samples"] = "uniform") -> None:
         if not (server_lr > 0 and math.isfinite(server_lr)):
             raise ValueError(f"Invalid server_lr: {server_lr} (must be > 0 and finite)")
+        if weighting not in ("uniform", "samples"):
+            raise ValueError(f"Invalid weighting: {weighting!r} (allowed: uniform, samples)")
+        self.weighting = weighting
         if isinstance(total_clients, bool) or not (
             isinstance(total_clients, int) and total_clients >= 1
         ):
@@ -298,6 +312,7 @@ class Scaffold:
             delta_c,
             self.server_lr,
             self.total_clients,
+            None if self.weighting == "uniform" else [float(r.num_samples) for r in results],
         )
         self._c = new_c
         self.rounds += 1
@@ -338,8 +353,9 @@ class ScaffoldConfig(RoundsConfig):
 class ScaffoldRounds(RoundRule):
     """:class:`Scaffold` as a round rule over (model, control variate) payloads."""
 
-    def __init__(self, server_lr: float, total_clients: int) -> None:
-        self.rule = Scaffold(server_lr, total_clients=total_clients)
+    def __init__(self, server_lr: float, total_clients: int,
+                 weighting: Literal["uniform", "samples"] = "uniform") -> None:
+        self.rule = Scaffold(server_lr, total_clients=total_clients, weighting=weighting)
 
     def payload(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, self.rule.control(x).to(x.dtype)])
@@ -394,7 +410,8 @@ class ScaffoldClient(ClientAlgorithm):
 
 
 def _server(cfg: ScaffoldConfig, ctx: ServerContext) -> RoundsFlow:
-    return RoundsFlow.build(ScaffoldRounds(cfg.server_lr, ctx.num_clients), cfg, ctx)
+    return RoundsFlow.build(ScaffoldRounds(cfg.server_lr, ctx.num_clients, cfg.weighting),
+                            cfg, ctx)
 
 
 SPEC = register(AlgorithmSpec(

@@ -15,8 +15,10 @@ from fedsim.algorithms import (
     LocalConfig,
     NonFiniteUpdate,
     OptimizerConfig,
+    get,
     local_train,
 )
+from fedsim.algorithms.api import ServerContext
 from fedsim.algorithms.scaffold import (
     Scaffold,
     scaffold_control_update,
@@ -188,6 +190,30 @@ def test_server_step_matches_reference_and_fedavg():
     results = [ClientResult(client=i, base_version=0, params=y) for i, y in enumerate(ys)]
     avg, _ = FedAvg(weighting="uniform").aggregate(x, results)
     assert torch.equal(scaffold_server_step(x, c, ys, dcs, 1.0, 10)[0], avg)
+
+
+def test_weighting_samples_weights_the_model_mean_but_not_the_control_step():
+    """Bug: SCAFFOLD accepted ``algorithm.weighting`` and ignored it."""
+    gen = _gen(2)
+    x = torch.randn(6, generator=gen)
+    ys = [x + torch.randn(6, generator=gen) for _ in range(3)]
+    dcs = [torch.randn(6, generator=gen) for _ in range(3)]
+    results = [ClientResult(client=i, base_version=0, params=y, num_samples=n)
+               for i, (y, n) in enumerate(zip(ys, (10, 30, 60), strict=True))]
+    uniform, weighted = Scaffold(total_clients=3), Scaffold(total_clients=3, weighting="samples")
+    xu, _ = uniform.aggregate(x, results, dcs)
+    xw, _ = weighted.aggregate(x, results, dcs)
+    assert torch.allclose(xu, (ys[0] + ys[1] + ys[2]) / 3, atol=1e-6)
+    assert torch.allclose(xw, 0.1 * ys[0] + 0.3 * ys[1] + 0.6 * ys[2], atol=1e-6)
+    assert torch.equal(uniform.control(x), weighted.control(x))
+    fedavg, _ = FedAvg(weighting="samples").aggregate(x, results)
+    assert torch.allclose(xw, fedavg, atol=1e-6)
+    spec = get("scaffold")
+    cfg = spec.config.model_validate({"name": "scaffold", "weighting": "samples"})
+    assert spec.server(cfg, ServerContext(x0=x, num_clients=3, seed=0, local=_local(1)))\
+        .rule.rule.weighting == "samples"
+    with pytest.raises(ValueError, match="weighting"):
+        Scaffold(total_clients=3, weighting="median")  # type: ignore[arg-type]
 
 
 def test_control_update_option_ii_and_validation():
