@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from fedsim import sweep as sw
 from fedsim.cli import cli
+from fedsim.sweep.execute import _Scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "scenarios" / "quickstart.toml"
@@ -230,14 +231,14 @@ def test_a_half_finished_sweep_resumes_without_redoing_finished_points(
 
 
 def test_auto_concurrency_follows_the_measured_load() -> None:
-    sched = sw._Scheduler("auto", max_jobs=8)
+    sched = _Scheduler("auto", max_jobs=8)
     sched.cores = 2
     assert sched.allowed() == 1            # nothing measured yet
     sched.finished(0.2, "pass")             # a run that mostly waits
     assert sched.allowed() == 7
     sched.finished(1.5, "pass")             # a heavy one
     assert sched.allowed() == 1
-    sched = sw._Scheduler("auto", max_jobs=8)
+    sched = _Scheduler("auto", max_jobs=8)
     sched.cores = 2
     sched.finished(0.1, "pass")
     assert sched.allowed() == 8
@@ -245,7 +246,7 @@ def test_auto_concurrency_follows_the_measured_load() -> None:
     assert sched.allowed() == 4
     sched.finished(0.1, "pass")             # and a faithful one lets it grow by one
     assert sched.allowed() == 5
-    assert sw._Scheduler(3, max_jobs=8).allowed() == 3
+    assert _Scheduler(3, max_jobs=8).allowed() == 3
 
 
 def test_cli_dry_run_and_errors(tmp_path: Path) -> None:

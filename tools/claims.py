@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedsim import sweep as sw  # noqa: E402
 from fedsim.metrics import read_events, read_metrics  # noqa: E402
+from fedsim.sweep.spec import _short  # noqa: E402
 
 REPRO = ROOT / "scenarios" / "repro"
 DOCS = ROOT / "docs"
@@ -197,7 +198,7 @@ def select(results: Sequence[sw.PointResult], variant: str | None = None,
     for r in results:
         if variant is not None and r.point.variant != variant:
             continue
-        g = {sw._short(k): v for k, v in r.point.grid}
+        g = {_short(k): v for k, v in r.point.grid}
         if all(_close(g.get(k), v) for k, v in grid.items()):
             out.append(r)
     return out
@@ -588,7 +589,7 @@ def _point_label(runs: Sequence[sw.PointResult]) -> str:
         return "-"
     p = runs[0].point
     return ", ".join([p.variant] * bool(p.variant)
-                     + [f"{sw._short(k)} = {v}" for k, v in p.grid]) or "-"
+                     + [f"{_short(k)} = {v}" for k, v in p.grid]) or "-"
 
 
 def _grid_or_setting(sweep: sw.Sweep, p: sw.Point, key: str) -> Any:

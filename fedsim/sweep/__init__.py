@@ -1,0 +1,80 @@
+r"""Sweeps: one scenario run over a grid of overrides, variants and seeds.
+
+A sweep is a base scenario, overrides applied to every point (``set``), a
+grid (the cartesian product of every key's values), optional named
+*variants* (override sets, each crossed with the grid: "FedAvg K=5" beside
+"DGA K=5 D=20") and seeds. Every point is a whole ``fedsim run`` in its own
+process and its own run directory, so a point that crashes takes nothing
+else with it, and any point can be rerun by hand with the command recorded
+in its ``point.json``.
+
+The output directory holds::
+
+    sweep.json        the resolved sweep (what resumes it)
+    runs/<point>/     one run directory per point (summary, metrics, events, plots)
+    sweep.csv         one row per point: variant, grid values, seed, status,
+                      verdict, attempts, dilation and the summary's figures
+    aggregate.csv     per variant and grid point: n seeds, mean and 95 %
+                      confidence half-width of every figure (Student's t)
+    <figure>.png      each figure against the first grid key, one line per
+                      variant, with the confidence interval as error bars
+
+Faithfulness comes first. A point's figures count only if its fidelity
+verdict passed. A point whose verdict fails is rerun with the dilation the
+run suggested (or 1.5x its own, whichever is larger), up to
+``max_attempts`` times, and then kept but *flagged* (``verdict = fail`` in
+``sweep.csv``, left out of ``aggregate.csv``, named in the report), never
+silently averaged in.
+
+Points run in parallel only as far as the host keeps verdicts passing. With
+``jobs = "auto"`` the sweep starts with one run, measures how many cores a
+finished run really used (its process tree's CPU time over its real time,
+from ``wait4``), and admits as many concurrent runs as fit in 75 % of the
+cores by that measure (a run that mostly waits on emulated latency uses a
+fraction of a core), never more than ``max_jobs`` nor more than memory
+allows. A failed verdict halves the concurrency; each passing one lets it
+grow by one run again.
+
+A half-finished sweep resumes: run the same command again (or ``fedsim
+sweep OUT_DIR``) and finished points are kept; a point whose run was
+interrupted is run again from the start.
+
+The package's modules, in the order they build on each other: ``spec``
+(the sweep file and command line into a :class:`Sweep` of :class:`Point`\ s),
+``results`` (what became of each point, read from its run directory),
+``plots`` and ``tables`` (the figures, sweep.csv and aggregate.csv) and
+``execute`` (running the points: scheduling, reruns, resume, progress).
+"""
+
+from fedsim.sweep.execute import SweepResult, run_sweep
+from fedsim.sweep.results import FIGURES, PointResult, figure, read_results
+from fedsim.sweep.spec import (
+    Point,
+    Sweep,
+    SweepError,
+    Variant,
+    load_sweep,
+    parse_grid,
+    sweep_from_scenario,
+)
+from fedsim.sweep.tables import aggregate, mean_ci, t_quantile, write_tables
+
+__all__ = [
+    "FIGURES",
+    "Point",
+    "PointResult",
+    "Sweep",
+    "SweepError",
+    "SweepResult",
+    "Variant",
+    "aggregate",
+    "figure",
+    "load_sweep",
+    "mean_ci",
+    "parse_grid",
+    "read_results",
+    "run_sweep",
+    "sweep_from_scenario",
+    "t_quantile",
+    "write_tables",
+]

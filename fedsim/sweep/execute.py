@@ -1,0 +1,218 @@
+"""Running a sweep: each point a ``fedsim run`` subprocess, as many at once as the
+host keeps verdicts passing, unfaithful points rerun with more dilation, and a
+half-finished sweep resumed (see :mod:`fedsim.sweep` for the rules).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedsim.sweep.results import PointResult, _read_point, _result, figure
+from fedsim.sweep.spec import Point, Sweep, SweepError
+from fedsim.sweep.tables import write_tables
+
+
+@dataclass
+class SweepResult:
+    """A sweep's outcome: every point, and where the tables and figures are."""
+
+    out: Path
+    points: list[PointResult]
+    files: list[Path]
+
+    @property
+    def flagged(self) -> list[PointResult]:
+        """Points that finished but do not count (failed verdict or run)."""
+        return [p for p in self.points if not p.counts]
+
+
+class _Scheduler:
+    """How many runs may go at once (see the :mod:`fedsim.sweep` docstring)."""
+
+    def __init__(self, jobs: int | str, max_jobs: int) -> None:
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        self.fixed = None if jobs == "auto" else int(jobs)
+        self.max_jobs = max(1, max_jobs)
+        self.load: float | None = None    # cores one run uses (the largest seen recently)
+        self.ceiling = self.max_jobs
+
+    def allowed(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if self.load is None:
+            return 1
+        fit = int(0.75 * self.cores / max(self.load, 0.05))
+        return max(1, min(fit, self.ceiling, self.max_jobs))
+
+    def finished(self, cores: float | None, verdict: str | None) -> None:
+        if cores is not None:
+            self.load = cores if self.load is None else max(cores, 0.7 * self.load)
+        if verdict == "fail":        # back off at once, come back one run at a time
+            self.ceiling = max(1, self.allowed() // 2)
+        elif verdict == "pass":
+            self.ceiling = min(self.max_jobs, self.ceiling + 1)
+
+
+def _mem_available_gb() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return math.inf
+
+
+def _done(res: PointResult, max_attempts: int) -> bool:
+    """Finished for good: faithful, unfaithful after every attempt, or failed as a run.
+
+    A point never run, interrupted or crashed (no summary) is not: a resumed
+    sweep runs it again.
+    """
+    if res.status in ("pending", "interrupted", "running", "crashed"):
+        return False
+    if res.status == "completed" and res.verdict == "fail":
+        return res.attempts >= max_attempts
+    return True   # faithful, or a run that failed (its output.log says why)
+
+
+def _next_dilation(res: PointResult) -> float:
+    suggested = ((res.summary or {}).get("fidelity") or {}).get("suggested_dilation")
+    return round(max(float(suggested or 0.0), 1.5 * (res.dilation or 1.0)), 3)
+
+
+def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jobs: int = 8,
+              max_attempts: int = 3, python: str | None = None,
+              report: Callable[[str], None] | None = None) -> SweepResult:
+    """Run every point not yet finished in ``out``; write the tables and figures.
+
+    ``out`` may hold an earlier run of the same sweep (it resumes) but not of
+    a different one (:class:`SweepError`).
+    """
+    out = Path(out)
+    say = report or (lambda _: None)
+    sweep.check()
+    out.mkdir(parents=True, exist_ok=True)
+    spec_file = out / "sweep.json"
+    spec = sweep.to_json()
+    if spec_file.exists():
+        old = json.loads(spec_file.read_text())
+        if old != spec:
+            diff = sorted(k for k in spec if spec.get(k) != old.get(k))
+            raise SweepError(f"{out} holds a different sweep (it differs in: {', '.join(diff)}); "
+                             "choose another --out, or resume it with `fedsim sweep "
+                             f"{out}`")
+    else:
+        _atomic_write(spec_file, json.dumps(spec, indent=2) + "\n")
+    points = sweep.points()
+    runs = out / "runs"
+    results = {p.key: _result(p, runs / p.key) for p in points}
+    todo = [p for p in points if not _done(results[p.key], max_attempts)]
+    kept = len(points) - len(todo)
+    say(f"sweep {sweep.name}: {len(points)} points"
+        + (f", {kept} already finished" if kept else "") + f"; results in {out}")
+    sched = _Scheduler(jobs, max_jobs)
+    running: dict[int, tuple[Point, Any, float, float]] = {}
+    python = python or sys.executable
+    t0 = time.monotonic()
+    finished = 0
+    try:
+        while todo or running:
+            while (todo and len(running) < sched.allowed()
+                   and (not running or _mem_available_gb() > 3.0)):
+                p = todo.pop(0)
+                prev = results[p.key]
+                dilation = _next_dilation(prev) if prev.verdict == "fail" else None
+                running_proc = _start(p, sweep, runs / p.key, python, dilation,
+                                      prev.attempts + 1)
+                running[running_proc.pid] = (p, running_proc, time.monotonic(), dilation or 0.0)
+            pid, status, usage = os.wait4(-1, 0)
+            if pid not in running:
+                continue
+            p, proc, started, _ = running.pop(pid)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            real = time.monotonic() - started
+            cores = (usage.ru_utime + usage.ru_stime) / real if real > 0 else None
+            run_dir = runs / p.key
+            meta = _read_point(run_dir) or {}
+            meta["cores"] = cores
+            meta["exit_code"] = proc.returncode
+            _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
+            res = _result(p, run_dir)
+            results[p.key] = res
+            sched.finished(cores, res.verdict)
+            if res.status == "completed" and not _done(res, max_attempts):
+                todo.insert(0, p)      # an unfaithful run goes again, with more dilation
+                say(f"  rerun {p.key}: verdict {res.verdict} at dilation {res.dilation}; "
+                    f"next {_next_dilation(res)} (concurrency now {sched.allowed()})")
+                continue
+            finished += 1
+            say(_progress_line(res, finished, len(todo) + len(running) + finished, kept,
+                               time.monotonic() - t0, sched.allowed()))
+    except KeyboardInterrupt:
+        for _, proc, _, _ in running.values():
+            proc.send_signal(2)
+        for _, proc, _, _ in running.values():
+            proc.wait()
+        raise
+    final = [results[p.key] for p in points]
+    files = write_tables(sweep, out, final)
+    return SweepResult(out, final, files)
+
+
+def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float | None,
+           attempt: int) -> Any:
+    import shutil
+    import subprocess
+
+    if run_dir.exists():          # an interrupted or unfaithful attempt: keep its log
+        old = run_dir.with_name(f"{run_dir.name}.attempt-{attempt - 1}")
+        shutil.rmtree(old, ignore_errors=True)
+        run_dir.rename(old)
+    run_dir.mkdir(parents=True)
+    cmd = [python, "-m", "fedsim.cli", "run", str(sweep.scenario), "--out", str(run_dir),
+           "--no-progress", *itertools.chain.from_iterable(("--set", s) for s in p.set_args())]
+    if dilation is not None:
+        cmd += ["--dilation", str(dilation)]
+    meta = {"variant": p.variant, "grid": dict(p.grid), "seed": p.seed, "attempts": attempt,
+            "dilation": dilation, "command": cmd[1:]}
+    _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
+    log = open(run_dir / "output.log", "wb")   # noqa: SIM115 (the child owns it)
+    try:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    finally:
+        log.close()
+
+
+def _progress_line(res: PointResult, done: int, total: int, kept: int, elapsed: float,
+                   jobs: int) -> str:
+    s = res.summary or {}
+    acc = figure(s, "final_accuracy")
+    emu = figure(s, "emulated_seconds")
+    real = figure(s, "real_seconds")
+    rate = elapsed / done
+    eta = rate * (total - done)
+    flag = "" if res.counts else "  FLAGGED"
+    return (f"[{done + kept:>3}/{total + kept}] {res.point.key}: {res.status}, verdict "
+            f"{res.verdict}, acc {'-' if acc is None else f'{acc:.3f}'}, "
+            f"{'-' if emu is None else f'{emu:.1f}'} emulated s in "
+            f"{'-' if real is None else f'{real:.1f}'} real s, "
+            f"{'-' if res.cores is None else f'{res.cores:.2f}'} cores; "
+            f"{jobs} at once, about {eta / 60:.0f} min left{flag}")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
