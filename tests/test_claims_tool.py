@@ -1,4 +1,5 @@
-"""tools/claims.py: its evaluators on hand-made sweep results, and what it writes.
+"""tools/claims.py and tools/claimslib/: the evaluators on hand-made sweep results, and
+what the tool writes.
 
 Every evaluator is tried on the points of its real sweep file
 (scenarios/repro/), with hand-made run directories (summary, metrics.csv,
@@ -24,9 +25,21 @@ from fedsim import sweep as sw
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "scenarios" / "repro"
+sys.path.insert(0, str(ROOT / "tools"))     # claimslib, as `python tools/claims.py` finds it
+
+from claimslib import writer  # noqa: E402
+from claimslib.asyncfeded import eval_af1, eval_af1_authors, eval_af2  # noqa: E402
+from claimslib.charts import Chart, Panel, draw_chart  # noqa: E402
+from claimslib.deltasgd import eval_ds1, eval_ds2  # noqa: E402
+from claimslib.dga import _one_way_delay, eval_dg1, eval_dg2  # noqa: E402
+from claimslib.fedasync import eval_fa1, eval_fa2  # noqa: E402
+from claimslib.fedspeed import eval_fs1, eval_fs2  # noqa: E402
+from claimslib.runs import setting  # noqa: E402
+from claimslib.verdict import NOT_SEEN, SHOWN, WITHIN_NOISE, Check, judge, side  # noqa: E402
 
 
 def _tool() -> Any:
+    """tools/claims.py, loaded by its path (it is a script), for its CLAIMS."""
     spec = importlib.util.spec_from_file_location("claims_tool", ROOT / "tools" / "claims.py")
     assert spec is not None
     assert spec.loader is not None
@@ -83,7 +96,7 @@ def sweep_grid(name: str) -> list[Any]:
 
 
 def _get(sweep: sw.Sweep, p: sw.Point, key: str) -> Any:
-    return claims.setting(sweep, p, key)
+    return setting(sweep, p, key)
 
 
 def _curve(final: float, n: int = 20, every: float = 1.0, dip: bool = False,
@@ -106,27 +119,27 @@ def _jitter(seed: int, scale: float = 0.002) -> float:
 # -- the verdict rule --------------------------------------------------------------
 
 def test_side_shown_within_noise_and_not_seen() -> None:
-    assert claims.side([1.0, 1.1, 0.9], 0.0) == claims.SHOWN
-    assert claims.side([1.0, -0.8, 0.9], 0.0) == claims.WITHIN_NOISE
-    assert claims.side([-1.0, -1.1, -0.9], 0.0) == claims.NOT_SEEN
-    assert claims.side([0.5], 0.0) == claims.WITHIN_NOISE          # one seed shows nothing
-    assert claims.side([0.01, 0.011, 0.012], 0.02, below=True) == claims.SHOWN
-    assert claims.side([math.inf, 3.0, 2.0], 1.0) == claims.SHOWN   # a diverged seed
-    assert claims.side([], 0.0) is None
+    assert side([1.0, 1.1, 0.9], 0.0) == SHOWN
+    assert side([1.0, -0.8, 0.9], 0.0) == WITHIN_NOISE
+    assert side([-1.0, -1.1, -0.9], 0.0) == NOT_SEEN
+    assert side([0.5], 0.0) == WITHIN_NOISE          # one seed shows nothing
+    assert side([0.01, 0.011, 0.012], 0.02, below=True) == SHOWN
+    assert side([math.inf, 3.0, 2.0], 1.0) == SHOWN   # a diverged seed
+    assert side([], 0.0) is None
 
 
 def test_judge_maps_checks_to_verdicts() -> None:
-    c = claims.Check
-    s, n, w = claims.SHOWN, claims.NOT_SEEN, claims.WITHIN_NOISE
-    assert claims.judge([c("a", s), c("b", s)])[0] == "reproduced"
-    assert claims.judge([c("a", s), c("b", n)])[0] == "partly"
-    assert claims.judge([c("a", n), c("b", w)])[0] == "not reproduced"
-    assert claims.judge([c("a", w), c("b", w)])[0] == "inconclusive"
-    verdict, text = claims.judge([c("a", None)])
+    c = Check
+    s, n, w = SHOWN, NOT_SEEN, WITHIN_NOISE
+    assert judge([c("a", s), c("b", s)])[0] == "reproduced"
+    assert judge([c("a", s), c("b", n)])[0] == "partly"
+    assert judge([c("a", n), c("b", w)])[0] == "not reproduced"
+    assert judge([c("a", w), c("b", w)])[0] == "inconclusive"
+    verdict, text = judge([c("a", None)])
     assert verdict == "inconclusive"
     assert text == "No faithful runs to compare."
-    assert claims.judge([c("a", s), c("b", None)])[0] == "partly"
-    assert claims.judge([c("x", s), c("y", n)])[1] == "Shown: x. Not seen: y."
+    assert judge([c("a", s), c("b", None)])[0] == "partly"
+    assert judge([c("x", s), c("y", n)])[1] == "Shown: x. Not seen: y."
 
 
 # -- DG-1 --------------------------------------------------------------------------
@@ -149,7 +162,7 @@ def test_dg1_reproduced_when_fedavg_pays_the_round_trip_and_dga_hides_it(tmp_pat
     # 30 rounds: FedAvg pays K tau + 2d per round; DGA pays K tau until 2d > D tau
     sweep, res = _dg1_results(tmp_path, dga_time=lambda d: 30 * max(0.2, (2 * d + 0.2) / 5),
                               fed_time=lambda d: 30 * (0.2 + 2 * d))
-    f = claims.eval_dg1(sweep, res)
+    f = eval_dg1(sweep, res)
     assert f.verdict == "reproduced", f
     assert f.number.startswith("5.00x")        # (0.2 + 10) / ((10 + 0.2) / 5) = 5
     assert "500 ms" in f.number
@@ -160,7 +173,7 @@ def test_dg1_not_reproduced_when_dga_waits_like_fedavg(tmp_path: Path) -> None:
     """The mechanism switched off (D = 0: DGA is FedAvg): the margin fails."""
     sweep, res = _dg1_results(tmp_path, dga_time=lambda d: 30 * (0.2 + 2 * d),
                               fed_time=lambda d: 30 * (0.2 + 2 * d))
-    f = claims.eval_dg1(sweep, res)
+    f = eval_dg1(sweep, res)
     assert f.verdict != "reproduced"
 
 
@@ -169,7 +182,7 @@ def test_flagged_runs_do_not_count(tmp_path: Path) -> None:
     for r in res:
         if dict(r.point.grid)[KEY] == 5.0:
             r.verdict = "fail"
-    f = claims.eval_dg1(sweep, res)
+    f = eval_dg1(sweep, res)
     assert f.verdict == "inconclusive"
     assert "no faithful runs" in f.number
 
@@ -191,7 +204,7 @@ def test_dg1_grid_form_with_larger_fedavg_k(tmp_path: Path) -> None:
         return {"summary": {"emulated_seconds": 20 * per_round * (1 + 0.01 * p.seed),
                             "rounds": 20}}
 
-    f = claims.eval_dg1(sweep, _runs(tmp_path, sweep, make))
+    f = eval_dg1(sweep, _runs(tmp_path, sweep, make))
     assert f.verdict == "reproduced", f
     assert f.details[0] == ("| one-way latency | FedAvg K=5 time per step (rel.) | DGA time per "
                             "step (rel.) | speedup | FedAvg K=10 speedup over K=5 | FedAvg K=20 "
@@ -212,14 +225,14 @@ def _dg1_shipped(tmp_path: Path, d_steps: int) -> Any:
     sweep = _sweep("dg1")
 
     def make(p: sw.Point) -> dict[str, Any]:
-        d = claims._one_way_delay(sweep, p)
+        d = _one_way_delay(sweep, p)
         k = int(p.variant.split("K=")[1].split()[0])
         per_round = (k * 0.04 + 2 * d if p.variant.startswith("FedAvg")
                      else _dg1_per_round(d, False, d_steps))
         return {"summary": {"emulated_seconds": 20 * per_round * (1 + 0.01 * p.seed),
                             "rounds": 20}}
 
-    return claims.eval_dg1(sweep, _runs(tmp_path, sweep, make))
+    return eval_dg1(sweep, _runs(tmp_path, sweep, make))
 
 
 def test_dg1_on_the_shipped_sweep(tmp_path: Path) -> None:
@@ -252,7 +265,7 @@ def test_dg1_reads_the_latency_from_each_variant(tmp_path: Path) -> None:
         t = 20 * _dg1_per_round(d, p.variant.startswith("FedAvg"), 20)
         return {"summary": {"emulated_seconds": t * (1 + 0.01 * p.seed)}}
 
-    f = claims.eval_dg1(sweep, _runs(tmp_path, sweep, make))
+    f = eval_dg1(sweep, _runs(tmp_path, sweep, make))
     assert f.verdict == "reproduced", f
     assert "at 400 ms" in f.number                         # the latency nearest 500 ms
     assert [row.split(" |")[0] for row in f.details[2:]] == [
@@ -278,7 +291,7 @@ def _fa1(tmp_path: Path, const_std: float, adaptive_std: float,
                 row["loss"] = math.nan
         return {"summary": {"staleness": {"mean": 15.5 if hot else 4.0}}, "metrics": rows}
 
-    return claims.eval_fa1(sweep, _runs(tmp_path, sweep, make))
+    return eval_fa1(sweep, _runs(tmp_path, sweep, make))
 
 
 def test_fa1_reproduced_when_const_is_the_noisy_one(tmp_path: Path) -> None:
@@ -322,7 +335,7 @@ def _fa2(tmp_path: Path, updates: dict[Any, float], reach: bool = True) -> Any:
         return {"summary": {"staleness": {"mean": max(0, c - 1) if c else None}},
                 "metrics": rows}
 
-    return claims.eval_fa2(sweep, _runs(tmp_path, sweep, make))
+    return eval_fa2(sweep, _runs(tmp_path, sweep, make))
 
 
 def test_fa2_reproduced_when_fedasync_sits_between_and_slows_with_staleness(
@@ -359,7 +372,7 @@ def _ds1(tmp_path: Path, bad: dict[str, str]) -> Any:
         acc = 0.6 if bad.get(opt) == task else 0.85 - (0.005 if opt == "deltasgd" else 0)
         return {"summary": {"final_accuracy": acc + _jitter(p.seed)}}
 
-    return claims.eval_ds1(sweep, _runs(tmp_path, sweep, make))
+    return eval_ds1(sweep, _runs(tmp_path, sweep, make))
 
 
 def test_ds1_reproduced_when_only_the_tuned_optimizers_fall_behind_somewhere(
@@ -388,7 +401,7 @@ def _ds2(tmp_path: Path, slope: float, client_spread: float) -> Any:
         return {"summary": {"final_accuracy": 0.85 + slope * math.log10(d) + _jitter(p.seed)},
                 "events": evs}
 
-    return claims.eval_ds2(sweep, _runs(tmp_path, sweep, make))
+    return eval_ds2(sweep, _runs(tmp_path, sweep, make))
 
 
 def test_ds2_reproduced_when_delta_barely_matters_and_clients_differ(tmp_path: Path) -> None:
@@ -417,7 +430,7 @@ def _dg2(tmp_path: Path, gain: Callable[[int], float]) -> Any:
         acc = 0.8 + (gain(d) if with_ else 0.0) + _jitter(p.seed) * (2 if with_ else 1)
         return {"summary": {"final_accuracy": acc}}
 
-    return claims.eval_dg2(sweep, _runs(tmp_path, sweep, make))
+    return eval_dg2(sweep, _runs(tmp_path, sweep, make))
 
 
 def test_dg2_reproduced_when_the_gain_grows_with_d(tmp_path: Path) -> None:
@@ -448,7 +461,7 @@ def _af(p_acc: Callable[[str, float], float]) -> Callable[[sw.Sweep, sw.Point], 
 def test_af1_reproduced_when_fedasync_collapses_at_large_p(tmp_path: Path) -> None:
     sweep = _sweep("af1")
     make = _af(lambda m, p: 0.95 - 0.01 * p if m == "asyncfeded" else 0.94 - 0.6 * p ** 3)
-    f = claims.eval_af1(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
+    f = eval_af1(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
     assert f.verdict == "reproduced", f
     assert "AsyncFedED 95.0 -> 94.1 %" in f.number
     assert len(f.details) == 2 + 4
@@ -459,7 +472,7 @@ def test_af1_reproduced_when_fedasync_collapses_at_large_p(tmp_path: Path) -> No
 def test_af1_not_reproduced_when_both_degrade_alike(tmp_path: Path) -> None:
     sweep = _sweep("af1")
     make = _af(lambda m, p: 0.94 - 0.5 * p)
-    f = claims.eval_af1(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
+    f = eval_af1(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
     assert f.verdict == "not reproduced", f
     budget = _get(sweep, sweep.points()[0], "run.time_budget")
     assert f"AsyncFedED applied only 500 updates in the {budget:g} s budget" in f.why
@@ -469,7 +482,7 @@ def test_af1_partly_when_fedasync_holds_up_too(tmp_path: Path) -> None:
     """The known case: AsyncFedED ahead at P = 0.9, but FedAsync does not collapse."""
     sweep = _sweep("af1")
     make = _af(lambda m, p: 0.85 if m == "asyncfeded" else 0.80)
-    f = claims.eval_af1(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
+    f = eval_af1(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
     assert f.verdict == "partly", f
     assert "Not seen: FedAsync loses more of it than AsyncFedED" in f.why
     assert "discard_update = true" in f.why
@@ -479,7 +492,7 @@ def test_af1_partly_when_fedasync_holds_up_too(tmp_path: Path) -> None:
 def test_af1_authors_reproduced_when_fedasync_collapses(tmp_path: Path) -> None:
     sweep = _sweep("af1-authors")
     make = _af(lambda m, p: 0.98 if m == "asyncfeded" else 0.35)
-    f = claims.eval_af1_authors(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
+    f = eval_af1_authors(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
     assert f.verdict == "reproduced", f
     assert f.number.startswith("max accuracy at P = 0.9: AsyncFedED 98.0 %")
 
@@ -488,7 +501,7 @@ def test_af1_authors_not_reproduced_in_the_known_case(tmp_path: Path) -> None:
     """FedAsync 0.79 against AsyncFedED 0.84: no collapse, a 5-point gap."""
     sweep = _sweep("af1-authors")
     make = _af(lambda m, p: 0.84 if m == "asyncfeded" else 0.79)
-    f = claims.eval_af1_authors(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
+    f = eval_af1_authors(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
     assert f.verdict == "not reproduced", f
     assert ("Likely reason: at P = 0.9 FedAsync applied 500 updates of mean staleness 1.2: "
             "a suspended run's update is discarded") in f.why
@@ -516,7 +529,7 @@ def _af2(tmp_path: Path, adaptive_works: bool) -> Any:
                           "heterogeneity.json": {"clients": [{"client": i, "step_time": s}
                                                              for i, s in enumerate(steps)]}}}
 
-    return claims.eval_af2(sweep, _runs(tmp_path, sweep, make))
+    return eval_af2(sweep, _runs(tmp_path, sweep, make))
 
 
 def test_af2_reproduced_when_adaptive_k_is_faster_smoother_and_favours_fast_clients(
@@ -543,7 +556,7 @@ def _fs1(tmp_path: Path, loss_per_epoch: dict[str, float]) -> Any:
         e = _get(sweep, p, "client.local_epochs")
         return {"summary": {"final_accuracy": 0.9 - loss_per_epoch[a] * e + _jitter(p.seed)}}
 
-    return claims.eval_fs1(sweep, _runs(tmp_path, sweep, make))
+    return eval_fs1(sweep, _runs(tmp_path, sweep, make))
 
 
 def test_fs1_reproduced_when_fedspeed_holds_as_e_grows(tmp_path: Path) -> None:
@@ -566,7 +579,7 @@ def _fs2(tmp_path: Path, gain: dict[str, float]) -> Any:
         acc = 0.85 + sum(g for m, g in gain.items() if _get(sweep, p, f"algorithm.{m}"))
         return {"summary": {"final_accuracy": acc + _jitter(p.seed)}}
 
-    return claims.eval_fs2(sweep, _runs(tmp_path, sweep, make))
+    return eval_fs2(sweep, _runs(tmp_path, sweep, make))
 
 
 def test_fs2_reproduced_when_every_module_adds(tmp_path: Path) -> None:
@@ -611,28 +624,28 @@ def test_a_sweep_without_the_claims_variants_is_named(tmp_path: Path) -> None:
     scen.write_text("[algorithm]\nname = \"fedavg\"\n")
     sweep = sw.Sweep(scenario=scen, seeds=[1], variants=[sw.Variant("only", {})])
     res = _runs(tmp_path, sweep, lambda p: {"summary": {}})
-    f = claims.eval_fs2(sweep, res)
+    f = eval_fs2(sweep, res)
     assert f.verdict == "inconclusive"
     assert "prox-only" in f.why
 
 
 def test_charts_draw_bars_and_lines(tmp_path: Path) -> None:
-    chart = claims.Chart("t", [
-        claims.Panel("accuracy", {"a": [("x", 0.8, 0.02), ("y", None, None)],
+    chart = Chart("t", [
+        Panel("accuracy", {"a": [("x", 0.8, 0.02), ("y", None, None)],
                                   "b": [("x", 0.7, None), ("y", 0.6, 0.01)]}),
-        claims.Panel("time", {"a": [(1, 2.0, 0.1), (10, 3.0, 0.2)]}, kind="lines",
+        Panel("time", {"a": [(1, 2.0, 0.1), (10, 3.0, 0.2)]}, kind="lines",
                      xlabel="E", logx=True)])
-    path = claims.draw_chart(chart, tmp_path / "c.png")
+    path = draw_chart(chart, tmp_path / "c.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match=r"Panel\.kind: 'pie'"):
-        claims.draw_chart(claims.Chart("t", [claims.Panel("v", {}, kind="pie")]),
+        draw_chart(Chart("t", [Panel("v", {}, kind="pie")]),
                           tmp_path / "d.png")
 
 
 def test_run_claim_evaluates_a_sweep_on_disk_and_writes_its_figure(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The --no-run path: read the sweep directory, evaluate, draw, copy into docs/claims/."""
-    monkeypatch.setattr(claims, "DOCS", tmp_path / "docs")
+    monkeypatch.setattr(writer, "DOCS", tmp_path / "docs")
     claim = next(c for c in claims.CLAIMS if c.id == "FS-2")
     sweep = _sweep("fs2")
     out = tmp_path / "sweeps"
@@ -646,7 +659,7 @@ def test_run_claim_evaluates_a_sweep_on_disk_and_writes_its_figure(
         (run_dir / "summary.json").write_text(json.dumps({
             "status": "completed", "fidelity": {"verdict": "pass"}, "real_seconds": 2.0,
             "final_accuracy": 0.85 + gain + _jitter(p.seed)}))
-    rec = claims.run_claim(claim, out, "auto", execute=False)
+    rec = writer.run_claim(claim, out, "auto", execute=False)
     assert rec["verdict"] == "reproduced"
     assert rec["figure"] == "docs/claims/fs-2.png"
     assert (tmp_path / "docs" / "claims" / "fs-2.png").exists()
@@ -655,7 +668,7 @@ def test_run_claim_evaluates_a_sweep_on_disk_and_writes_its_figure(
     assert rec["real_seconds"] == 30.0          # the runs' own time, one after another
     assert rec["sweep"] == "scenarios/repro/fs2.sweep.toml"
     assert "chart" not in rec
-    claims.write_docs([rec])
+    writer.write_docs([rec])
     text = (tmp_path / "docs" / "claims.md").read_text()
     assert "## FS-2" in text
     assert "| variant | final accuracy | minus prox only |" in text
@@ -665,12 +678,12 @@ def test_run_claim_evaluates_a_sweep_on_disk_and_writes_its_figure(
 def test_the_table_goes_between_the_readme_markers(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\nbefore\n{claims.BEGIN}\nold\n{claims.END}\nafter\n")
-    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    readme.write_text(f"# x\nbefore\n{writer.BEGIN}\nold\n{writer.END}\nafter\n")
+    monkeypatch.setattr(writer, "ROOT", tmp_path)
     rec = {"id": "DG-1", "claim": "c", "reported": "5x", "number": "4.9x", "verdict": "reproduced",
            "why": "w.", "figure": "docs/claims/dg-1.png", "measured": "2026-11-24",
            "commit": "abc123"}
-    claims.write_readme([rec])
+    writer.write_readme([rec])
     text = readme.read_text()
     assert "old" not in text
     assert text.startswith("# x\nbefore\n")

@@ -55,6 +55,7 @@ from fedsim.sweep.spec import (
     Variant,
     load_sweep,
     parse_grid,
+    short_key,
     sweep_from_scenario,
 )
 from fedsim.sweep.tables import aggregate, mean_ci, t_quantile, write_tables
@@ -74,6 +75,7 @@ __all__ = [
     "parse_grid",
     "read_results",
     "run_sweep",
+    "short_key",
     "sweep_from_scenario",
     "t_quantile",
     "write_tables",

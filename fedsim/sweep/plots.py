@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.sweep.results import FIGURES
-from fedsim.sweep.spec import Sweep, SweepError, _short
+from fedsim.sweep.spec import Sweep, SweepError, short_key
 
 
 def default_figures(sweep: Sweep) -> list[str]:
@@ -48,7 +48,7 @@ def plot_sweep(sweep: Sweep, out: Path, agg: list[dict[str, Any]]) -> list[Path]
             if m is None:
                 continue
             name = ", ".join([row["variant"]] * bool(row["variant"])
-                             + [f"{_short(k)}={row[k]}" for k in others])
+                             + [f"{short_key(k)}={row[k]}" for k in others])
             lines.setdefault(name or y, []).append((float(row[x]), m, row.get(f"{y}_ci95") or 0.0))
         if not lines:
             continue
@@ -58,7 +58,7 @@ def plot_sweep(sweep: Sweep, out: Path, agg: list[dict[str, Any]]) -> list[Path]
             ref = sorted(next((v for k, v in lines.items() if k.split(",")[0] == norm), []))
             if ref and ref[0][1]:
                 scale = ref[0][1]
-                label += f"\n(relative to {norm} at {_short(x)} = {ref[0][0]:g})"
+                label += f"\n(relative to {norm} at {short_key(x)} = {ref[0][0]:g})"
         fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
         for name, pts in lines.items():
             pts.sort()

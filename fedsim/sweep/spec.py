@@ -45,7 +45,7 @@ class Point:
     def key(self) -> str:
         """A directory name that identifies the point within its sweep."""
         parts = [_slug(self.variant)] if self.variant else []
-        parts += [f"{_short(k)}={_slug(_literal(v))}" for k, v in self.grid]
+        parts += [f"{short_key(k)}={_slug(_literal(v))}" for k, v in self.grid]
         parts.append(f"seed={self.seed}")
         return ",".join(parts)
 
@@ -378,7 +378,7 @@ def _literal(v: Any) -> str:
     return json.dumps(v)
 
 
-def _short(key: str) -> str:
+def short_key(key: str) -> str:
     """A grid key's short name: ``network.up.delay+network.down.delay`` -> ``delay``."""
     return key.split("+")[0].rsplit(".", 1)[-1]
 

@@ -1,0 +1,180 @@
+"""The verdict machinery: checks, paired confidence intervals, and the Finding.
+
+How a verdict is reached. Each evaluator states the claim's expected
+directions as :class:`Check` s, written before any result was seen and not
+changed after: "Const's late test loss is noisier than Poly's", "the gap
+widens with D". A check is *shown* when the 95 % confidence interval of its
+quantity (per-seed differences or ratios, paired by seed where two variants
+share seeds) lies on the expected side, *not seen* when the mean lies on the
+other side (or on the line), and *within noise* when the mean is on the
+expected side but the interval reaches across. :func:`judge` turns the checks
+into the verdict: every check shown is **reproduced**; none shown and at
+least one not seen is **not reproduced**; none shown and the rest within
+noise (or nothing measured) is **inconclusive**; anything else is
+**partly**. DG-1 keeps its own rule (its docstring).
+
+The helpers below pair per-seed values (:func:`paired`, :func:`diffs`), give
+their mean and 95 % interval (:func:`mean_ci`) and write them as the docs
+show them (:func:`fmt`, :func:`pct`, :func:`pts`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from claimslib.charts import Chart
+from fedsim import sweep as sw
+
+REPRODUCED, PARTLY, NOT_REPRODUCED, INCONCLUSIVE = (
+    "reproduced", "partly", "not reproduced", "inconclusive")
+#: A check's outcome: its interval on the expected side, its mean on the other, or between.
+SHOWN, WITHIN_NOISE, NOT_SEEN = 1, 0, -1
+
+
+@dataclass
+class Finding:
+    """fedsim's number for a claim, and what it says about the claim."""
+
+    number: str                  # e.g. "4.1x (95 % CI 3.8 to 4.4)"
+    verdict: str                 # reproduced / partly / not reproduced / inconclusive
+    why: str                     # one or two sentences
+    details: list[str] = field(default_factory=list)   # table rows for docs/claims.md
+    chart: Chart | None = None   # drawn to <sweep dir>/claim.png when given
+
+
+@dataclass
+class Check:
+    """One expected direction of a claim and what the runs showed.
+
+    ``state`` is SHOWN, WITHIN_NOISE or NOT_SEEN, or None when nothing could be
+    measured (no faithful runs of a variant it needs).
+    """
+
+    expect: str
+    state: int | None
+
+
+def judge(checks: Sequence[Check]) -> tuple[str, str]:
+    """The verdict from a claim's checks (the rule in the module docstring), and a summary."""
+    groups: dict[int | None, list[str]] = {}
+    for c in checks:
+        groups.setdefault(c.state, []).append(c.expect)
+    shown, against = len(groups.get(SHOWN, [])), len(groups.get(NOT_SEEN, []))
+    measured = len(checks) - len(groups.get(None, []))
+    if checks and shown == len(checks):
+        verdict = REPRODUCED
+    elif shown == 0 and against > 0:
+        verdict = NOT_REPRODUCED
+    elif shown == 0:
+        verdict = INCONCLUSIVE
+    else:
+        verdict = PARTLY
+    parts = [f"{name}: {'; '.join(groups[state])}"
+             for state, name in ((SHOWN, "shown"), (NOT_SEEN, "not seen"),
+                                 (WITHIN_NOISE, "within noise"), (None, "not measured"))
+             if groups.get(state)]
+    if measured == 0:
+        parts = ["no faithful runs to compare"]
+    text = ". ".join(p[0].upper() + p[1:] for p in parts) + "."
+    return verdict, text
+
+
+def side(xs: Iterable[float], ref: float = 0.0, *, below: bool = False) -> int | None:
+    """Where ``xs`` (per-seed values) lie against ``ref``: SHOWN, WITHIN_NOISE, NOT_SEEN.
+
+    The expected side is above ``ref`` (below with ``below=True``). One value
+    can show nothing (WITHIN_NOISE at best). An infinite value (a run that
+    diverged, in a ratio) makes the interval meaningless: the signs decide,
+    SHOWN only if every seed (two at least) lies on the expected side.
+    """
+    vals = [-x if below else x for x in xs if not math.isnan(x)]
+    r = -ref if below else ref
+    if not vals:
+        return None
+    if any(math.isinf(v) for v in vals):
+        ahead = sum(v > r for v in vals)
+        if ahead == len(vals) and len(vals) >= 2:
+            return SHOWN
+        return WITHIN_NOISE if 2 * ahead > len(vals) else NOT_SEEN
+    m, ci = mean_ci(vals)
+    assert m is not None
+    if m <= r:
+        return NOT_SEEN
+    return SHOWN if ci is not None and m - ci > r else WITHIN_NOISE
+
+
+# -- paired confidence intervals, and how numbers are written --------------------
+
+def mean_ci(xs: Iterable[float]) -> tuple[float | None, float | None]:
+    """Mean and 95 % half-width (Student's t)."""
+    return sw.mean_ci(list(xs))
+
+
+def paired(num: dict[int, float], den: dict[int, float]) -> list[float]:
+    """Per-seed ratios num/den over the seeds both have (x/0 is infinite unless x is 0)."""
+    out = []
+    for s in sorted(set(num) & set(den)):
+        if den[s]:
+            out.append(num[s] / den[s])
+        elif num[s]:
+            out.append(math.copysign(math.inf, num[s]))
+    return out
+
+
+def diffs(a: dict[int, float], b: dict[int, float]) -> list[float]:
+    """Per-seed differences a - b over the seeds both have."""
+    return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+
+
+def fmt(m: float | None, ci: float | None, spec: str = ".2f", unit: str = "") -> str:
+    """``m unit (95 % CI lo-hi)``."""
+    if m is None:
+        return "no faithful runs"
+    if ci is None:
+        return f"{m:{spec}}{unit} (1 seed)"
+    return f"{m:{spec}}{unit} (95 % CI {m - ci:{spec}} to {m + ci:{spec}})"
+
+
+def pct(xs: Iterable[float]) -> str:
+    """Accuracies (fractions) as percent: mean and 95 % CI."""
+    m, ci = mean_ci(xs)
+    return fmt(None if m is None else 100 * m, None if ci is None else 100 * ci, ".1f", " %")
+
+
+def pts(xs: Iterable[float]) -> str:
+    """Accuracy differences (fractions) as percentage points: mean and 95 % CI."""
+    m, ci = mean_ci(xs)
+    return fmt(None if m is None else 100 * m, None if ci is None else 100 * ci, ".1f",
+               " points")
+
+
+def scaled(xs: Iterable[float], scale: float = 1.0) -> tuple[float | None, float | None]:
+    """Mean and 95 % half-width, both times ``scale`` (100 for percent), as a chart takes them."""
+    m, ci = mean_ci(xs)
+    return (None if m is None else scale * m, None if ci is None else scale * ci)
+
+
+def short_mean(xs: Iterable[float], spec: str = ".1f", scale: float = 1.0) -> str:
+    """The mean alone (times ``scale``) formatted by ``spec``; "-" when nothing was measured."""
+    m, _ = scaled(xs, scale)
+    return "-" if m is None else f"{m:{spec}}"
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines (header, rule, rows), as a Finding's ``details``."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def explain(verdict: str, summary: str, reason: str | None) -> str:
+    """The checks' summary, and the likely reason when the claim did not fully hold."""
+    if reason and verdict in (NOT_REPRODUCED, PARTLY):
+        return f"{summary} Likely reason: {reason}."
+    return summary
+
+
+def missing(what: str) -> Finding:
+    """The finding when the sweep lacks a variant the claim needs."""
+    return Finding("not measurable", INCONCLUSIVE, f"The sweep has no {what}.")
