@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -52,11 +54,60 @@ SET_HELP = ("Override a scenario key, e.g. --set algorithm.alpha=0.3 or "
             "--set 'model.hidden=[64, 32]' (a TOML value; repeatable).")
 
 
-def _exit(exc: FedsimError, prefix: str = "") -> NoReturn:
-    """Print a library error and exit with its code."""
-    code = next(c for cls, c in EXIT_CODES if isinstance(exc, cls))
+def _exit(exc: FedsimError, prefix: str = "", code: int | None = None) -> NoReturn:
+    """Print a library error and exit with ``code`` (default: its :data:`EXIT_CODES` entry)."""
+    if code is None:
+        code = next(c for cls, c in EXIT_CODES if isinstance(exc, cls))
     click.echo(f"error: {prefix}{exc}", err=True)
     sys.exit(code)
+
+
+@contextmanager
+def _exits_on(*catch: type[BaseException], close: Callable[[], None] | None = None,
+              report: bool = False, prefixes: Mapping[type[FedsimError], str] | None = None,
+              code: int | None = None, interrupted: str = "interrupted") -> Iterator[None]:
+    """Turn the errors of ``catch`` raised in the block into a message and an exit code.
+
+    The one place a subcommand's errors become what the user sees; an error
+    not in ``catch`` propagates untouched (a traceback: a bug). A caught
+    error first calls ``close`` (the live progress line), then is handled by
+    the first entry of ``catch`` it is an instance of, as an ``except``
+    clause would be:
+
+    * a :class:`FedsimError` class: with ``report``, a :class:`RunFailed` or
+      :class:`RunInterrupted` that carries its run's result prints the run's
+      summary and exits with the run's status (3 or 130), as a run that
+      ended by itself does; any other prints ``error: <prefix><message>``
+      (the prefix of its class in ``prefixes``) and exits with ``code`` if
+      given, else with its :data:`EXIT_CODES` entry;
+    * :class:`KeyboardInterrupt` (Ctrl-C): prints ``interrupted``, exits 130;
+    * :class:`ValueError`: prints ``error: <message>``, exits 2;
+    * :class:`Exception`: prints ``error: run failed: <type>: <message>``,
+      exits 3.
+    """
+    try:
+        yield
+    except catch as exc:
+        if close is not None:
+            close()
+        kind = next(c for c in catch if isinstance(exc, c))
+        if isinstance(exc, FedsimError) and issubclass(kind, FedsimError):
+            if (report and isinstance(exc, RunFailed | RunInterrupted)
+                    and exc.result is not None):
+                _report(exc.result)
+                sys.exit(_status_code(exc.result.summary))
+            prefix = next((p for cls, p in (prefixes or {}).items() if isinstance(exc, cls)), "")
+            _exit(exc, prefix, code)
+        if issubclass(kind, KeyboardInterrupt):
+            click.echo(interrupted, err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        if issubclass(kind, ValueError):
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_SCENARIO)
+        if issubclass(kind, Exception):
+            click.echo(f"error: run failed: {type(exc).__name__}: {exc}", err=True)
+            sys.exit(EXIT_FAILED)
+        raise
 
 
 def _fmt(v: Any, spec: str = ".4f") -> str:
@@ -125,10 +176,8 @@ def _load(path: str, sets: tuple[str, ...], dilation: str | None = None) -> Scen
     from fedsim import _overrides
     from fedsim.api import load
 
-    try:
+    with _exits_on(ScenarioError):
         return load(path, _overrides.from_cli(sets, dilation))
-    except ScenarioError as exc:
-        _exit(exc)
 
 
 def _ms(v: float | None) -> str:
@@ -231,32 +280,14 @@ def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: 
 
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
     progress = Progress(not no_progress)
-    try:
+    # a failed or interrupted run prints its summary, as one that ended by itself
+    with _exits_on(FedsimError, KeyboardInterrupt, Exception, close=progress.close,
+                   report=True, prefixes={ResumeError: "cannot resume: "}):
         if sc is None:
             assert resume is not None
             result = api.resume(resume, progress=progress)
         else:
             result = api.run(sc, out=out, progress=progress)
-    except (RunFailed, RunInterrupted) as exc:
-        progress.close()
-        if exc.result is None:
-            _exit(exc)
-        _report(exc.result)
-        sys.exit(_status_code(exc.result.summary))
-    except ResumeError as exc:
-        progress.close()
-        _exit(exc, "cannot resume: ")
-    except FedsimError as exc:
-        progress.close()
-        _exit(exc)
-    except KeyboardInterrupt:
-        progress.close()
-        click.echo("interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except Exception as exc:
-        progress.close()
-        click.echo(f"error: run failed: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(EXIT_FAILED)
     progress.close()
     _report(result)
 
@@ -298,11 +329,8 @@ def _load_runs(paths: tuple[str, ...]) -> list[Any]:
     """Every run directory read and checked; exit 2 with a one-line reason for one that is not."""
     from fedsim.rundir import RunDirError, load_run
 
-    try:
+    with _exits_on(RunDirError, code=EXIT_SCENARIO):
         return [load_run(p) for p in paths]
-    except RunDirError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_SCENARIO)
 
 
 def _compare(runs: list[Any], out: str | None, target: float | None,
@@ -440,16 +468,11 @@ def server(scenario: str | None, bind: str, keys_dir: str | None, insecure: bool
 
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
     progress = Progress(not no_progress)
-    try:
+    # unlike `run`: a RunFailed prints its message, not a summary, and a
+    # ResumeError has no "cannot resume: " prefix
+    with _exits_on(FedsimError, KeyboardInterrupt, close=progress.close):
         result = run_server(sc, bind=bind, out=out, keys_dir=keys_dir, insecure=insecure,
                             resume=resume, on_progress=progress)
-    except FedsimError as exc:
-        progress.close()
-        _exit(exc)
-    except KeyboardInterrupt:
-        progress.close()
-        click.echo("interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
     progress.close()
     _report(result)
     sys.exit(_status_code(result.summary))
@@ -487,14 +510,9 @@ def clients(scenario: str, connect: str, ids: str, name: str | None, keys_dir: s
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--ids") from None
     name = name or f"host-{id_list[0]}"
-    try:
+    with _exits_on(FedsimError, KeyboardInterrupt):
         code = run_clients(sc, connect=connect, ids=id_list, name=name, keys_dir=keys_dir,
                            insecure=insecure, state_dir=state_dir)
-    except FedsimError as exc:
-        _exit(exc)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
     sys.exit(code)
 
 
@@ -521,13 +539,8 @@ def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | No
         num_clients = _load(scenario, ()).data.num_clients
     if num_clients is None:
         raise click.UsageError("give --clients N or --scenario FILE")
-    try:
+    with _exits_on(FedsimError, ValueError):
         made = make_keys(directory, hosts, num_clients, list(ranges) or None)
-    except FedsimError as exc:
-        _exit(exc)
-    except ValueError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_SCENARIO)
     from fedsim._ids import format_ids
 
     click.echo(f"wrote {directory}/server.key(_secret) and allowed.toml")
@@ -608,7 +621,9 @@ def sweep(source: str, grids: tuple[str, ...], seeds: int | None, sets: tuple[st
         raise click.BadParameter(f"{jobs!r}: a number of runs >= 1, or 'auto'",
                                  param_hint="--jobs")
     src = Path(source)
-    try:
+    # a sweep's errors are usage errors (2); Ctrl-C keeps the finished points
+    with _exits_on(sw.SweepError, KeyboardInterrupt, code=EXIT_SCENARIO,
+                   interrupted="interrupted: run the same command again to resume"):
         if src.is_dir():
             if grids or seeds or sets or target is not None or out is not None:
                 raise click.UsageError("resuming a sweep directory takes no --grid, --seeds, "
@@ -632,12 +647,6 @@ def sweep(source: str, grids: tuple[str, ...], seeds: int | None, sets: tuple[st
             return
         result = sw.run_sweep(spec, out_dir, jobs=jobs if jobs == "auto" else int(jobs),
                               max_jobs=max_jobs, max_attempts=attempts, report=click.echo)
-    except sw.SweepError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_SCENARIO)
-    except KeyboardInterrupt:
-        click.echo("interrupted: run the same command again to resume", err=True)
-        sys.exit(EXIT_INTERRUPTED)
     for f in result.files:
         click.echo(str(f))
     if result.flagged:

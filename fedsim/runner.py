@@ -177,7 +177,8 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     from fedsim.actors._proc import fedsim_version
     from fedsim.actors._setup import build_data, build_model, model_shapes
     from fedsim.actors._workers import WorkerHandle
-    from fedsim.actors.server import Server, load_checkpoint
+    from fedsim.actors.checkpoint import load_checkpoint
+    from fedsim.actors.server import Server
     from fedsim.algorithms import flatten
     from fedsim.messages import TensorSpec
     from fedsim.plugins import child_env

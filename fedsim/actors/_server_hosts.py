@@ -1,0 +1,385 @@
+"""The server actor's side of its client hosts: registration, receiving, sending.
+
+:class:`HostSide` is a part of :class:`~fedsim.actors.server.Server` (a
+mixin: it holds no state of its own and declares what of the server's it
+uses). Every message a host sends is decoded, checked (its host, sequence
+number, rate and size) and routed here: control messages (registration,
+clock probes, event batches, goodbyes) are handled at once, and a client's
+message is held by the timer heap until that client's emulated uplink
+delivers it, then put on the server's queue as a
+:class:`~fedsim.actors._server_queue.FromClient`. A message that breaks a
+rule is rejected with a stable reason code and the reader goes on. It also
+sends (``Start``, a client's task or average stamped with its send time),
+watches the hosts' silence and, at the end, collects their goodbyes. What
+to send and when is the server's decision (:mod:`fedsim.actors.server`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fedsim._ids import format_ids
+from fedsim.actors._refusal import Refusal
+from fedsim.actors._server_queue import (
+    ClientMessage,
+    FromClient,
+    HostExited,
+    HostJoined,
+    Item,
+    Tick,
+)
+from fedsim.actors.hosts import HostInfo, HostTable, RateLimit
+from fedsim.actors.runstate import RunState
+from fedsim.algorithms.api import AlgorithmSpec
+from fedsim.codec import decode, encode, stamp
+from fedsim.messages import (
+    ClockProbe,
+    ClockReply,
+    EventBatch,
+    Failed,
+    HostBye,
+    HostHello,
+    Leave,
+    Ready,
+    Refused,
+    Start,
+    Stop,
+    TensorSpec,
+    Update,
+    WireError,
+)
+from fedsim.network import NetPlan
+from fedsim.scenario import Scenario
+from fedsim.transport import Endpoint, PeerGone
+from netem.clock import Clock
+from netem.fidelity import FidelityMonitor
+from netem.timers import TimerHeap
+
+__all__ = ["HostSide"]
+
+# the server actor's logger: its records keep their name wherever the code lives
+log = logging.getLogger("fedsim.actors.server")
+
+
+class HostSide:
+    """The server's traffic with its client hosts, both ways (a mixin of Server)."""
+
+    # what of the server's state it reads and writes (set by Server.__init__)
+    sc: Scenario
+    alg: AlgorithmSpec
+    endpoint: Endpoint
+    real_clock: Callable[[], float]
+    dilation: float
+    max_bytes: int
+    model_spec: TensorSpec
+    update_spec: TensorSpec
+    hosts: HostTable
+    queue: asyncio.Queue[Item]
+    clients: set[int]
+    seq: itertools.count[int]
+    started: bool
+    stop_reason: str | None
+    clock: Clock | None
+    timers: TimerHeap | None
+    state: RunState | None
+    plan: NetPlan
+    monitor: FidelityMonitor
+    links: dict[int, Any]
+    availability: dict[int, Any]
+    clamped: int
+    _registered: asyncio.Event
+    _bye: asyncio.Event
+    _stopping: bool
+    _reader: asyncio.Task[None] | None
+    _sends: set[asyncio.Future[None]]
+    _shared_up: Any
+    _early_rejects: list[tuple[str, str, str]]
+    _client_rates: dict[int, RateLimit]
+
+    # -- from the outside world --------------------------------------------------------
+    def refused_connection(self, address: str, why: str) -> None:
+        """The transport refused a connection (a key not on the allow-list, a failed handshake)."""
+        self._reject(address.encode() or b"?", "unauthenticated", why)
+
+    def host_exited(self, host: str, why: str) -> None:
+        """A host process ended (reported by whoever watches it)."""
+        self.queue.put_nowait(HostExited(host, why))
+        self._bye.set()
+
+    # -- receiving -----------------------------------------------------------------------
+    async def _read(self) -> None:
+        """Decode and route every message; a bad one is rejected, logged and skipped.
+
+        Total: whatever a peer sends, the reader goes on. A message that
+        breaks a handler (a bug, since every message is validated first) is
+        rejected as ``internal_error`` with its traceback in the log.
+        """
+        while True:
+            peer, frames = await self.endpoint.recv()
+            try:
+                msg, meta = decode(frames, max_bytes=self.max_bytes, spec=self.update_spec)
+                await self._route(peer, msg, meta)
+            except (WireError, Refusal) as exc:
+                self._reject(peer, exc.reason, exc.detail)
+            except Exception as exc:
+                log.exception("a message from %r broke its handler", peer)
+                self._reject(peer, "internal_error", f"{type(exc).__name__}: {exc}")
+
+    def _reject(self, peer: bytes, reason: str, detail: str) -> None:
+        sender = peer.decode(errors="replace")
+        if self.state is None:
+            log.warning("rejected a message from %s: %s: %s", sender, reason, detail)
+            self._early_rejects.append((sender, reason, detail))
+        else:
+            self.state.rejected(self._now(), sender, reason, detail)
+
+    def _disconnected(self) -> None:
+        """libzmq dropped a connection: how it refuses an oversize message, or a peer left."""
+        if self.started and self.stop_reason is None:
+            self._reject(b"?", "connection_dropped",
+                         "a connection was dropped (a message over deploy.max_message_mb, "
+                         "or a peer that went away)")
+
+    def _now(self) -> float:
+        return self.clock.now() if self.clock is not None else 0.0
+
+    def _checked_host(self, peer: bytes, meta: Any) -> HostInfo | None:
+        """The live host behind ``peer``, its sequence and rate checked (None: unregistered)."""
+        host = self.hosts.by_peer(peer)
+        if host is None or not host.alive:
+            return None
+        if self.endpoint.user(peer) != host.user:
+            raise Refusal("unauthenticated",
+                          f"this connection is not the one {host.name} registered with its key")
+        now = self.real_clock()
+        if not host.seen.add(meta.seq):
+            raise Refusal("replay", f"sequence number {meta.seq} was already received")
+        host.last_seen = now
+        if host.rate is None:
+            rate = self.sc.deploy.max_host_rate
+            host.rate = RateLimit(rate, 5 * rate, now)
+        if not host.rate.take(now):
+            raise Refusal("rate_limited",
+                          f"{host.name} sent over {self.sc.deploy.max_host_rate:g} messages/s")
+        return host
+
+    async def _route(self, peer: bytes, msg: Any, meta: Any) -> None:
+        if isinstance(msg, HostHello):
+            await self._hello(peer, msg, meta)
+            return
+        if isinstance(msg, ClockProbe):  # also a heartbeat; answered before registration too
+            self._checked_host(peer, meta)
+            reply = ClockReply(seq=msg.seq, t_sent=msg.t_sent, t_server=self.real_clock())
+            await self._to_host(peer, encode(reply))
+            return
+        host = self._checked_host(peer, meta)
+        if host is None:
+            raise Refusal("unknown_client",
+                          f"a {type(msg).__name__} from a connection no host registered")
+        if isinstance(msg, Update | Ready | Failed | Leave):
+            if msg.client not in host.samples or msg.client not in self.links:
+                raise Refusal("unknown_client", f"client {msg.client} does not run on {host.name}")
+            limit = self._client_rates.get(msg.client)
+            if limit is None:
+                rate = self.sc.deploy.max_client_rate
+                limit = self._client_rates[msg.client] = RateLimit(rate, 5 * rate,
+                                                                   self.real_clock())
+            if not limit.take(self.real_clock()):
+                raise Refusal("rate_limited", f"client {msg.client} sent over "
+                              f"{self.sc.deploy.max_client_rate:g} messages/s")
+            self._uplink(host, msg.client, msg, meta)
+            return
+        if meta.nbytes > self.sc.deploy.max_control_mb * 1e6:
+            raise Refusal("oversize", f"a {meta.kind} of {meta.nbytes} bytes (control messages: "
+                          f"deploy.max_control_mb = {self.sc.deploy.max_control_mb:g})")
+        if isinstance(msg, EventBatch):
+            if msg.host != host.name or self.state is None:
+                raise Refusal("unknown_client", f"events from {msg.host!r} on {host.name}'s "
+                              "connection" if msg.host != host.name else "events before the start")
+            bad = self.state.write_events(msg.events, host.name, frozenset(host.clients))
+            for why in bad:
+                self._reject(peer, "bad_event", why)
+        elif isinstance(msg, HostBye):
+            if not self._stopping:
+                raise Refusal("out_of_order", "a goodbye before the server said stop")
+            if msg.host != host.name or self.hosts.goodbye(peer, msg) is None:
+                raise Refusal("out_of_order", f"a goodbye from {msg.host!r}, not expected")
+            self._bye.set()
+        else:
+            raise Refusal("unexpected_kind", f"a {type(msg).__name__} is not for the server")
+
+    async def _hello(self, peer: bytes, msg: HostHello, meta: Any) -> None:
+        user = self.endpoint.user(peer)
+        old = self.hosts.hosts.get(msg.host)
+        if (old is not None and old.alive and self.started and old.user == user
+                and old.peer == peer and self.hosts.is_restart(old, msg)):
+            # its process was restarted before its silence gave it away: a ROUTER
+            # takes a connection under a routing id only once the old one is gone
+            why = "restarted (a new process registered under its name)"
+            lost = self.hosts.lose(msg.host, why, self._now())
+            self.queue.put_nowait(HostExited(msg.host, why, tuple(lost)))
+        why = self.hosts.hello(peer, msg, user)
+        if why is None and self.stop_reason is not None:
+            why = "the federation is ending"
+        if why is not None:
+            log.error("refused client host %s: %s", msg.host, why)
+            self._reject(peer, "refused", why)
+            await self._to_host(peer, encode(Refused(reason=why)))
+            return
+        info = self.hosts.hosts[msg.host]
+        info.seen.add(meta.seq)
+        info.last_seen = self.real_clock()
+        log.info("client host %s registered: clients %s, clock offset %.6f s +- %.3f ms",
+                 msg.host, format_ids(msg.clients), msg.clock_offset,
+                 msg.clock_uncertainty * 1e3)
+        if self.started:  # a lost host restarted: it takes its clients back
+            self.queue.put_nowait(HostJoined(msg.host))
+        elif len(self.hosts.registered()) == self.sc.data.num_clients:
+            self._registered.set()
+
+    def _send_time(self, host: HostInfo, claimed: float) -> tuple[float, bool]:
+        """The send time a message claims, bounded by what the server observed.
+
+        A host's emulated clock agrees with the server's up to its clock
+        uncertainty, and a message cannot have been in transit longer than
+        ``deploy.max_transit_ms``: a claim outside ``[now - max transit, now +
+        uncertainty]`` is clamped into it and the message is not judged for
+        lateness. Inside those bounds, a message that arrives later than the
+        link would have delivered it by more than the allowed lateness (its
+        real transit was longer than its emulated delay, or its claimed send
+        time is forged) is not judged either, but counted against its host
+        (``late_arrivals``): so a forged timestamp can neither fail nor pass
+        the verdict, and a real network slower than the emulated one shows.
+        """
+        now = self._now()
+        hi = now + host.clock_uncertainty / self.dilation + 1e-6
+        lo = now - self.sc.deploy.max_transit_ms / 1e3 / self.dilation
+        if lo <= claimed <= hi:
+            return claimed, False
+        self.clamped += 1
+        self.monitor.record_clamped()
+        return min(max(claimed, lo), hi), True
+
+    def _add_link(self, cid: int) -> None:
+        if cid not in self.links:
+            self.links[cid] = self.plan.make_link(cid, "up", self._shared_up)
+            self.availability[cid] = self.plan.availability(cid)
+
+    def _uplink(self, host: HostInfo, cid: int, msg: ClientMessage, meta: Any) -> None:
+        assert self.timers is not None
+        assert self.state is not None
+        sent, clamped = self._send_time(host, meta.sent_at)
+        if clamped:
+            self.state.event(self._now(), "warning", client=cid, kind=meta.kind.lower(),
+                             sent_at=meta.sent_at, reason="send time out of bounds: clamped")
+        d = self.links[cid].schedule(sent, meta.nbytes)
+        if d.dropped:
+            self.state.event(self._now(), "drop", client=cid, kind=meta.kind.lower(), dir="up",
+                             bytes=meta.nbytes, sent_at=sent, reason=d.reason)
+            return
+        received = self._now()
+        if not clamped and received - d.t_deliver > self.monitor.allowed_lateness():
+            host.late_arrivals += 1
+            clamped = True
+        self.timers.call_at(d.t_deliver, self._delivered, cid, msg, meta, d, sent, clamped)
+
+    def _delivered(self, cid: int, msg: ClientMessage, meta: Any, d: Any, sent: float,
+                   unjudged: bool) -> None:
+        assert self.state is not None
+        now = self._now()
+        if not unjudged:
+            self.monitor.record_delivery(self.plan.kind(cid, "up"), d, now)
+        lost = self._away_between(cid, sent, now)
+        self.state.event(now, "drop" if lost else "deliver", client=cid, kind=meta.kind.lower(),
+                         dir="up", bytes=meta.nbytes, sent_at=sent,
+                         scheduled=d.t_deliver, version=getattr(msg, "base_version", None),
+                         reason=lost)
+        if lost:
+            return
+        if isinstance(msg, Update):
+            self.state.bytes_up += meta.nbytes
+        self.queue.put_nowait(FromClient(cid, msg))
+
+    def _away_between(self, cid: int, t_send: float, t_now: float) -> str | None:
+        """Whether the in-flight policy loses a message of an away client."""
+        policy = self.sc.network.in_flight
+        if policy == "held":
+            return None
+        av = self.availability[cid]
+        if not av.is_available(t_now):
+            return f"away ({policy})"
+        if policy == "reset" and av.next_change(t_send)[0] <= t_now:
+            return "connection reset"
+        return None
+
+    # -- sending -------------------------------------------------------------------------
+    async def _to_host(self, peer: bytes, frames: list[Any]) -> None:
+        try:
+            await self.endpoint.send(peer, frames)
+        except PeerGone:
+            log.warning("host %r is gone", peer)
+
+    def _start_message(self) -> list[Any]:
+        assert self.clock is not None
+        return encode(Start(epoch=self.clock.epoch, dilation=self.dilation,
+                            spec=self.model_spec, task_copies=self.alg.task_copies,
+                            host_step_time=self.sc.devices.host_step_time))
+
+    def _send_later(self, cid: int, body: Any, fields: dict[str, Any]) -> None:
+        task = asyncio.ensure_future(self._send(self._now(), cid, body, **fields))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _send(self, now: float, cid: int, body: Any, **fields: Any) -> None:
+        """Stamp and send one message to a client through its host; log it."""
+        assert self.state is not None
+        peer = self.hosts.owner(cid)
+        try:
+            if peer is None:
+                raise PeerGone(f"no host runs client {cid}")
+            await self.endpoint.send(peer, stamp(body, sent_at=now, seq=next(self.seq)))
+        except PeerGone as exc:
+            self.state.event(now, "warning", client=cid, reason=f"send failed: {exc}")
+            if cid in self.clients:
+                self.queue.put_nowait(FromClient(cid, Leave(client=cid, reason="unreachable")))
+            return
+        self.state.bytes_down += body.nbytes
+        self.state.event(now, "send", client=cid, dir="down", bytes=body.nbytes, sent_at=now,
+                         **fields)
+
+    # -- liveness and the end ------------------------------------------------------------
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self.queue.put_nowait(Tick())
+            timeout = self.sc.deploy.host_timeout
+            for name in self.hosts.silent(self.real_clock(), timeout):
+                self.hosts.hosts[name].last_seen = float("inf")  # reported once
+                self.queue.put_nowait(HostExited(name, f"silent for over {timeout:g} s"))
+
+    async def _stop_hosts(self) -> None:
+        """Tell live hosts to stop; wait up to 10 real seconds for each one's goodbye."""
+        stop = encode(Stop(reason=self.stop_reason or "completed"))
+        self._stopping = True
+        for h in self.hosts.hosts.values():
+            if h.alive:
+                await self._to_host(h.peer, stop)
+        deadline = self.real_clock() + 10.0
+        # a reader that crashed can read no goodbye: do not wait for one
+        while (self.hosts.waiting_for_bye() and self.real_clock() < deadline
+               and not (self._reader is not None and self._reader.done())):
+            self._bye.clear()
+            try:
+                await asyncio.wait_for(self._bye.wait(), max(0.0, deadline - self.real_clock()))
+            except TimeoutError:
+                break
+            while not self.queue.empty():
+                item = self.queue.get_nowait()
+                if isinstance(item, HostExited):
+                    self.hosts.lose(item.host, item.why, self._now())
+        for name in self.hosts.waiting_for_bye():
+            log.warning("client host %s sent no goodbye; its measurements are missing", name)

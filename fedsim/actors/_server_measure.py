@@ -1,0 +1,84 @@
+"""What the server actor reports of a run's faithfulness: netem's verdict and the totals.
+
+:class:`Measurements` is a part of :class:`~fedsim.actors.server.Server` (a
+mixin: it holds no state of its own and declares what of the server's it
+reads). It merges the server's own records (its uplinks' deliveries and
+losses, clamped send times) with what every client host reported in its
+goodbye (downlinks, compute, clock offsets) into the fidelity verdict and
+the summary's totals.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from fedsim.actors.hosts import HostTable
+from fedsim.network import NetPlan
+from netem.clock import Clock
+from netem.fidelity import FidelityMonitor
+
+__all__ = ["Measurements"]
+
+# the server actor's logger: its records keep their name wherever the code lives
+log = logging.getLogger("fedsim.actors.server")
+
+
+class Measurements:
+    """The fidelity verdict and the run's totals (a mixin of Server)."""
+
+    # what of the server's state it reads (set by Server.__init__)
+    clock: Clock | None
+    began: bool
+    plan: NetPlan
+    monitor: FidelityMonitor
+    links: dict[int, Any]
+    hosts: HostTable
+    clamped: int
+
+    def _totals(self) -> dict[str, Any]:
+        byes = self.hosts.byes()
+        hosts = self.hosts.hosts.values()
+        return {"overruns": sum(b.overruns for b in byes),
+                "compute_deadlines": sum(b.compute_deadlines for b in byes),
+                "rejected": sum(b.rejected for b in byes),
+                "clamped": self.clamped,
+                "late_arrivals": sum(h.late_arrivals for h in hosts),
+                "hosts": {"registered": len(self.hosts.hosts), "reported": len(byes),
+                          "lost": [h.name for h in hosts if not h.alive],
+                          "unreported": [h.name for h in hosts if h.bye is None]}}
+
+    def fidelity(self) -> dict[str, Any]:
+        """netem's verdict over the server's uplinks and every host's downlinks and compute.
+
+        Merged into a copy, so it can be called while the run goes on; hosts
+        that never said goodbye (lost) are named, since the verdict then
+        covers only the others.
+        """
+        if self.clock is None or not self.began:
+            return {"verdict": "fail", "reasons": ["the run never started"],
+                    "lateness_ms": {"p50": None, "p99": None, "max": None},
+                    "suggested_dilation": None}
+        mon = copy.deepcopy(self.monitor)
+        for cid, link in self.links.items():
+            mon.record_loss(self.plan.kind(cid, "up"), link.loss_stats)
+        for bye in self.hosts.byes():
+            try:
+                mon.merge(bye.fidelity)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("host %s: unreadable fidelity data (%s)", bye.host, exc)
+        for h in self.hosts.hosts.values():
+            offsets = [h.clock_offset, *(h.bye.clock_offsets if h.bye is not None else ())]
+            drift = max(abs(o - h.clock_offset) for o in offsets)
+            mon.record_clock(h.name, h.clock_offset, h.clock_uncertainty + drift)
+        report = mon.report()
+        for h in self.hosts.hosts.values():  # the fastest probe's round trip at registration
+            report["clocks"][h.name]["rtt_ms"] = 2e3 * h.clock_uncertainty
+            report["clocks"][h.name]["late_arrivals"] = h.late_arrivals
+        report["hosts_reported"] = len(self.hosts.byes())
+        report["hosts_registered"] = len(self.hosts.hosts)
+        lost = [h.name for h in self.hosts.hosts.values() if h.bye is None]
+        if lost:
+            report["hosts_unreported"] = lost
+        return report
