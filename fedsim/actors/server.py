@@ -50,7 +50,7 @@ from fedsim.actors._server_queue import (
 )
 from fedsim.actors._setup import local_config
 from fedsim.actors._tensors import to_model, to_tensor
-from fedsim.actors.checkpoint import Checkpoints, load_checkpoint
+from fedsim.actors.checkpoint import Checkpoints
 from fedsim.actors.hosts import HostTable, RateLimit
 from fedsim.actors.runstate import Progress, RunState
 from fedsim.algorithms import ClientResult, get
@@ -72,7 +72,7 @@ from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.timers import TimerHeap
 
-__all__ = ["Server", "load_checkpoint"]
+__all__ = ["Server"]
 
 log = logging.getLogger(__name__)
 
