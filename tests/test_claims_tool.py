@@ -682,10 +682,12 @@ def test_the_table_goes_between_the_readme_markers(tmp_path: Path,
     monkeypatch.setattr(writer, "ROOT", tmp_path)
     rec = {"id": "DG-1", "claim": "c", "reported": "5x", "number": "4.9x", "verdict": "reproduced",
            "why": "w.", "figure": "docs/claims/dg-1.png", "measured": "2026-11-24",
-           "commit": "abc123"}
+           "commit": "abc123", "command": "python tools/claims.py --only DG-1"}
     writer.write_readme([rec])
     text = readme.read_text()
     assert "old" not in text
     assert text.startswith("# x\nbefore\n")
     assert text.endswith("after\n")
     assert "| [DG-1](docs/claims.md#dg-1) c | 5x | 4.9x | **reproduced**: w. |" in text
+    # every row says when and at which commit it was measured, and how to regenerate it
+    assert "| 2026-11-24 at abc123: `python tools/claims.py --only DG-1` |" in text

@@ -121,13 +121,14 @@ def pending(c: Claim) -> dict[str, Any]:
 
 def table(records: list[dict[str, Any]]) -> str:
     """The Markdown table (README and docs/claims.md)."""
-    lines = ["| claim | paper reports | fedsim (mean, 95 % CI) | verdict | figure | measured |",
+    lines = ["| claim | paper reports | fedsim (mean, 95 % CI) | verdict | figure | measured, "
+             "and the command that regenerates it |",
              "|---|---|---|---|---|---|"]
     for r in records:
         fig = f"[png]({r['figure']})" if r.get("figure") else "-"
         lines.append(f"| [{r['id']}](docs/claims.md#{r['id'].lower()}) {r['claim']} | "
                      f"{r['reported']} | {r['number']} | **{r['verdict']}**: {r['why']} | "
-                     f"{fig} | {r['measured']} at {r['commit']} |")
+                     f"{fig} | {r['measured']} at {r['commit']}: `{r['command']}` |")
     return "\n".join(lines)
 
 
