@@ -114,8 +114,11 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-class Progress:
-    """A live status line (rich on a terminal, plain lines otherwise)."""
+class ProgressLine:
+    """A live status line (rich on a terminal, plain lines otherwise).
+
+    Called with each :class:`~fedsim.actors.runstate.Progress` of a run.
+    """
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -279,7 +282,7 @@ def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: 
     from fedsim import api
 
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
-    progress = Progress(not no_progress)
+    progress = ProgressLine(not no_progress)
     # a failed or interrupted run prints its summary, as one that ended by itself
     with _exits_on(FedsimError, KeyboardInterrupt, Exception, close=progress.close,
                    report=True, prefixes={ResumeError: "cannot resume: "}):
@@ -467,7 +470,7 @@ def server(scenario: str | None, bind: str, keys_dir: str | None, insecure: bool
     from fedsim.deploy.run import run_server
 
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
-    progress = Progress(not no_progress)
+    progress = ProgressLine(not no_progress)
     # unlike `run`: a RunFailed prints its message, not a summary, and a
     # ResumeError has no "cannot resume: " prefix
     with _exits_on(FedsimError, KeyboardInterrupt, close=progress.close):

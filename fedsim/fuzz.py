@@ -88,9 +88,10 @@ class Fuzzer:
         return Model.from_flat(flat, self.spec)
 
     def _update(self, fill: float | None = None, **changes: Any) -> Update:
-        fields = {"client": self._client(), "task_id": int(self.rng.integers(10**6, 10**7)),
-                      "base_version": 0, "round": 0, "num_samples": 10, "steps": 1, "loss": None,
-                      "model": self._model(fill)}
+        fields: dict[str, Any] = {
+            "client": self._client(), "task_id": int(self.rng.integers(10**6, 10**7)),
+            "base_version": 0, "round": 0, "num_samples": 10, "steps": 1, "loss": None,
+            "model": self._model(fill)}
         fields.update(changes)
         return Update(**fields)
 
@@ -132,7 +133,7 @@ class Fuzzer:
 
     def wrong_type(self) -> Frame:
         c = self._client()
-        choices = [
+        choices: list[tuple[str, list[Any]]] = [
             ("Update", [c, 1, 0, 0, 10, "lots", None, [["float32", [1]]]]),
             ("Update", ["c05", 1, 0, 0, 10, 1, None, [["float32", [1]]]]),
             ("Ready", [c, "yes"]),

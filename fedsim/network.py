@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from fedsim._netconfig import GroupConfig, LinkConfig, LossConfig
 from fedsim.errors import ScenarioError
 from fedsim.scenario import Scenario
 from netem.availability import AlwaysAvailable, AvailabilityTrace, OnOff, SuspensionModel
-from netem.device import Device, RunTrace, draw_devices
+from netem.device import RunTrace, draw_devices
 from netem.dist import make_dist
 from netem.empirical import Empirical
 from netem.link import Bottleneck, Delivery, Link
@@ -42,13 +43,26 @@ from netem.profiles import profile
 from netem.rng import stream
 from netem.trace import DeliveryTrace, Schedule, bundled_trace
 
-__all__ = ["DEFAULT_GROUP", "Delivery", "NetPlan", "NetworkError"]
+__all__ = ["DEFAULT_GROUP", "Delivery", "DeviceModel", "NetPlan", "NetworkError"]
 
 DEFAULT_GROUP = "default"
 
 
 class NetworkError(ScenarioError):
     """A ``[network]``, ``[devices]`` or ``[availability]`` setting that cannot be built."""
+
+
+class DeviceModel(Protocol):
+    """What a client's device answers: netem's :data:`~netem.device.Device` models,
+    or an instant device when ``devices.step_time = 0``."""
+
+    def compute_time(self, steps: int, rng: np.random.Generator, run_index: int = 0) -> float:
+        """Emulated seconds for ``steps`` steps of run ``run_index``."""
+        ...
+
+    def mean_step(self) -> float:
+        """Expected emulated seconds per step."""
+        ...
 
 
 def _loss(cfg: LossConfig) -> LossModel | None:
@@ -104,8 +118,8 @@ class NetPlan:
         self.seed = sc.seed
         self.host_step_time = host_step_time
         self._groups: dict[str, GroupConfig | None] = {DEFAULT_GROUP: None}
-        for i, g in enumerate(self.net.groups):
-            self._groups[g.name or f"group{i}"] = g
+        for i, group in enumerate(self.net.groups):
+            self._groups[group.name or f"group{i}"] = group
         self.group_of = self._assign()
         try:
             self._base: dict[str, tuple[LinkParams, LinkParams]] = {}
@@ -255,7 +269,7 @@ class NetPlan:
 
     # -- devices ----------------------------------------------------------------
     @cached_property
-    def _devices(self) -> tuple[list[Device], dict[str, Any]]:
+    def _devices(self) -> tuple[Sequence[DeviceModel], dict[str, Any]]:
         d = self.sc.devices
         rng = stream(self.seed, "devices", "draw")
         if d.model == "trace":
@@ -286,7 +300,7 @@ class NetPlan:
         except ValueError as exc:
             raise NetworkError(f"devices: {exc}") from None
 
-    def device(self, client: int) -> Device:
+    def device(self, client: int) -> DeviceModel:
         return self._devices[0][client]
 
     def device_rng(self, client: int) -> np.random.Generator:

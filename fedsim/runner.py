@@ -132,7 +132,8 @@ def measure_step_time(sc: Scenario) -> float:
     local_train(model, x0, x, y, cfg, gen)
     t0 = time.perf_counter()
     _, stats = local_train(model, x0, x, y, cfg, gen)
-    return (time.perf_counter() - t0) / max(1, stats["steps"])
+    steps: int = stats["steps"]
+    return (time.perf_counter() - t0) / max(1, steps)
 
 
 def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None) -> float:

@@ -316,7 +316,7 @@ class ZmqConnection:
         self.owner.forget(self.sock, linger_ms)
 
 
-_HANDSHAKE_FAILED = {
+_HANDSHAKE_FAILED: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "handshake failed (protocol: a peer without CURVE?)",
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "handshake failed (authentication)",
@@ -387,7 +387,9 @@ class ZmqEndpoint:
         peer = frames[0].bytes
         if self.authenticated and len(frames) > 1:
             # the ZAP handler's answer for this connection's key
-            self._users[peer] = frames[1].get("User-Id") or None
+            # pyzmq types every Frame.get() as int | str; a metadata property is a str
+            user = frames[1].get("User-Id")
+            self._users[peer] = user if isinstance(user, str) and user else None
         return peer, frames[1:]
 
     def user(self, peer: bytes) -> str | None:

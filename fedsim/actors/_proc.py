@@ -95,7 +95,7 @@ def run_loop(coro: Coroutine[Any, Any, T], kind: str) -> T:
         try:
             import uvloop
         except ImportError:
-            uvloop = None
-        if uvloop is not None:
-            return uvloop.run(coro)  # type: ignore[no-any-return]
+            pass
+        else:
+            return uvloop.run(coro)
     return asyncio.run(coro)

@@ -219,9 +219,9 @@ class HostSide:
                 and old.peer == peer and self.hosts.is_restart(old, msg)):
             # its process was restarted before its silence gave it away: a ROUTER
             # takes a connection under a routing id only once the old one is gone
-            why = "restarted (a new process registered under its name)"
-            lost = self.hosts.lose(msg.host, why, self._now())
-            self.queue.put_nowait(HostExited(msg.host, why, tuple(lost)))
+            restarted = "restarted (a new process registered under its name)"
+            lost = self.hosts.lose(msg.host, restarted, self._now())
+            self.queue.put_nowait(HostExited(msg.host, restarted, tuple(lost)))
         why = self.hosts.hello(peer, msg, user)
         if why is None and self.stop_reason is not None:
             why = "the federation is ending"

@@ -9,6 +9,7 @@ warning). The algorithms read such a tensor and never write to it.
 from __future__ import annotations
 
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from fedsim.messages import Model, TensorSpec
 
@@ -17,7 +18,7 @@ __all__ = ["to_model", "to_tensor"]
 
 def to_tensor(model: Model) -> torch.Tensor:
     """A received model's flat buffer as a tensor, without a copy (read-only memory)."""
-    return torch.from_dlpack(model.flat())
+    return from_dlpack(model.flat())
 
 
 def to_model(vec: torch.Tensor, spec: TensorSpec) -> Model:

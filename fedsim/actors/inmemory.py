@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,7 +88,7 @@ def plan(sc: Scenario, hosts: int) -> list[list[int]]:
 
 def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: float = 1.0,
                   network: MemoryNetwork | None = None,
-                  during: Callable[[InMemoryRun], Awaitable[None]] | None = None,
+                  during: Callable[[InMemoryRun], Coroutine[Any, Any, None]] | None = None,
                   host_hashes: dict[int, str] | None = None,
                   allowed: dict[str, tuple[int, ...]] | None = None,
                   users: dict[int, str | None] | None = None,
@@ -161,7 +161,8 @@ def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: floa
         run._restart = start_host
         for i in range(len(groups)):
             start_host(i)
-        side = asyncio.create_task(during(run)) if during is not None else None
+        side: asyncio.Task[None] | None = (
+            asyncio.create_task(during(run)) if during is not None else None)
         try:
             run.summary = await server.run()
         finally:

@@ -311,9 +311,9 @@ class Server(HostSide, Checkpoints, Measurements):
                     state.flush()
             if step is not None:
                 await self._apply(now, step)
-            reason = state.should_stop()
-            if reason and self.stop_reason is None:
-                self.stop_reason = reason
+            ended = state.should_stop()
+            if ended and self.stop_reason is None:
+                self.stop_reason = ended
 
     def _on_client(self, now: float, cid: int, msg: ClientMessage) -> Step | None:
         assert self.state is not None
