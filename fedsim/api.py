@@ -114,7 +114,8 @@ def open_run(run_dir: str | Path) -> RunResult:
 
 
 def run(scenario: Scenario | str | Path, *, out: str | Path | None = None,
-        dilation: float | str | None = None, progress: ProgressArg = None) -> RunResult:
+        dilation: float | str | None = None, progress: ProgressArg = None,
+        plots: bool = True) -> RunResult:
     """Run a scenario to its end on this machine; its result.
 
     Parameters
@@ -129,6 +130,10 @@ def run(scenario: Scenario | str | Path, *, out: str | Path | None = None,
         Called with a :class:`~fedsim.actors.runstate.Progress` as the run
         goes (from the run's thread); ``True`` prints a line every 10 real
         seconds.
+    plots
+        Draw the run's PNGs (accuracy, staleness, timeline) when it ends
+        (``False``: :func:`fedsim.plots.plot_run` or ``fedsim plot RUN`` draws
+        them later).
 
     Raises
     ------
@@ -139,12 +144,12 @@ def run(scenario: Scenario | str | Path, *, out: str | Path | None = None,
         Ctrl-C, or the process was told to stop (``.result`` holds what it did).
     """
     sc = scenario if not isinstance(scenario, str | Path) else load(scenario)
-    return _wait(_Job(sc, out, dilation, None, progress))
+    return _wait(_Job(sc, out, dilation, None, progress, plots))
 
 
 async def arun(scenario: Scenario | str | Path, *, out: str | Path | None = None,
-               dilation: float | str | None = None, progress: ProgressArg = None
-               ) -> RunResult:
+               dilation: float | str | None = None, progress: ProgressArg = None,
+               plots: bool = True) -> RunResult:
     """:func:`run` for a coroutine: awaits the run without blocking this event loop.
 
     Cancelling the awaiting task stops the run cleanly (status
@@ -152,18 +157,20 @@ async def arun(scenario: Scenario | str | Path, *, out: str | Path | None = None
     aborts it.
     """
     sc = scenario if not isinstance(scenario, str | Path) else load(scenario)
-    return await _await(_Job(sc, out, dilation, None, progress))
+    return await _await(_Job(sc, out, dilation, None, progress, plots))
 
 
-def resume(run_dir: str | Path, *, progress: ProgressArg = None) -> RunResult:
+def resume(run_dir: str | Path, *, progress: ProgressArg = None,
+           plots: bool = True) -> RunResult:
     """Continue a run from its last checkpoint (raises :class:`~fedsim.errors.ResumeError`
     when it cannot); otherwise as :func:`run`."""
-    return _wait(_Job(None, None, None, run_dir, progress))
+    return _wait(_Job(None, None, None, run_dir, progress, plots))
 
 
-async def aresume(run_dir: str | Path, *, progress: ProgressArg = None) -> RunResult:
+async def aresume(run_dir: str | Path, *, progress: ProgressArg = None,
+                  plots: bool = True) -> RunResult:
     """:func:`resume` for a coroutine (as :func:`arun`)."""
-    return await _await(_Job(None, None, None, run_dir, progress))
+    return await _await(_Job(None, None, None, run_dir, progress, plots))
 
 
 # -- running ---------------------------------------------------------------------------
@@ -187,10 +194,11 @@ class _Job:
 
     def __init__(self, sc: Scenario | None, out: str | Path | None,
                  dilation: float | str | None, resume: str | Path | None,
-                 progress: ProgressArg) -> None:
+                 progress: ProgressArg, plots: bool = True) -> None:
         from fedsim.runner import RunControl
 
         self.sc, self.out, self.dilation, self.resume = sc, out, dilation, resume
+        self.plots = plots
         self.progress = _printer() if progress is True else (progress or None)
         self.control: RunControl = RunControl()
 
@@ -200,7 +208,7 @@ class _Job:
         try:
             result = run_scenario(self.sc, self.out, dilation=self.dilation,
                                   resume=self.resume, on_progress=self.progress,
-                                  control=self.control)
+                                  control=self.control, plots=self.plots)
         except FedsimError:
             raise
         except Exception as exc:  # the run could not go on (a plug-in's model fails, ...)

@@ -276,8 +276,10 @@ def _status_code(summary: Any) -> int:
 @click.option("--resume", type=click.Path(exists=True, file_okay=False),
               help="Continue RUN_DIR from its last checkpoint (no SCENARIO).")
 @click.option("--no-progress", is_flag=True, help="No live progress line.")
+@click.option("--no-plots", is_flag=True,
+              help="Draw no PNGs at the end (fedsim plot RUN draws them later).")
 def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: str | None,
-        resume: str | None, no_progress: bool) -> None:
+        resume: str | None, no_progress: bool, no_plots: bool) -> None:
     """Run SCENARIO (a TOML file) on this machine."""
     from fedsim import api
 
@@ -288,9 +290,9 @@ def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: 
                    report=True, prefixes={ResumeError: "cannot resume: "}):
         if sc is None:
             assert resume is not None
-            result = api.resume(resume, progress=progress)
+            result = api.resume(resume, progress=progress, plots=not no_plots)
         else:
-            result = api.run(sc, out=out, progress=progress)
+            result = api.run(sc, out=out, progress=progress, plots=not no_plots)
     progress.close()
     _report(result)
 
@@ -604,10 +606,13 @@ def slurm(scenario: str, hosts: int, run_dir: str, out_file: str | None, port: i
               help="The most runs at once under --jobs auto.")
 @click.option("--attempts", type=click.IntRange(min=1), default=3, show_default=True,
               help="Runs per point before an unfaithful point is flagged.")
+@click.option("--run-plots", is_flag=True,
+              help="Each run draws its own PNGs too (default: only the sweep's figures; "
+              "fedsim plot OUT/runs/POINT draws a run's later).")
 @click.option("--dry-run", is_flag=True, help="List the points and exit.")
 def sweep(source: str, grids: tuple[str, ...], seeds: int | None, sets: tuple[str, ...],
           target: float | None, out: str | None, jobs: str, max_jobs: int, attempts: int,
-          dry_run: bool) -> None:
+          run_plots: bool, dry_run: bool) -> None:
     """Run SOURCE over a grid of overrides and seeds; tabulate and plot the results.
 
     SOURCE is a scenario (give --grid), a sweep file (a TOML file with a
@@ -649,7 +654,8 @@ def sweep(source: str, grids: tuple[str, ...], seeds: int | None, sets: tuple[st
             click.echo(f"{len(points)} points")
             return
         result = sw.run_sweep(spec, out_dir, jobs=jobs if jobs == "auto" else int(jobs),
-                              max_jobs=max_jobs, max_attempts=attempts, report=click.echo)
+                              max_jobs=max_jobs, max_attempts=attempts, report=click.echo,
+                              run_plots=run_plots)
     for f in result.files:
         click.echo(str(f))
     if result.flagged:

@@ -348,13 +348,15 @@ def finish(run_dir: Path) -> None:
 def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
                  dilation: float | str | None = None, resume: str | Path | None = None,
                  on_progress: Callable[[Progress], None] | None = None,
-                 control: RunControl | None = None) -> RunResult:
+                 control: RunControl | None = None, plots: bool = True) -> RunResult:
     """Run a scenario to its end on this machine and return where its results are.
 
     With ``resume`` (a run directory) the run continues from its last
     checkpoint instead (``sc`` is read from the directory). The run's event
     loop is this thread's (it must have none running: :func:`fedsim.run`
-    takes care of that); ``control`` stops it from elsewhere.
+    takes care of that); ``control`` stops it from elsewhere. ``plots=False``
+    skips drawing the run's PNGs at the end (``fedsim plot RUN`` draws them
+    later; a sweep of many runs saves a few seconds per run).
     """
     import torch
 
@@ -374,5 +376,6 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
                              resume=resume is not None, on_progress=on_progress,
                              control=control),
                        sc.deploy.loop)
-    finish(run_dir)
+    if plots:
+        finish(run_dir)
     return RunResult.of(run_dir, summary)

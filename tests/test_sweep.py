@@ -279,8 +279,11 @@ def test_a_real_sweep_point(tmp_path: Path) -> None:
         assert r.summary["updates"] > 0
         assert r.cores is not None
         assert 0 < r.cores < 4
-        assert json.loads((r.run_dir / "point.json").read_text())["command"][:3] == [
-            "-m", "fedsim.cli", "run"]
+        command = json.loads((r.run_dir / "point.json").read_text())["command"]
+        assert command[:3] == ["-m", "fedsim.cli", "run"]
+        # a sweep's runs draw no PNGs of their own (the sweep draws its figures)
+        assert "--no-plots" in command
+        assert not list(r.run_dir.glob("*.png"))
     assert (tmp_path / "out" / "sweep.csv").exists()
 
 

@@ -93,11 +93,14 @@ def _next_dilation(res: PointResult) -> float:
 
 def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jobs: int = 8,
               max_attempts: int = 3, python: str | None = None,
-              report: Callable[[str], None] | None = None) -> SweepResult:
+              report: Callable[[str], None] | None = None,
+              run_plots: bool = False) -> SweepResult:
     """Run every point not yet finished in ``out``; write the tables and figures.
 
     ``out`` may hold an earlier run of the same sweep (it resumes) but not of
-    a different one (:class:`SweepError`).
+    a different one (:class:`SweepError`). Each run draws its own PNGs only
+    with ``run_plots`` (``fedsim plot RUN`` draws them later; skipping them
+    saves a few seconds of a core per run).
     """
     out = Path(out)
     say = report or (lambda _: None)
@@ -133,7 +136,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                 p = todo.pop(0)
                 prev = results[p.key]
                 dilation = _next_dilation(prev) if prev.verdict == "fail" else None
-                running_proc = _start(p, sweep, runs / p.key, python, dilation,
+                running_proc = _start(p, sweep, runs / p.key, python, dilation, run_plots,
                                       prev.attempts + 1)
                 running[running_proc.pid] = (p, running_proc, time.monotonic(), dilation or 0.0)
             pid, status, usage = os.wait4(-1, 0)
@@ -171,7 +174,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
 
 
 def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float | None,
-           attempt: int) -> Any:
+           plots: bool, attempt: int) -> Any:
     import shutil
     import subprocess
 
@@ -182,6 +185,8 @@ def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float |
     run_dir.mkdir(parents=True)
     cmd = [python, "-m", "fedsim.cli", "run", str(sweep.scenario), "--out", str(run_dir),
            "--no-progress", *itertools.chain.from_iterable(("--set", s) for s in p.set_args())]
+    if not plots:
+        cmd.append("--no-plots")
     if dilation is not None:
         cmd += ["--dilation", str(dilation)]
     meta = {"variant": p.variant, "grid": dict(p.grid), "seed": p.seed, "attempts": attempt,

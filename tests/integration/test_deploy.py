@@ -135,7 +135,7 @@ def test_thousands_of_hostile_frames_from_an_insider_host(tmp_path: Path) -> Non
 def test_a_killed_server_reads_as_interrupted_and_resumes(tmp_path: Path) -> None:
     scenario = _scenario(tmp_path, 9.0)
     run_dir = tmp_path / "run"
-    proc = fedsim("run", str(scenario), "--out", str(run_dir), "--no-progress",
+    proc = fedsim("run", str(scenario), "--out", str(run_dir), "--no-progress", "--no-plots",
                   "--set", "run.checkpoint_every=10")
     try:
         wait_for_events(run_dir, "checkpoint", count=2, timeout=90)
@@ -153,7 +153,7 @@ def test_a_killed_server_reads_as_interrupted_and_resumes(tmp_path: Path) -> Non
     assert json.loads((run_dir / "endpoints.json").read_text())["server"].startswith("ipc://@")
     assert [f for f in os.listdir("/tmp") if run_id in f] == []  # abstract sockets: no files
     time.sleep(1.0)
-    resumed = fedsim("run", "--resume", str(run_dir), "--no-progress")
+    resumed = fedsim("run", "--resume", str(run_dir), "--no-progress", "--no-plots")
     code, _, err = finish(resumed)
     assert code == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

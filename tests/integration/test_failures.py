@@ -22,7 +22,7 @@ def test_failing_clients_are_dropped_and_the_rest_train(tmp_path: Path) -> None:
     path = write_scenario(tmp_path, '[algorithm]\nname = "fedasync"\nconcurrency = 4\n')
     run = tmp_path / "run"
     code, _, err = finish(fedsim("run", str(path), "--out", str(run), "--dilation", "2",
-                                 env={**os.environ, "FEDSIM_FAIL_TRAIN": "0,5"}))
+                                 "--no-plots", env={**os.environ, "FEDSIM_FAIL_TRAIN": "0,5"}))
     assert code == 0, err[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed"
@@ -40,7 +40,7 @@ def test_a_run_whose_every_client_fails_ends_failed_at_once(tmp_path: Path) -> N
     path = write_scenario(tmp_path, '[algorithm]\nname = "fedavg"\n')
     run = tmp_path / "run"
     env = {**os.environ, "FEDSIM_FAIL_TRAIN": "all"}
-    code, _, err = finish(fedsim("run", str(path), "--out", str(run),
+    code, _, err = finish(fedsim("run", str(path), "--out", str(run), "--no-plots",
                                  "--set", "run.time_budget=600", env=env), timeout=120)
     assert code == 3, err[-2000:]
     summary = json.loads((run / "summary.json").read_text())

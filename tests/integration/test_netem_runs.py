@@ -26,7 +26,7 @@ def _run(tmp_path: Path, extra: str, dilation: float = 2.0,
     path = tmp_path / "s.toml"
     path.write_text(BASE + extra + "\n[deploy]\nhosts = 1\n")
     sc = load(path, sets)
-    res = run_scenario(sc, tmp_path / "run", dilation=dilation)
+    res = run_scenario(sc, tmp_path / "run", dilation=dilation, plots=False)
     return res.summary, list(read_events(res.run_dir / "events.jsonl"))
 
 

@@ -34,7 +34,7 @@ name = "fedasync"
 concurrency = 4
 """)
     out = tmp_path / "run"
-    proc = fedsim("run", str(path), "--out", str(out), "--no-progress",
+    proc = fedsim("run", str(path), "--out", str(out), "--no-progress", "--no-plots",
                   "--set", "run.time_budget=5", "--set", 'deploy.transport="tcp"',
                   "--set", "deploy.max_message_mb=1.0")
     endpoints = wait_for(out / "endpoints.json")

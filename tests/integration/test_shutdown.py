@@ -33,7 +33,7 @@ every_updates = 4
 def test_ctrl_c_stops_cleanly_and_keeps_results(tmp_path: Path) -> None:
     path = write_scenario(tmp_path, ASYNC)
     out = tmp_path / "run"
-    proc = fedsim("run", str(path), "--out", str(out), "--no-progress",
+    proc = fedsim("run", str(path), "--out", str(out), "--no-progress", "--no-plots",
                   "--set", "run.time_budget=600")
     endpoints = wait_for(out / "endpoints.json")
     wait_for_events(out, "aggregate", count=5)
@@ -52,7 +52,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_results(tmp_path: Path) -> None:
 def test_crashed_client_host_is_survived(tmp_path: Path) -> None:
     path = write_scenario(tmp_path, ASYNC)
     out = tmp_path / "run"
-    proc = fedsim("run", str(path), "--out", str(out), "--no-progress",
+    proc = fedsim("run", str(path), "--out", str(out), "--no-progress", "--no-plots",
                   "--set", "deploy.hosts=2", "--set", "run.time_budget=8")
     endpoints = wait_for(out / "endpoints.json")
     wait_for_events(out, "aggregate", count=5)

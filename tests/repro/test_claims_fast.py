@@ -84,7 +84,7 @@ def run(out: Path, scenario: str, sets: list[str], dilation: float) -> Run:
     """
     sc = load(REPRO / scenario, sets)
     for attempt in (1, 2, 3):
-        res = run_scenario(sc, out / f"attempt{attempt}", dilation=dilation)
+        res = run_scenario(sc, out / f"attempt{attempt}", dilation=dilation, plots=False)
         summary = res.summary
         assert summary["status"] == "completed", summary
         fid = summary["fidelity"]
