@@ -29,7 +29,8 @@ Rules
        a tuple);
    value types
        frozen keyword-only dataclasses registered like messages
-       (:class:`LocalWork`, :class:`Event`), checked the same way;
+       (:class:`LocalWork`, :class:`Event`, :class:`PhaseSample`), checked
+       the same way;
    :class:`TensorSpec`
        a model's layout;
    :class:`Model`
@@ -94,9 +95,11 @@ from numpy.typing import DTypeLike, NDArray
 __all__ = [
     "EVENT_KINDS",
     "HOST_EVENT_KINDS",
+    "HOST_PHASES",
     "KINDS",
     "MAX_DEPTH",
     "MAX_NDIM",
+    "MAX_PHASE_VALUES",
     "MAX_TENSORS",
     "REASONS",
     "SCHEMA_VERSION",
@@ -118,6 +121,7 @@ __all__ = [
     "LocalWork",
     "Message",
     "Model",
+    "PhaseSample",
     "Ready",
     "Reason",
     "Refused",
@@ -1206,6 +1210,42 @@ class Event(_Record):
 _EVENT_NAMES = frozenset(Event.FIELDS)
 _EVENT_OPTIONAL = Event.FIELDS[3:-1]
 
+#: The phases a client host measures and reports (``PhaseSample.phase``): the
+#: names of their distributions in the summary's ``phases``
+#: (:data:`fedsim.metrics.PHASES`, docs/run-directory.md "Where time goes").
+HOST_PHASES: frozenset[str] = frozenset({
+    "encode.hosts", "decode.hosts", "queueing.hosts", "compute.real", "compute.budget"})
+
+#: Most values one PhaseSample may carry.
+MAX_PHASE_VALUES = 65536
+
+
+@_value
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class PhaseSample(_Record):
+    """A client host's durations of one phase since its previous event batch (seconds).
+
+    ``count`` durations summing to ``sum``, the largest ``max``; ``values`` is
+    a uniform sample of them (all of them when there were few): what a
+    :class:`fedsim.metrics.Durations` exports.
+    """
+
+    phase: str
+    count: int
+    sum: float
+    max: float
+    values: tuple[float, ...]
+
+    def _validate(self) -> None:
+        if self.phase not in HOST_PHASES:
+            raise _Bad(f" must be one of {sorted(HOST_PHASES)}, got {describe(self.phase)}",
+                       ".phase")
+        if not 1 <= len(self.values) <= min(self.count, MAX_PHASE_VALUES):
+            raise _Bad(f": {len(self.values)} values for a count of {self.count} (1 to "
+                       f"min(count, {MAX_PHASE_VALUES}) values)", ".values")
+        if self.sum < 0 or self.max < 0 or any(not 0 <= v <= self.max for v in self.values):
+            raise _Bad(": durations must be >= 0 and at most max")
+
 
 # ---------------------------------------------------------------------------
 # Client <-> server, through the emulated network. Each carries the client id:
@@ -1354,10 +1394,12 @@ class Refused(_Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class EventBatch(_Record):
-    """Host -> server, periodically: event-log records."""
+    """Host -> server, periodically: event-log records, and the host's phase
+    durations since its previous batch (see :class:`PhaseSample`)."""
 
     host: str
     events: tuple[Event, ...]
+    phases: tuple[PhaseSample, ...] = ()
 
 
 @_message

@@ -21,6 +21,7 @@ from fedsim.codec import Body, Meta, decode, encode, encode_body, stamp
 from fedsim.messages import (
     EVENT_KINDS,
     HOST_EVENT_KINDS,
+    HOST_PHASES,
     KINDS,
     REASONS,
     SCHEMA_VERSION,
@@ -39,6 +40,7 @@ from fedsim.messages import (
     Leave,
     LocalWork,
     Model,
+    PhaseSample,
     Ready,
     Refused,
     Shutdown,
@@ -137,6 +139,11 @@ MESSAGES: list[Any] = [
     Refused(reason="scenario mismatch"),
     EventBatch(host="h1", events=EVENTS),
     EventBatch(host="h2", events=()),
+    EventBatch(host="h3", events=EVENTS[:1], phases=(
+        PhaseSample(phase="encode.hosts", count=3, sum=6e-5, max=3e-5,
+                    values=(1e-5, 2e-5, 3e-5)),
+        PhaseSample(phase="compute.budget", count=1000, sum=12.0, max=0.5, values=(0.012,)),
+    )),
     Stop(reason="end"),
     HostBye(
         host="h1",
@@ -645,7 +652,7 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
     ),
     (
         "event not a record",
-        lambda f: [_envelope("EventBatch"), msgpack.packb(["h", [1]])],
+        lambda f: [_envelope("EventBatch"), msgpack.packb(["h", [1], []])],
         "bad_field",
         "EventBatch.events[0] must be an array, got int 1",
     ),
@@ -654,7 +661,7 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
         lambda f: [
             _envelope("EventBatch"),
             msgpack.packb(["h", [[0.0, 0.0, "send", *([None] * 14), {}],
-                                 [0.0, 0.0, "send", "x", *([None] * 13), {}]]]),
+                                 [0.0, 0.0, "send", "x", *([None] * 13), {}]], []]),
         ],
         "bad_field",
         "EventBatch.events[1].client must be an int, got str 'x'",
@@ -662,7 +669,7 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
     (
         "unknown event kind",
         lambda f: [_envelope("EventBatch"),
-                   msgpack.packb(["h", [[0.0, 0.0, "nope", *([None] * 14), {}]]])],
+                   msgpack.packb(["h", [[0.0, 0.0, "nope", *([None] * 14), {}]], []])],
         "bad_field",
         "EventBatch.events[0].ev must be one of EVENT_KINDS, got str 'nope'",
     ),
@@ -670,11 +677,25 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
         "plain dict smuggling bytes",
         lambda f: [
             _envelope("EventBatch"),
-            msgpack.packb(["h", [[0.0, 0.0, "send", *([None] * 14), {"b": b"\x80"}]]],
+            msgpack.packb(["h", [[0.0, 0.0, "send", *([None] * 14), {"b": b"\x80"}]], []],
                           use_bin_type=True),
         ],
         "bad_field",
         "EventBatch.events[0].extra['b']: bytes",
+    ),
+    (
+        "phase of the server's",
+        lambda f: [_envelope("EventBatch"),
+                   msgpack.packb(["h", [], [["aggregation.server", 1, 1.0, 1.0, [1.0]]]])],
+        "bad_field",
+        "EventBatch.phases[0].phase must be one of",
+    ),
+    (
+        "phase value not a float",
+        lambda f: [_envelope("EventBatch"),
+                   msgpack.packb(["h", [], [["decode.hosts", 2, 1.0, 1.0, [0.5, "x"]]]])],
+        "bad_field",
+        "EventBatch.phases[0].values[1] must be a float, got str 'x'",
     ),
     (
         "plain dict bytes key",
@@ -943,6 +964,46 @@ def test_advance_spec_is_repeated_per_round() -> None:
             "bad_field",
             "EventBatch.events[0] must be an Event, got dict",
         ),
+        (
+            lambda: PhaseSample(phase="aggregation.server", count=1, sum=0.0, max=0.0,
+                                values=(0.0,)),
+            "bad_field",
+            "PhaseSample.phase must be one of ['compute.budget', 'compute.real', ",
+        ),
+        (
+            lambda: PhaseSample(phase="decode.hosts", count=1, sum=0.1, max=0.1, values=()),
+            "bad_field",
+            "PhaseSample.values: 0 values for a count of 1",
+        ),
+        (
+            lambda: PhaseSample(phase="decode.hosts", count=1, sum=0.2, max=0.1,
+                                values=(0.1, 0.1)),
+            "bad_field",
+            "PhaseSample.values: 2 values for a count of 1",
+        ),
+        (
+            lambda: PhaseSample(phase="decode.hosts", count=2, sum=0.2, max=0.1,
+                                values=(0.1, 0.3)),
+            "bad_field",
+            "PhaseSample: durations must be >= 0 and at most max",
+        ),
+        (
+            lambda: PhaseSample(phase="decode.hosts", count=1, sum=-1.0, max=0.0,
+                                values=(0.0,)),
+            "bad_field",
+            "PhaseSample: durations must be >= 0",
+        ),
+        (
+            lambda: PhaseSample(phase="decode.hosts", count=1, sum=1.0, max=float("inf"),
+                                values=(1.0,)),
+            "bad_field",
+            "PhaseSample.max must be finite, got inf",
+        ),
+        (
+            lambda: EventBatch(host="h", events=(), phases=({"phase": "decode.hosts"},)),
+            "bad_field",
+            "EventBatch.phases[0] must be a PhaseSample, got dict",
+        ),
         (lambda: Start(epoch=0.0, dilation=1.0, spec=[]), "bad_field", "Start.spec must be a"),
         (
             lambda: Advance(request_id=1, client=1, rounds=(), model=_spec_model()),
@@ -970,6 +1031,13 @@ def test_field_errors_name_the_field(make: Callable, reason: str, text: str) -> 
         make()
     assert info.value.reason == reason, str(info.value)
     assert text in str(info.value), str(info.value)
+
+
+def test_a_hosts_phases_are_named_as_the_summary_names_them() -> None:
+    from fedsim.metrics import PHASES
+
+    assert set(PHASES) > HOST_PHASES
+    assert EventBatch(host="h", events=()).phases == ()
 
 
 def test_fields_are_keyword_only_and_normalized() -> None:
