@@ -208,6 +208,50 @@ def _transfer_line(s: Any) -> str | None:
     return f"  transfer         {'; '.join(parts)} per model message ({kb:.0f} KB; {conf})"
 
 
+def _secs(v: float | None) -> str:
+    """A duration in seconds, in the unit that suits it (``21 us``, ``1.23 ms``, ``4.56 s``)."""
+    if v is None:
+        return "-"
+    if v < 1e-3:
+        return f"{v * 1e6:.0f} us"
+    if v < 1.0:
+        return f"{v * 1e3:.3g} ms"
+    return f"{v:.3g} s" if v < 100 else f"{v:.0f} s"
+
+
+#: the phases of the "where time went" block, in order; transfer comes from
+#: summary["transfer"] (emulated) and has p95, not p99
+_PHASE_LINES = (("encode", ""), ("decode", ""), ("queueing", ""),
+                ("transfer", " (emulated; p50 / p95 / n)"), ("compute", " (budget: emulated)"),
+                ("aggregation", ""), ("evaluation", ""))
+
+
+def _phase_lines(s: Any) -> list[str]:
+    """The "where time went" block: per phase, p50 / p99 / n of each of its parts.
+
+    Phases overlap (a client computes while others' messages are in
+    transit), so each is a distribution of its own, not a share of a total.
+    """
+    phases = s.get("phases")
+    if not isinstance(phases, dict):
+        return []
+    transfer = s.get("transfer") or {}
+    lines = ["  where time went  p50 / p99 / n (real time unless marked emulated)"]
+    for phase, note in _PHASE_LINES:
+        if phase == "transfer":
+            parts = [(d, _secs(x.get("p50_ms") and x["p50_ms"] / 1e3),
+                      _secs(x.get("p95_ms") and x["p95_ms"] / 1e3), x.get("messages", 0))
+                     for d, x in transfer.items() if isinstance(x, dict)]
+        else:
+            parts = [(part.replace("_", " "), _secs(x.get("p50")), _secs(x.get("p99")),
+                      x.get("n", 0))
+                     for part, x in (phases.get(phase) or {}).items() if isinstance(x, dict)]
+        if parts:
+            lines.append(f"    {phase:<15}" + "; ".join(f"{part} {p50} / {p99} / {n}"
+                                                      for part, p50, p99, n in parts) + note)
+    return lines
+
+
 def _report(result: Any) -> None:
     """Print a run's summary."""
     s = result.summary
@@ -255,6 +299,8 @@ def _report(result: Any) -> None:
     if rejected:
         click.echo("  rejected         " + ", ".join(f"{k} {v}" for k, v in sorted(
             rejected.items())))
+    for line in _phase_lines(s):
+        click.echo(line)
     click.echo(f"  run directory    {result.run_dir}")
 
 

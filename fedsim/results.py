@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
-__all__ = ["Metrics", "RunResult", "Staleness", "Summary", "Transfer"]
+__all__ = ["Metrics", "Phase", "RunResult", "Staleness", "Summary", "Transfer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,29 @@ def _transfer(raw: Any) -> Transfer | None:
         return None
     return Transfer(int(raw.get("messages", 0)), raw.get("p50_ms"), raw.get("p95_ms"),
                     raw.get("max_ms"), raw.get("mean_bytes"), raw.get("configured_delay_ms"))
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """The distribution of one phase's durations, in seconds (None: nothing measured).
+
+    One entry of ``summary["phases"]`` (docs/run-directory.md, "Where time
+    goes"): ``n``, ``mean`` and ``max`` are exact, the quantiles come from a
+    bounded uniform sample.
+    """
+
+    n: int
+    mean: float | None
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+
+
+def _phase(raw: Any) -> Phase:
+    r = raw if isinstance(raw, Mapping) else {}
+    return Phase(int(r.get("n", 0)), r.get("mean"), r.get("p50"), r.get("p95"), r.get("p99"),
+                 r.get("max"))
 
 
 class Summary(Mapping[str, Any]):
@@ -157,6 +180,21 @@ class Summary(Mapping[str, Any]):
         return _transfer((self._data.get("transfer") or {}).get("up"))
 
     @property
+    def phases(self) -> dict[str, dict[str, Phase]]:
+        """Where the run's time went: ``{phase: {part: Phase}}``, e.g.
+        ``phases["compute"]["real"].p99`` (empty for a run that predates them).
+
+        Phases overlap, so they are distributions, not shares of a total;
+        the emulated transfer time per message is :attr:`transfer_down` and
+        :attr:`transfer_up`.
+        """
+        raw = self._data.get("phases")
+        if not isinstance(raw, Mapping):
+            return {}
+        return {str(phase): {str(part): _phase(d) for part, d in parts.items()}
+                for phase, parts in raw.items() if isinstance(parts, Mapping)}
+
+    @property
     def fidelity(self) -> str | None:
         """The timing verdict: ``pass`` or ``fail`` (its reasons in ``summary["fidelity"]``)."""
         return (self._data.get("fidelity") or {}).get("verdict")
@@ -231,6 +269,11 @@ class RunResult:
     def status(self) -> str:
         """The run's status (:attr:`Summary.status`)."""
         return self.summary.status
+
+    @property
+    def phases(self) -> dict[str, dict[str, Phase]]:
+        """Where the run's time went, per phase (:attr:`Summary.phases`)."""
+        return self.summary.phases
 
     @property
     def metrics(self) -> Metrics:

@@ -96,3 +96,68 @@ def test_every_shipped_scenario_validates() -> None:
         NetPlan(load(path)).check()
     res = run_cli("check", str(paths[0]))  # and the command itself, once
     assert res.returncode == 0, res.stderr
+
+
+def _phase(n: int, p50: float, p99: float) -> dict[str, float | int]:
+    return {"n": n, "mean": p50, "p50": p50, "p95": p99, "p99": p99, "max": p99}
+
+
+PHASES_SUMMARY = {
+    "status": "completed", "stop_reason": "time_budget", "algorithm": "fedasync",
+    "clients": 20, "updates": 392, "emulated_seconds": 30.0, "real_seconds": 60.9,
+    "final_accuracy": 0.87, "best_accuracy": 0.88,
+    "transfer": {"down": {"messages": 400, "p50_ms": 250.2, "p95_ms": 252.0},
+                 "up": {"messages": 392, "p50_ms": 249.8, "p95_ms": 253.4}},
+    "fidelity": {"verdict": "pass", "lateness_ms": {"p50": 0.1, "p99": 1.3}},
+    "phases": {
+        "encode": {"server": _phase(400, 8e-6, 2.1e-5), "hosts": _phase(392, 7e-6, 1.9e-5)},
+        "decode": {"server": _phase(392, 3.1e-5, 9e-5), "hosts": _phase(400, 3e-5, 8.8e-5)},
+        "queueing": {"server": _phase(392, 2.5e-4, 3.2e-3),
+                     "hosts": _phase(400, 1.2e-4, 1.1e-3)},
+        "compute": {"real": _phase(400, 0.0091, 0.0153), "budget": _phase(400, 0.04, 0.04)},
+        "aggregation": {"server": _phase(392, 4.1e-4, 1.2e-3)},
+        "evaluation": {"worker": _phase(40, 0.0131, 0.0188),
+                       "round_trip": _phase(40, 0.0152, 1.5)},
+    },
+}
+
+
+def test_run_prints_where_time_went(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fedsim run`` ends with a few lines: per phase, p50 / p99 / n of each part."""
+    import fedsim.api
+    from fedsim.results import RunResult
+
+    result = RunResult.of(tmp_path, PHASES_SUMMARY)
+    monkeypatch.setattr(fedsim.api, "run", lambda sc, **kw: result)
+    res = cli_inproc("run", str(ROOT / "scenarios" / "quickstart.toml"), "--no-progress")
+    assert res.returncode == 0, res
+    block = res.stdout[res.stdout.index("  where time went"):].splitlines()[:8]
+    assert block == [
+        "  where time went  p50 / p99 / n (real time unless marked emulated)",
+        "    encode         server 8 us / 21 us / 400; hosts 7 us / 19 us / 392",
+        "    decode         server 31 us / 90 us / 392; hosts 30 us / 88 us / 400",
+        "    queueing       server 250 us / 3.2 ms / 392; hosts 120 us / 1.1 ms / 400",
+        "    transfer       down 250 ms / 252 ms / 400; up 250 ms / 253 ms / 392 "
+        "(emulated; p50 / p95 / n)",
+        "    compute        real 9.1 ms / 15.3 ms / 400; budget 40 ms / 40 ms / 400 "
+        "(budget: emulated)",
+        "    aggregation    server 410 us / 1.2 ms / 392",
+        "    evaluation     worker 13.1 ms / 18.8 ms / 40; round trip 15.2 ms / 1.5 s / 40",
+    ]
+    summary = result.summary
+    assert summary.phases["queueing"]["server"].p99 == 3.2e-3
+    assert summary.phases["evaluation"]["round_trip"].n == 40
+    assert result.phases == summary.phases
+
+
+def test_a_summary_without_phases_prints_no_block(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import fedsim.api
+    from fedsim.results import RunResult
+
+    old = {k: v for k, v in PHASES_SUMMARY.items() if k != "phases"}
+    monkeypatch.setattr(fedsim.api, "run", lambda sc, **kw: RunResult.of(tmp_path, old))
+    res = cli_inproc("run", str(ROOT / "scenarios" / "quickstart.toml"), "--no-progress")
+    assert res.returncode == 0, res
+    assert "where time went" not in res.stdout
+    assert "run directory" in res.stdout
