@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from fedsim._ids import format_ids
@@ -35,8 +36,9 @@ from fedsim.actors._server_queue import (
 from fedsim.actors.hosts import HostInfo, HostTable, RateLimit
 from fedsim.actors.runstate import RunState
 from fedsim.algorithms.api import AlgorithmSpec
-from fedsim.codec import decode, encode, stamp
+from fedsim.codec import Body, decode, encode, encode_body, stamp
 from fedsim.messages import (
+    Average,
     ClockProbe,
     ClockReply,
     EventBatch,
@@ -48,10 +50,12 @@ from fedsim.messages import (
     Refused,
     Start,
     Stop,
+    Task,
     TensorSpec,
     Update,
     WireError,
 )
+from fedsim.metrics import PhaseStats
 from fedsim.network import NetPlan
 from fedsim.scenario import Scenario
 from fedsim.transport import Endpoint, PeerGone
@@ -91,6 +95,7 @@ class HostSide:
     links: dict[int, Any]
     availability: dict[int, Any]
     clamped: int
+    phases: PhaseStats
     _registered: asyncio.Event
     _bye: asyncio.Event
     _stopping: bool
@@ -121,7 +126,10 @@ class HostSide:
         while True:
             peer, frames = await self.endpoint.recv()
             try:
+                t0 = perf_counter()
                 msg, meta = decode(frames, max_bytes=self.max_bytes, spec=self.update_spec)
+                if isinstance(msg, Update | Ready | Failed | Leave):
+                    self.phases.add("decode.server", perf_counter() - t0)
                 await self._route(peer, msg, meta)
             except (WireError, Refusal) as exc:
                 self._reject(peer, exc.reason, exc.detail)
@@ -203,6 +211,7 @@ class HostSide:
             bad = self.state.write_events(msg.events, host.name, frozenset(host.clients))
             for why in bad:
                 self._reject(peer, "bad_event", why)
+            self.state.host_phases(msg.phases)
         elif isinstance(msg, HostBye):
             if not self._stopping:
                 raise Refusal("out_of_order", "a goodbye before the server said stop")
@@ -302,7 +311,7 @@ class HostSide:
             return
         if isinstance(msg, Update):
             self.state.bytes_up += meta.nbytes
-        self.queue.put_nowait(FromClient(cid, msg))
+        self.queue.put_nowait(FromClient(cid, msg, perf_counter()))
 
     def _away_between(self, cid: int, t_send: float, t_now: float) -> str | None:
         """Whether the in-flight policy loses a message of an away client."""
@@ -317,6 +326,13 @@ class HostSide:
         return None
 
     # -- sending -------------------------------------------------------------------------
+    def _encode(self, msg: Task | Average) -> Body:
+        """``encode_body(msg)``, timed: the server's encode phase (real seconds)."""
+        t0 = perf_counter()
+        body = encode_body(msg)
+        self.phases.add("encode.server", perf_counter() - t0)
+        return body
+
     async def _to_host(self, peer: bytes, frames: list[Any]) -> None:
         try:
             await self.endpoint.send(peer, frames)

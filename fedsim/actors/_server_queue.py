@@ -21,10 +21,16 @@ ClientMessage = Update | Ready | Failed | Leave
 
 @dataclass(frozen=True, slots=True)
 class FromClient:
-    """A client's message, delivered by its emulated uplink."""
+    """A client's message, delivered by its emulated uplink.
+
+    ``queued`` is when it was put on the queue (``time.perf_counter()``; None
+    for a message the server made up itself): the server's queueing phase is
+    the real time from then until its loop takes the message.
+    """
 
     client: int
     msg: ClientMessage
+    queued: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

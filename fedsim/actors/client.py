@@ -25,6 +25,7 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Protocol
 
 import numpy as np
@@ -42,6 +43,7 @@ from fedsim.messages import (
     Trained,
     Update,
 )
+from fedsim.metrics import PhaseStats
 from fedsim.network import NetPlan
 from fedsim.scenario import Scenario
 from netem.clock import Clock
@@ -63,6 +65,7 @@ class HostServices(Protocol):
     model_spec: TensorSpec
     overruns: int
     compute_deadlines: int
+    phases: PhaseStats
 
     def emit(self, ev: str, **fields: Any) -> None:
         """Record an event."""
@@ -103,7 +106,8 @@ class ClientActor:
         self.cid = cid
         self.host = host
         self.num_samples = num_samples
-        self.inbox: asyncio.Queue[Inbox] = asyncio.Queue()
+        # each item with the real time it was put there (perf_counter)
+        self.inbox: asyncio.Queue[tuple[Inbox, float]] = asyncio.Queue()
         self.down = host.plan.make_link(cid, "down")
         self.kind = host.plan.kind(cid, "down")
         self.device = host.plan.device(cid)
@@ -129,7 +133,7 @@ class ClientActor:
         self._watch_availability(0.0)
         try:
             while True:
-                msg = await self.inbox.get()
+                msg = await self._next()
                 if isinstance(msg, _Stop):
                     break
                 if isinstance(msg, Task) and self.away:
@@ -144,7 +148,7 @@ class ClientActor:
 
     def stop(self) -> None:
         """Ask the actor to finish (after the piece of work it is running)."""
-        self.inbox.put_nowait(_Stop())
+        self._post(_Stop())
 
     # -- availability -----------------------------------------------------------
     def _watch_availability(self, t: float) -> None:
@@ -181,10 +185,10 @@ class ClientActor:
         self.host.emit("back", client=self.cid, why=why, held=len(self.held))
         has_task = any(isinstance(m, Task) for m in self.held)
         for msg in self.held:
-            self.inbox.put_nowait(msg)
+            self._post(msg)
         self.held = []
         if announce and not has_task:  # a held task is the work; its update says "back"
-            self.inbox.put_nowait(_Back(reset=self.host.sc.network.in_flight == "reset"))
+            self._post(_Back(reset=self.host.sc.network.in_flight == "reset"))
 
     def _away_total(self) -> float:
         """Emulated seconds this client has been away, the current absence included."""
@@ -237,7 +241,27 @@ class ClientActor:
         if self.away:
             self.held.append(msg)
         else:
-            self.inbox.put_nowait(msg)
+            self._post(msg)
+
+    def _post(self, item: Inbox) -> None:
+        """Put ``item`` in the inbox, stamped with the real time it arrived there."""
+        self.inbox.put_nowait((item, perf_counter()))
+
+    async def _next(self) -> Inbox:
+        """The next inbox item, waiting for one.
+
+        A message that arrives while the actor waits for it counts in the
+        host's queueing phase: the real seconds from its delivery into the
+        inbox until the actor runs with it (how long the host's event loop
+        took to get to it). One that arrived while the actor was busy (a
+        piece of a pipelined session under way) waited for the protocol,
+        not for the process, and is not counted.
+        """
+        idle = self.inbox.empty()
+        item, posted = await self.inbox.get()
+        if idle and isinstance(item, Task | Average):
+            self.host.phases.add("queueing.hosts", perf_counter() - posted)
+        return item
 
     # -- work -----------------------------------------------------------------
     async def on_task(self, task: Task) -> None:
@@ -279,6 +303,9 @@ class ClientActor:
             budget = self.device.compute_time(reply.steps, self.device_rng, run_index) \
                 if reply.steps else 0.0
             deadline = t0 + budget
+            if reply.steps:  # one local run (or piece): its real compute, its emulated budget
+                host.phases.add("compute.real", reply.compute_s)
+                host.phases.add("compute.budget", budget)
             if budget > 0:
                 host.monitor.record_compute(budget, done - t0)
                 host.compute_deadlines += 1
@@ -338,7 +365,7 @@ class ClientActor:
         if wait_round is not None:
             self.host.emit("barrier_wait", client=self.cid, round=wait_round)
             while wait_round not in averages:
-                msg = await self.inbox.get()
+                msg = await self._next()
                 if isinstance(msg, _Stop):
                     return None
                 if isinstance(msg, Average):
@@ -347,7 +374,7 @@ class ClientActor:
                     await self._announce(msg.reset)
             self.host.emit("barrier_resume", client=self.cid, round=wait_round)
         while not self.inbox.empty():
-            msg = self.inbox.get_nowait()
+            msg, _ = self.inbox.get_nowait()
             if isinstance(msg, _Stop):
                 return None
             if isinstance(msg, Average):

@@ -7,7 +7,9 @@ its clients and their sample counts with a :class:`~fedsim.messages.HostHello`
 tensor spec). It then demultiplexes the connection: each Task or Average
 goes to its client's downlink, then to the client's inbox; clients send
 through :meth:`ClientHost.send`. Event-log records go to the server in
-batches; on :class:`~fedsim.messages.Stop` the host stops its clients and
+batches, with the host's phase durations (encode, decode, queueing,
+compute: :data:`~fedsim.messages.HOST_PHASES`) since the previous batch;
+on :class:`~fedsim.messages.Stop` the host stops its clients and
 says goodbye with its own measurements (downlink fidelity, compute
 overruns, rejected messages). Its tasks run in one ``asyncio.TaskGroup``.
 
@@ -26,14 +28,16 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from fedsim.actors import _proc
 from fedsim.actors._refusal import Refusal
 from fedsim.actors._setup import local_config
 from fedsim.actors.client import ClientActor
-from fedsim.codec import decode, encode
+from fedsim.codec import decode, encode, encode_body, stamp
 from fedsim.messages import (
+    HOST_PHASES,
     Average,
     ClockProbe,
     ClockReply,
@@ -42,6 +46,7 @@ from fedsim.messages import (
     HostBye,
     HostHello,
     Message,
+    PhaseSample,
     Ready,
     Refused,
     Start,
@@ -50,7 +55,7 @@ from fedsim.messages import (
     TensorSpec,
     WireError,
 )
-from fedsim.metrics import boot_id
+from fedsim.metrics import PHASES, PhaseStats, boot_id
 from fedsim.network import NetPlan
 from fedsim.scenario import Scenario
 from fedsim.transport import ClientKeys, Connection
@@ -91,6 +96,8 @@ class ClientHost:
         self.task_spec = TensorSpec(())
         self.clients: dict[int, ClientActor] = {}
         self.events: list[Event] = []
+        #: this host's phases since its last event batch (sent with the next one)
+        self.phases = PhaseStats([p for p in PHASES if p in HOST_PHASES], capacity=256)
         self.overruns = 0
         self.compute_deadlines = 0
         self.rejected = 0
@@ -116,7 +123,10 @@ class ClientHost:
     async def send(self, msg: Message) -> None:
         """Stamp a client's message with the emulated send time and send it."""
         sent_at = self.clock.now()
-        frames = encode(msg, sent_at=sent_at, seq=next(self.seq))
+        t0 = perf_counter()
+        body = encode_body(msg)
+        self.phases.add("encode.hosts", perf_counter() - t0)
+        frames = stamp(body, sent_at=sent_at, seq=next(self.seq))
         await self.conn.send(frames)
         self.emit("send", client=getattr(msg, "client", None), kind=type(msg).__name__.lower(),
                   dir="up", bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at,
@@ -291,8 +301,10 @@ class ClientHost:
             frames = await self.conn.recv()
             self._heard = self.real_clock()
             try:
+                t0 = perf_counter()
                 msg, meta = decode(frames, max_bytes=self.max_bytes)
                 if isinstance(msg, Task | Average):
+                    self.phases.add("decode.hosts", perf_counter() - t0)
                     want = self.task_spec if isinstance(msg, Task) else self.model_spec
                     if msg.model.spec != want:
                         raise Refusal("shape_mismatch", f"{meta.kind}: model spec differs")
@@ -317,9 +329,14 @@ class ClientHost:
             await self.flush_events()
 
     async def flush_events(self) -> None:
-        while self.events:
+        """Send the pending event-log records, and the phase durations since the last batch."""
+        phases = tuple(PhaseSample(phase=name, count=d["count"], sum=d["sum"], max=d["max"],
+                                   values=tuple(d["values"]))
+                       for name, d in self.phases.take())
+        while self.events or phases:
             batch, self.events = self.events[:5000], self.events[5000:]
-            await self._control(EventBatch(host=self.name, events=tuple(batch)))
+            await self._control(EventBatch(host=self.name, events=tuple(batch), phases=phases))
+            phases = ()
 
 
 async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, connect: str,

@@ -15,16 +15,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 from typing import Any, Protocol
 
 import numpy as np
 
 from fedsim.algorithms.api import Step
-from fedsim.messages import HOST_EVENT_KINDS, Evaluate, Evaluated, Event, Model
+from fedsim.messages import HOST_EVENT_KINDS, Evaluate, Evaluated, Event, Model, PhaseSample
 from fedsim.metrics import (
     RUN_FORMAT,
     EventLog,
     MetricsTable,
+    PhaseStats,
     StalenessStats,
     TransferStats,
     write_json_atomic,
@@ -102,13 +104,18 @@ class RunState:
     delays_ms
         The configured one-way delay per direction (``"up"``, ``"down"``),
         written next to the realised transfer times in the summary.
+    phases
+        Where the run's time goes (the summary's ``phases``): the server
+        records its own phases into it, this adds the evaluations' and the
+        hosts' reports (a fresh one if None).
     """
 
     def __init__(self, sc: Scenario, run_dir: Path, cadence: str, clock: Clock,
                  evaluator: Evaluator, *, fidelity: Callable[[], dict[str, Any]],
                  totals: Callable[[], dict[str, Any]], on_target: Callable[[], None],
                  fedsim_version: str,
-                 delays_ms: dict[str, float | None] | None = None) -> None:
+                 delays_ms: dict[str, float | None] | None = None,
+                 phases: PhaseStats | None = None) -> None:
         self.sc = sc
         self.run_dir = run_dir
         self.cadence = cadence
@@ -122,6 +129,7 @@ class RunState:
         self.metrics = MetricsTable(run_dir / "metrics.csv")
         self.staleness = StalenessStats()
         self.transfers = TransferStats()
+        self.phases = phases if phases is not None else PhaseStats()
         self.delays_ms = delays_ms or {}
         self.bytes_up = 0
         self.bytes_down = 0
@@ -175,6 +183,11 @@ class RunState:
             self.events.write(rec)
         return bad
 
+    def host_phases(self, samples: tuple[PhaseSample, ...]) -> None:
+        """Add a host's phase durations (checked by the schema: only ``HOST_PHASES``)."""
+        for p in samples:
+            self.phases[p.phase].merge(p.count, p.sum, p.max, p.values)
+
     def rejected(self, t: float, sender: str, reason: str, detail: str) -> None:
         """A message was refused: counted by reason, logged, and recorded."""
         self.rejects[reason] = self.rejects.get(reason, 0) + 1
@@ -203,6 +216,7 @@ class RunState:
             "best": list(self.best), "final_accuracy": self.final_accuracy,
             "final_loss": self.final_loss, "time_to_target": self.time_to_target,
             "resumed": list(self.resumed), "transfers": self.transfers.state(),
+            "phases": self.phases.state(),
             "events_offset": self.events.offset,
             "metrics_offset": self.metrics.offset,
         }
@@ -222,6 +236,7 @@ class RunState:
         self.time_to_target = state["time_to_target"]
         self.resumed = list(state["resumed"])
         self.transfers.restore(state.get("transfers", {}))
+        self.phases.restore(state.get("phases", {}))
 
     def applied(self, now: float, step: Step) -> bool:
         """Record a step's outcome; True when an evaluation is due."""
@@ -263,6 +278,7 @@ class RunState:
         task.add_done_callback(self._evals.discard)
 
     async def _eval(self, msg: Evaluate, snap: _Snapshot) -> None:
+        t0 = perf_counter()
         try:
             reply = await self.evaluator.request(msg)
         except Exception as exc:
@@ -271,6 +287,8 @@ class RunState:
         if not isinstance(reply, Evaluated):
             log.error("evaluation failed: %r", reply)
             return
+        self.phases.add("evaluation.round_trip", perf_counter() - t0)
+        self.phases.add("evaluation.worker", reply.seconds)
         acc, loss = reply.accuracy, reply.loss
         self.metrics.append({
             "t": snap.t, "real": round(self.real(), 3), "version": snap.version,
@@ -334,6 +352,7 @@ class RunState:
             "bytes_down": self.bytes_down,
             "staleness": self.staleness.summary(),
             "transfer": self.transfers.summary(self.delays_ms),
+            "phases": self.phases.summary(),
             "rejected_messages": {"server": dict(self.rejects),
                                   "clients": totals.get("rejected", 0)},
             "host_failures": self.host_failures,

@@ -30,6 +30,7 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -55,7 +56,6 @@ from fedsim.actors.hosts import HostTable, RateLimit
 from fedsim.actors.runstate import Progress, RunState
 from fedsim.algorithms import ClientResult, get
 from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step
-from fedsim.codec import encode_body
 from fedsim.messages import (
     Average,
     Failed,
@@ -65,6 +65,7 @@ from fedsim.messages import (
     TensorSpec,
     Update,
 )
+from fedsim.metrics import PhaseStats
 from fedsim.network import NetPlan
 from fedsim.scenario import Scenario
 from fedsim.transport import Endpoint
@@ -148,6 +149,9 @@ class Server(HostSide, Checkpoints, Measurements):
         self._sends: set[asyncio.Future[None]] = set()
         self._reader: asyncio.Task[None] | None = None
         self.clamped = 0
+        #: where the run's time goes (summary["phases"]); the hosts' parts arrive
+        #: with their event batches
+        self.phases = PhaseStats()
         self._client_rates: dict[int, RateLimit] = {}
         self._stopping = False
         self.resume = resume
@@ -256,7 +260,8 @@ class Server(HostSide, Checkpoints, Measurements):
                         fidelity=self.fidelity, totals=self._totals,
                         on_target=lambda: self.queue.put_nowait(StopRun("target_accuracy")),
                         fedsim_version=self.fedsim_version,
-                        delays_ms={d: self.plan.mean_delay(d) * 1e3 for d in ("down", "up")})
+                        delays_ms={d: self.plan.mean_delay(d) * 1e3 for d in ("down", "up")},
+                        phases=self.phases)
 
     async def _begin(self, registered: dict[int, int], t0: float) -> None:
         """t = t0 (0, or a checkpoint's time): the federation begins with those registered."""
@@ -286,12 +291,16 @@ class Server(HostSide, Checkpoints, Measurements):
     async def _loop(self) -> None:
         assert self.state is not None
         state, strategy = self.state, self.strategy
+        phases = self.phases
         while self.stop_reason is None:
             item = await self.queue.get()
             now = self._now()
             step: Step | None = None
+            t0 = perf_counter()
             match item:
-                case FromClient(client=cid, msg=msg):
+                case FromClient(client=cid, msg=msg, queued=queued):
+                    if queued is not None:
+                        phases.add("queueing.server", t0 - queued)
                     step = self._on_client(now, cid, msg)
                 case AlgorithmTimer():
                     step = strategy.timer(now)
@@ -309,6 +318,10 @@ class Server(HostSide, Checkpoints, Measurements):
                         self.on_progress(state.progress(now, strategy.version,
                                                         strategy.in_flight()))
                     state.flush()
+            if (step is not None and (step.applied or step.rounds_closed)
+                    and isinstance(item, FromClient | AlgorithmTimer | HostExited)):
+                # the algorithm applied updates or closed a round (aggregation phase)
+                phases.add("aggregation.server", perf_counter() - t0)
             if step is not None:
                 await self._apply(now, step)
             ended = state.should_stop()
@@ -397,7 +410,7 @@ class Server(HostSide, Checkpoints, Measurements):
             for cid in b.clients:
                 msg = Average(client=cid, round=b.round, version=self.strategy.version,
                               model=model)
-                await self._send(now, cid, encode_body(msg), kind="average", round=b.round)
+                await self._send(now, cid, self._encode(msg), kind="average", round=b.round)
         nxt = self.strategy.next_timer()
         if nxt is not None:
             self.timers.call_at(nxt, self.queue.put_nowait, AlgorithmTimer(nxt))
@@ -413,9 +426,9 @@ class Server(HostSide, Checkpoints, Measurements):
         work = None
         if d.budget is not None:
             work = LocalWork(steps=d.budget.steps, epochs=d.budget.epochs)
-        body = encode_body(Task(client=cid, task_id=d.task_id, version=d.version,
-                                round=d.round, work=work,
-                                model=to_model(d.payload, self.task_spec)))
+        body = self._encode(Task(client=cid, task_id=d.task_id, version=d.version,
+                                 round=d.round, work=work,
+                                 model=to_model(d.payload, self.task_spec)))
         fields = {"kind": "task", "version": d.version, "task_id": d.task_id, "round": d.round}
         if self.egress is not None:
             # A shared downlink bottleneck at the server: the message really
