@@ -74,3 +74,16 @@ every_updates = 8
     rows = read_metrics(result.run_dir / "metrics.csv")
     assert len(rows) >= 3
     assert not math.isnan(rows[-1]["accuracy"])
+    # where time went, measured in the real processes (the hosts' parts sent to the server)
+    phases = s["phases"]
+    for phase, parts in phases.items():
+        for part, d in parts.items():
+            assert d["n"] > 0, (phase, part)
+            assert 0 <= d["p50"] <= d["p99"] <= d["max"], (phase, part, d)
+    assert phases["evaluation"]["worker"]["n"] == phases["evaluation"]["round_trip"]["n"] \
+        == len(rows)
+    assert phases["aggregation"]["server"]["n"] == s["updates"]
+    runs = [e for e in events if e["ev"] == "train_end" and "compute_real" in e]
+    # a run under way when the hosts stopped was measured but logged no train_end
+    assert len(runs) <= phases["compute"]["real"]["n"] <= len(runs) + s["clients"]
+    assert phases["compute"]["budget"]["n"] == phases["compute"]["real"]["n"]
