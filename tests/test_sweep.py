@@ -246,6 +246,8 @@ def test_auto_concurrency_follows_the_measured_load() -> None:
     assert sched.allowed() == 4
     sched.finished(0.1, "pass")             # and a faithful one lets it grow by one
     assert sched.allowed() == 5
+    sched.finished(0.1, "fail", shared=False)   # alone on the machine: the point's own need
+    assert sched.allowed() == 5
     assert _Scheduler(3, max_jobs=8).allowed() == 3
 
 

@@ -32,8 +32,9 @@ finished run really used (its process tree's CPU time over its real time,
 from ``wait4``), and admits as many concurrent runs as fit in 75 % of the
 cores by that measure (a run that mostly waits on emulated latency uses a
 fraction of a core), never more than ``max_jobs`` nor more than memory
-allows. A failed verdict halves the concurrency; each passing one lets it
-grow by one run again.
+allows. A failed verdict of a run that shared the machine with another
+halves the concurrency (one that ran alone only asks its point for more
+dilation); each passing one lets it grow by one run again.
 
 A half-finished sweep resumes: run the same command again (or ``fedsim
 sweep OUT_DIR``) and finished points are kept; a point whose run was

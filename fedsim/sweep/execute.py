@@ -54,10 +54,16 @@ class _Scheduler:
         fit = int(0.75 * self.cores / max(self.load, 0.05))
         return max(1, min(fit, self.ceiling, self.max_jobs))
 
-    def finished(self, cores: float | None, verdict: str | None) -> None:
+    def finished(self, cores: float | None, verdict: str | None, shared: bool = True) -> None:
+        """A run ended; ``shared``: another run was running at some moment of it.
+
+        An unfaithful run that had the machine to itself says its point needs
+        more dilation, not that the sweep runs too many at once: it leaves
+        the concurrency alone.
+        """
         if cores is not None:
             self.load = cores if self.load is None else max(cores, 0.7 * self.load)
-        if verdict == "fail":        # back off at once, come back one run at a time
+        if verdict == "fail" and shared:   # back off at once, come back one run at a time
             self.ceiling = max(1, self.allowed() // 2)
         elif verdict == "pass":
             self.ceiling = min(self.max_jobs, self.ceiling + 1)
@@ -129,6 +135,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     python = python or sys.executable
     t0 = time.monotonic()
     finished = 0
+    shared: set[int] = set()       # runs that had company at some moment
     try:
         while todo or running:
             while (todo and len(running) < sched.allowed()
@@ -138,6 +145,9 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                 dilation = _next_dilation(prev) if prev.verdict == "fail" else None
                 running_proc = _start(p, sweep, runs / p.key, python, dilation, run_plots,
                                       prev.attempts + 1)
+                if running:            # every run under way now shares the machine
+                    shared.update(running)
+                    shared.add(running_proc.pid)
                 running[running_proc.pid] = (p, running_proc, time.monotonic(), dilation or 0.0)
             pid, status, usage = os.wait4(-1, 0)
             if pid not in running:
@@ -153,7 +163,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
             _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
             res = _result(p, run_dir)
             results[p.key] = res
-            sched.finished(cores, res.verdict)
+            sched.finished(cores, res.verdict, shared=pid in shared)
+            shared.discard(pid)
             if res.status == "completed" and not _done(res, max_attempts):
                 todo.insert(0, p)      # an unfaithful run goes again, with more dilation
                 say(f"  rerun {p.key}: verdict {res.verdict} at dilation {res.dilation}; "
