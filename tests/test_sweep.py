@@ -192,6 +192,22 @@ def test_a_sweep_reruns_unfaithful_points_and_writes_its_tables(
     assert (tmp_path / "out" / "final_accuracy.png").stat().st_size > 5000
 
 
+def test_a_rerun_follows_the_suggestion_within_1_5x_to_4x_of_the_failed_dilation() -> None:
+    from fedsim.sweep.execute import _next_dilation
+
+    def failed(dilation: float, suggested: float | None) -> sw.PointResult:
+        p = sw.Point(variant="", grid=(), seed=1, overrides=())
+        summary = {"status": "completed",
+                   "fidelity": {"verdict": "fail", "suggested_dilation": suggested}}
+        return sw.PointResult(point=p, run_dir=Path("x"), status="completed", verdict="fail",
+                              attempts=1, dilation=dilation, summary=summary, cores=None)
+
+    assert _next_dilation(failed(1.0, 2.0)) == 2.0       # the suggestion
+    assert _next_dilation(failed(1.0, 1.1)) == 1.5       # at least 1.5x
+    assert _next_dilation(failed(1.0, None)) == 1.5
+    assert _next_dilation(failed(0.5, 20.0)) == 2.0      # a starved run's 40x: at most 4x
+
+
 def test_points_that_stay_unfaithful_are_flagged_not_averaged(
         tmp_path: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PASS_AT", "1000")

@@ -21,7 +21,8 @@ The output directory holds::
 
 Faithfulness comes first. A point's figures count only if its fidelity
 verdict passed. A point whose verdict fails is rerun with the dilation the
-run suggested (or 1.5x its own, whichever is larger), up to
+run suggested, at least 1.5x and at most 4x its own (one starved stretch
+can make a run ask for twenty times its dilation), up to
 ``max_attempts`` times, and then kept but *flagged* (``verdict = fail`` in
 ``sweep.csv``, left out of ``aggregate.csv``, named in the report), never
 silently averaged in.

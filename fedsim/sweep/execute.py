@@ -92,9 +92,18 @@ def _done(res: PointResult, max_attempts: int) -> bool:
     return True   # faithful, or a run that failed (its output.log says why)
 
 
+#: A rerun's dilation grows at most this much over the failed attempt's: one
+#: starved stretch (another process holding the cores) can make a run suggest
+#: twenty times its dilation, which for a long run is an hour for nothing.
+MAX_STEP = 4.0
+
+
 def _next_dilation(res: PointResult) -> float:
+    """The failed attempt's suggestion, at least 1.5x and at most 4x its dilation."""
+    current = res.dilation or 1.0
     suggested = ((res.summary or {}).get("fidelity") or {}).get("suggested_dilation")
-    return round(max(float(suggested or 0.0), 1.5 * (res.dilation or 1.0)), 3)
+    want = float(suggested or 0.0)
+    return round(min(max(want, 1.5 * current), MAX_STEP * current), 3)
 
 
 def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jobs: int = 8,
