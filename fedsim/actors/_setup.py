@@ -7,13 +7,14 @@ deterministic so the shards and weights agree bit for bit.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fedsim._sections import DATASETS, MODELS
 from fedsim.algorithms import LocalConfig, OptimizerConfig
 from fedsim.scenario import Scenario
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["build_data", "build_model", "local_config", "model_shapes"]
 

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from fedsim._lazy import lazy_module
 from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 __all__ = [
     "check_async_update",

@@ -32,14 +32,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from fedsim._schema import SchemaModel
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.local import LocalConfig
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 __all__ = [
     "AlgorithmConfig",

@@ -45,16 +45,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
+from fedsim._lazy import lazy_module
 from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import check_async_update, norm64, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import AlgorithmSpec, Budget, ServerContext, register
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 __all__ = [
     "K_ROUNDINGS",
@@ -72,7 +76,6 @@ KRounding = Literal["accumulate", "floor", "ceil", "round", "trunc"]
 K_ROUNDINGS: tuple[str, ...] = ("accumulate", "floor", "ceil", "round", "trunc")
 K_UNITS: tuple[str, ...] = ("epochs", "steps")
 
-_F64 = torch.float64
 _ROUNDERS: dict[str, Callable[[float], int]] = {
     "floor": math.floor,
     "ceil": math.ceil,
@@ -94,12 +97,12 @@ def euclidean_staleness(x_t: torch.Tensor, x_base: torch.Tensor, delta: torch.Te
     den = norm64(delta)
     if den == 0.0:
         raise ValueError("Invalid update: ||Delta|| = 0, Euclidean staleness undefined")
-    return norm64(x_t.to(_F64) - x_base.to(_F64)) / den
+    return norm64(x_t.to(torch.float64) - x_base.to(torch.float64)) / den
 
 
 def asyncfeded_step(x: torch.Tensor, delta: torch.Tensor, eta_g: float) -> torch.Tensor:
     """Return ``x + eta_g * delta`` (eq. 5), computed in float64, in ``x``'s dtype."""
-    return x.to(_F64).add(delta.to(_F64), alpha=float(eta_g)).to(x.dtype)
+    return x.to(torch.float64).add(delta.to(torch.float64), alpha=float(eta_g)).to(x.dtype)
 
 
 def next_k_value(

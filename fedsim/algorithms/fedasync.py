@@ -26,9 +26,8 @@ The client side is local SGD on ``f(x) + rho/2 ||x - x_tau||^2``: see
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
 from pydantic import Field
 
 from fedsim._schema import NonNeg, Pos
@@ -37,6 +36,9 @@ from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "SPEC",

@@ -13,9 +13,8 @@ term ``mu/2 ||y - x||^2`` (``LocalConfig.prox_mu``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
 from pydantic import Field, model_validator
 
 from fedsim._schema import NonNeg
@@ -25,6 +24,9 @@ from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.robust import Aggregator
 from fedsim.algorithms.sgdclient import local_sgd_client
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SPEC", "FedAvg", "FedAvgConfig", "fedavg_aggregate"]
 

@@ -26,11 +26,11 @@ sum (the only thing the step uses) plus one small record per update.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
 from pydantic import Field
 
+from fedsim._lazy import lazy_module
 from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import check_async_update, check_shape, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
@@ -39,9 +39,12 @@ from fedsim.algorithms.fedasync import STALENESS_FUNCTIONS, staleness_weight
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
 
-__all__ = ["SPEC", "FedBuff", "FedBuffConfig", "fedbuff_step"]
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
-_F64 = torch.float64
+__all__ = ["SPEC", "FedBuff", "FedBuffConfig", "fedbuff_step"]
 
 
 def fedbuff_step(x: torch.Tensor, acc: torch.Tensor, count: int, server_lr: float) -> torch.Tensor:
@@ -51,7 +54,8 @@ def fedbuff_step(x: torch.Tensor, acc: torch.Tensor, count: int, server_lr: floa
     """
     if count < 1:
         raise ValueError(f"Invalid count: {count} (must be >= 1)")
-    return x.to(_F64).add(acc.to(_F64), alpha=float(server_lr) / count).to(x.dtype)
+    f64 = torch.float64
+    return x.to(f64).add(acc.to(f64), alpha=float(server_lr) / count).to(x.dtype)
 
 
 class FedBuff(AsyncRule):
@@ -149,7 +153,7 @@ class FedBuff(AsyncRule):
                 "discarded": True,
             }
         w = self.weight(d)
-        term = delta.to(_F64) * w
+        term = delta.to(torch.float64) * w
         acc = term if self._acc is None else self._acc + term
         entries = [*self._entries, (result.client, d, w)]
         if len(entries) < self.buffer_size:

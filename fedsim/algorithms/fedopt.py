@@ -54,13 +54,14 @@ only float32 rounding.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
 from pydantic import Field
 
+from fedsim._lazy import lazy_module
 from fedsim._schema import Pos
 from fedsim.algorithms._kernels import (
     check_round,
@@ -75,6 +76,11 @@ from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.robust import Aggregator
 from fedsim.algorithms.sgdclient import local_sgd_client
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 __all__ = [
     "FEDOPT_OPTIMIZERS",
@@ -91,8 +97,6 @@ __all__ = [
 WEIGHTINGS = ("samples", "uniform")
 ADAPTIVE = ("adam", "yogi", "adagrad")
 DEFAULT_SERVER_LR = {"adam": 0.1, "yogi": 0.1, "adagrad": 0.1, "avgm": 1.0}
-
-_F64 = torch.float64
 
 
 # --------------------------------------------------------------------------
@@ -191,62 +195,87 @@ def _check_optimizer(optimizer: str) -> None:
 # torch.optim shell.
 
 
-class AdaptiveServerOptimizer(torch.optim.Optimizer):
-    """Reddi et al.'s Algorithm 2 as a ``torch.optim.Optimizer``.
+@functools.cache
+def _server_optimizer_class() -> type[torch.optim.Optimizer]:
+    """:class:`AdaptiveServerOptimizer`, defined on first use.
 
-    Steps each parameter ``p`` on ``Delta = -p.grad`` with
-    :func:`fedopt_moments` and :func:`fedopt_step`. The state of ``p`` is
-    ``{"m": m, "v": v}`` in ``Delta``'s sign (the paper's ``m_t``), created
-    at the first step as :func:`fedopt_init` (in ``p``'s dtype).
-
-    Parameters
-    ----------
-    params : iterable of torch.nn.Parameter
-    lr : float
-        ``eta``.
-    rule : {"adam", "yogi", "adagrad"}
-    beta1, beta2 : float
-        Decay rates in [0, 1) (adagrad ignores ``beta2``).
-    tau : float
-        Adaptivity ``tau`` > 0.
+    Its base class is torch's, so defining it at import time would import
+    torch in every process that parses a scenario, client hosts included
+    (docs/architecture.md#processes). ``fedopt.AdaptiveServerOptimizer``
+    reaches it through the module's ``__getattr__``; it is one class for the
+    life of the process.
     """
 
-    def __init__(
-        self,
-        params: Iterable[torch.nn.Parameter],
-        lr: float,
-        rule: Literal["adam", "yogi", "adagrad"],
-        beta1: float,
-        beta2: float,
-        tau: float,
-    ) -> None:
-        if rule not in ADAPTIVE:
-            raise ValueError(f"Invalid rule: {rule!r} (allowed: {', '.join(ADAPTIVE)})")
-        defaults = {"lr": lr, "rule": rule, "beta1": beta1, "beta2": beta2, "tau": tau}
-        super().__init__(params, defaults)
+    class AdaptiveServerOptimizer(torch.optim.Optimizer):
+        """Reddi et al.'s Algorithm 2 as a ``torch.optim.Optimizer``.
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Take one server step on every parameter with a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            rule = group["rule"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["m"], state["v"] = fedopt_init(rule, p.detach(), group["tau"])
-                m, v = fedopt_moments(
-                    rule, -p.grad, state["m"], state["v"],
-                    beta1=group["beta1"], beta2=group["beta2"],
-                )
-                p.copy_(fedopt_step(rule, p, m, v, group["lr"], group["tau"]))
-                state["m"], state["v"] = m, v
-        return loss
+        Steps each parameter ``p`` on ``Delta = -p.grad`` with
+        :func:`fedopt_moments` and :func:`fedopt_step`. The state of ``p`` is
+        ``{"m": m, "v": v}`` in ``Delta``'s sign (the paper's ``m_t``), created
+        at the first step as :func:`fedopt_init` (in ``p``'s dtype).
+
+        Parameters
+        ----------
+        params : iterable of torch.nn.Parameter
+        lr : float
+            ``eta``.
+        rule : {"adam", "yogi", "adagrad"}
+        beta1, beta2 : float
+            Decay rates in [0, 1) (adagrad ignores ``beta2``).
+        tau : float
+            Adaptivity ``tau`` > 0.
+        """
+
+        def __init__(
+            self,
+            params: Iterable[torch.nn.Parameter],
+            lr: float,
+            rule: Literal["adam", "yogi", "adagrad"],
+            beta1: float,
+            beta2: float,
+            tau: float,
+        ) -> None:
+            if rule not in ADAPTIVE:
+                raise ValueError(f"Invalid rule: {rule!r} (allowed: {', '.join(ADAPTIVE)})")
+            defaults = {"lr": lr, "rule": rule, "beta1": beta1, "beta2": beta2, "tau": tau}
+            super().__init__(params, defaults)
+
+        @torch.no_grad()
+        def step(self, closure: Callable[[], Any] | None = None) -> Any:
+            """Take one server step on every parameter with a gradient."""
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            for group in self.param_groups:
+                rule = group["rule"]
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    if not state:
+                        state["m"], state["v"] = fedopt_init(rule, p.detach(), group["tau"])
+                    m, v = fedopt_moments(
+                        rule, -p.grad, state["m"], state["v"],
+                        beta1=group["beta1"], beta2=group["beta2"],
+                    )
+                    p.copy_(fedopt_step(rule, p, m, v, group["lr"], group["tau"]))
+                    state["m"], state["v"] = m, v
+            return loss
+
+    AdaptiveServerOptimizer.__qualname__ = "AdaptiveServerOptimizer"
+    return AdaptiveServerOptimizer
+
+
+if TYPE_CHECKING:
+    AdaptiveServerOptimizer: type[torch.optim.Optimizer]
+else:
+
+    def __getattr__(name: str) -> Any:
+        """``AdaptiveServerOptimizer``, created on first access (PEP 562)."""
+        if name == "AdaptiveServerOptimizer":
+            return _server_optimizer_class()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------
@@ -331,7 +360,7 @@ class FedOpt(RoundRule):
         self, numel: int, device: torch.device | None = None
     ) -> tuple[torch.nn.Parameter, torch.optim.Optimizer]:
         """Create (and keep) the parameter holding ``x`` and the torch optimizer over it."""
-        param = torch.nn.Parameter(torch.zeros(numel, dtype=_F64, device=device))
+        param = torch.nn.Parameter(torch.zeros(numel, dtype=torch.float64, device=device))
         opt: torch.optim.Optimizer
         if self.optimizer == "avgm":
             opt = torch.optim.SGD(
@@ -339,7 +368,8 @@ class FedOpt(RoundRule):
                 dampening=0.0, nesterov=False, foreach=False,
             )
         else:
-            opt = AdaptiveServerOptimizer(
+            adaptive: Callable[..., torch.optim.Optimizer] = _server_optimizer_class()
+            opt = adaptive(
                 [param], lr=self.server_lr, rule=self.optimizer,
                 beta1=self.beta1, beta2=self.beta2, tau=self.tau,
             )
@@ -388,14 +418,14 @@ class FedOpt(RoundRule):
         """
         clients = check_round(x, results)
         self._check_size(x)
-        x64 = x.detach().reshape(-1).to(_F64)
+        x64 = x.detach().reshape(-1).to(torch.float64)
         delta = fedopt_delta(x.detach(), results, self.weighting).reshape(-1)
         if self.is_fedavg():
             # x + Delta in float64 equals the average up to float64 rounding,
             # which can tip a float32 rounding tie the other way: take
             # FedAvg's own average (weighted_average of the y_i) instead.
             avg = weighted_average(
-                [r.params.detach().reshape(-1).to(_F64) for r in results],
+                [r.params.detach().reshape(-1).to(torch.float64) for r in results],
                 _weights(results, self.weighting),
             )
             self.rounds += 1
@@ -453,7 +483,7 @@ class FedOpt(RoundRule):
         for name, t in (("m", m), ("v", v)):
             if t is None:
                 continue
-            if t.dtype != _F64 or t.dim() != 1:
+            if t.dtype != torch.float64 or t.dim() != 1:
                 raise ValueError(
                     f"Invalid {name} in state: {t.dtype} of shape {tuple(t.shape)} "
                     "(need a flat float64 vector)"

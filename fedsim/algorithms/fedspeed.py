@@ -34,11 +34,9 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-import torch
-from torch import nn
-
+from fedsim._lazy import lazy_module
 from fedsim._schema import NonNeg, Pos, Prob
 from fedsim.algorithms._kernels import (
     check_round,
@@ -62,6 +60,13 @@ from fedsim.algorithms.fedavg import WEIGHTINGS, fedavg_aggregate
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 __all__ = [
     "SPEC",
@@ -211,7 +216,8 @@ def _grads(params: Sequence[nn.Parameter]) -> list[torch.Tensor]:
     return [p.grad for p in params]  # type: ignore[misc]
 
 
-_RngState = tuple[torch.device, torch.Tensor, torch.Tensor | None]
+#: A saved global RNG state (a string, so importing this module does not import torch).
+_RngState: TypeAlias = "tuple[torch.device, torch.Tensor, torch.Tensor | None]"
 
 
 def _rng_state(device: torch.device) -> _RngState:

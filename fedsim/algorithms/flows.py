@@ -15,11 +15,11 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-import torch
 from pydantic import Field
 
+from fedsim._lazy import lazy_module
 from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import pack_tensor, pseudo_gradient, unpack_tensor
 from fedsim.algorithms.api import (
@@ -35,6 +35,11 @@ from fedsim.algorithms.api import (
 from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
 from fedsim.algorithms.robust import Aggregator, GuardConfig, UpdateGuard, aggregate_models
 from fedsim.algorithms.scheduling import AsyncScheduler, RoundScheduler
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 __all__ = ["AsyncConfig", "AsyncFlow", "AsyncRule", "RoundRule", "RoundsConfig", "RoundsFlow"]
 

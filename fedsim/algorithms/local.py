@@ -20,14 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
+from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import flatten
-from fedsim.algorithms.adaptive import AdaptiveStepOptimizer, step_size_stats
 from fedsim.algorithms.optim import OptimizerConfig, make_optimizer
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 __all__ = ["LocalConfig", "load_vector", "local_train"]
 
@@ -157,6 +161,9 @@ def local_train(
     ``sps``) also ``lr_last``, ``lr_mean``, ``lr_min`` and ``lr_max`` of the
     step sizes used.
     """
+    # Imported here: fedsim.algorithms.adaptive imports torch, which client hosts never do.
+    from fedsim.algorithms.adaptive import AdaptiveStepOptimizer, step_size_stats
+
     n = int(data_x.shape[0])
     if n == 0:
         raise ValueError("Invalid client data: no samples")

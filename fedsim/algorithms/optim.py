@@ -30,22 +30,25 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from fedsim.algorithms.adaptive import (
+from fedsim._lazy import lazy_module
+from fedsim.algorithms._optcheck import (
     BATCH_MODES,
     FIRST_STEPS,
     MASK_MODES,
-    SPS,
     SPS_MODES,
-    DeltaSGD,
     check_choice,
     check_count,
     check_finite,
     check_nonnegative,
     check_positive,
 )
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 __all__ = ["OPTIMIZERS", "OptimizerConfig", "make_optimizer"]
 
@@ -140,6 +143,9 @@ def make_optimizer(
     Delta-SGD's extra evaluation at the previous iterate; others ignore them.
     ``deltasgd`` and ``sps`` must be stepped with a closure.
     """
+    # Imported here: fedsim.algorithms.adaptive imports torch, which client hosts never do.
+    from fedsim.algorithms.adaptive import SPS, DeltaSGD
+
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.name == "sgdm":

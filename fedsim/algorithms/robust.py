@@ -28,12 +28,17 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import torch
 from pydantic import Field, model_validator
 
+from fedsim._lazy import lazy_module
 from fedsim._schema import Pos, SchemaModel
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 __all__ = ["Aggregator", "GuardConfig", "UpdateGuard", "aggregate_models"]
 

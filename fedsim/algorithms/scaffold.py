@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from torch import nn
-
+from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import (
     check_finite,
     check_round,
@@ -54,6 +52,13 @@ from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:
+    torch = lazy_module("torch")
+    nn = lazy_module("torch.nn")
 
 __all__ = [
     "CONTROL_OPTIONS",

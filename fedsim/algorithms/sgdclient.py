@@ -8,12 +8,13 @@ the local model; what differs is only the server side.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fedsim.algorithms.api import ClientAlgorithm, ClientContext, LocalRun, Outcome
 from fedsim.algorithms.local import local_train
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["LocalSGDClient", "local_sgd_client"]
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import check_finite, check_shape
 from fedsim.algorithms.dga._core import (
     DGAConfig,
@@ -18,6 +17,11 @@ from fedsim.algorithms.dga._core import (
     dga_direction,
     dga_split_delay,
 )
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 # ---------------------------------------------------------------- decisions
 

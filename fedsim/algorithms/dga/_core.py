@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedsim.algorithms._kernels import weighted_average
+
+if TYPE_CHECKING:
+    import torch
 
 MODES = ("paper", "auto")
 ACCUMULATE = ("raw", "displacement")

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
 from pydantic import Field
 
+from fedsim._lazy import lazy_module
 from fedsim._schema import Pos
 from fedsim.algorithms._kernels import flatten, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import (
@@ -48,6 +48,11 @@ from fedsim.algorithms.dga._client import Step as DGAStep
 from fedsim.algorithms.dga._core import DGAConfig, DGAProtocolError
 from fedsim.algorithms.dga._reducer import DGAServer
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 __all__ = ["DGAClientWork", "DGAFlow", "DGAScenarioConfig", "dga_config"]
 

@@ -6,12 +6,16 @@ import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import check_finite, check_shape
 from fedsim.algorithms.dga._core import DGAProtocolError, _check_int, dga_final_average
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")
 
 # ---------------------------------------------------------------- reducer
 
