@@ -208,6 +208,48 @@ def test_a_rerun_follows_the_suggestion_within_1_5x_to_4x_of_the_failed_dilation
     assert _next_dilation(failed(0.5, 20.0)) == 2.0      # a starved run's 40x: at most 4x
 
 
+# A run that takes 0.4 s to start (to write fedsim-run.json, as a run does at
+# t = 0) and then runs 0.6 s; it logs when it was launched and when its clock started.
+STAGED_RUN = r'''
+import json, os, sys, time
+args = sys.argv[1:]
+out = args[args.index("--out") + 1]
+log = os.environ["STAGED_LOG"]
+with open(log, "a") as fh:
+    fh.write(f"launch {time.time()}\n")
+time.sleep(0.4)
+json.dump({"format": 2}, open(os.path.join(out, "fedsim-run.json"), "w"))
+with open(log, "a") as fh:
+    fh.write(f"clock {time.time()}\n")
+time.sleep(0.6)
+json.dump({"run": {"dilation": 1.0}}, open(os.path.join(out, "scenario.json"), "w"))
+json.dump({"status": "completed", "final_accuracy": 0.5, "emulated_seconds": 1.0,
+           "fidelity": {"verdict": "pass"}}, open(os.path.join(out, "summary.json"), "w"))
+'''
+
+
+def test_runs_start_one_at_a_time_and_then_overlap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A neighbour's start-up (imports, data, processes) starves a running run's
+    SCHED_IDLE trainers: the next run is launched only once the last one's clock runs."""
+    script = tmp_path / "staged-python"
+    script.write_text(f"#!{sys.executable}\n{STAGED_RUN}")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "staged.log"
+    monkeypatch.setenv("STAGED_LOG", str(log))
+    s = sw.sweep_from_scenario(QUICK, seeds=3)
+    res = sw.run_sweep(s, tmp_path / "out", jobs=3, python=str(script))
+    assert all(r.counts for r in res.points)
+    events = sorted((float(t), kind) for kind, t in
+                    (line.split() for line in log.read_text().splitlines()))
+    launches = [t for t, k in events if k == "launch"]
+    clocks = [t for t, k in events if k == "clock"]
+    assert len(launches) == len(clocks) == 3
+    for nxt, clock in zip(launches[1:], clocks[:2], strict=True):
+        assert nxt >= clock          # launched only after the previous one's clock started
+    assert launches[1] < clocks[0] + 0.6   # ... and while that run was still running
+
+
 def test_points_that_stay_unfaithful_are_flagged_not_averaged(
         tmp_path: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PASS_AT", "1000")

@@ -27,7 +27,11 @@ can make a run ask for twenty times its dilation), up to
 ``sweep.csv``, left out of ``aggregate.csv``, named in the report), never
 silently averaged in.
 
-Points run in parallel only as far as the host keeps verdicts passing. With
+Points run in parallel only as far as the host keeps verdicts passing, and
+they start one at a time: a run is launched only once the previous one's
+emulated clock runs, because a run's start-up (imports, data, processes, at
+normal priority) would starve its neighbours' trainers (``SCHED_IDLE``) of
+CPU and make them overrun. With
 ``jobs = "auto"`` the sweep starts with one run, measures how many cores a
 finished run really used (its process tree's CPU time over its real time,
 from ``wait4``), and admits as many concurrent runs as fit in 75 % of the

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedsim.metrics import FORMAT_FILE
 from fedsim.sweep.results import PointResult, _read_point, _result, figure
 from fedsim.sweep.spec import Point, Sweep, SweepError
 from fedsim.sweep.tables import write_tables
@@ -106,6 +107,24 @@ def _next_dilation(res: PointResult) -> float:
     return round(min(max(want, 1.5 * current), MAX_STEP * current), 3)
 
 
+#: Real seconds after which a run that has not reached t = 0 no longer holds
+#: back the next one (see :func:`_starting`).
+START_GRACE = 120.0
+
+
+def _starting(run_dir: Path, started: float) -> bool:
+    """Whether a run is still starting: launched, but its emulated clock not yet running.
+
+    Start-up (imports, data, worker processes) is the busiest stretch of a
+    run, at normal priority; a neighbour's trainers, which run under
+    ``SCHED_IDLE``, can wait seconds for a CPU behind it and overrun their
+    compute budgets. So a sweep starts its runs one at a time: the next
+    waits until this one has written ``fedsim-run.json`` (at t = 0).
+    """
+    return (not (run_dir / FORMAT_FILE).exists()
+            and time.monotonic() - started < START_GRACE)
+
+
 def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jobs: int = 8,
               max_attempts: int = 3, python: str | None = None,
               report: Callable[[str], None] | None = None,
@@ -147,7 +166,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     shared: set[int] = set()       # runs that had company at some moment
     try:
         while todo or running:
-            while (todo and len(running) < sched.allowed()
+            starting = any(_starting(runs / q.key, st) for q, _, st, _ in running.values())
+            while (todo and len(running) < sched.allowed() and not starting
                    and (not running or _mem_available_gb() > 3.0)):
                 p = todo.pop(0)
                 prev = results[p.key]
@@ -158,7 +178,12 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                     shared.update(running)
                     shared.add(running_proc.pid)
                 running[running_proc.pid] = (p, running_proc, time.monotonic(), dilation or 0.0)
-            pid, status, usage = os.wait4(-1, 0)
+                starting = True
+            # while one is starting and more wait, look again soon; else sleep until one ends
+            pid, status, usage = os.wait4(-1, os.WNOHANG if starting and todo else 0)
+            if pid == 0:
+                time.sleep(0.2)
+                continue
             if pid not in running:
                 continue
             p, proc, started, _ = running.pop(pid)
