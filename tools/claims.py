@@ -153,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rec = run_claim(known[cid], args.out, args.jobs, not args.no_run)
         if args.no_run and cid in old:      # re-evaluated: the time measured when it ran
             rec["real_seconds"] = old[cid]["real_seconds"]
+            rec["resumed"] = old[cid].get("resumed", False)
         old[cid] = rec
         print(f"{cid}: {rec['number']} -> {rec['verdict']} ({rec['real_seconds'] / 60:.1f} min)",
               flush=True)

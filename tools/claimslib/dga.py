@@ -59,6 +59,20 @@ def _dg1_step_time(sweep: sw.Sweep, r: sw.PointResult) -> float | None:
     return t / ((rounds or 1.0) * (int(k.group(1)) if k else 1))
 
 
+def _dg1_rose(covered: list[float], dga: dict[float, dict[int, float]],
+              first: dict[int, float], d_steps: float) -> str:
+    """Why DGA is not flat: the first covered latency where it rose past 1.2x, and by how much."""
+    for d in covered:
+        rel = mean_ci(paired(dga.get(d, {}), first))[0]
+        if rel is None or rel > 1.2:
+            shown = ("no faithful pair of runs" if rel is None
+                     else f"{rel:.2f}x its lowest-latency time")
+            return (f"DGA's time rose before the round trip exceeded D steps: at {d * 1e3:g} ms "
+                    f"one way (round trip {2 * d:g} s, D tau_g = {d_steps:g} s) it was {shown}, "
+                    "against at most 1.2x")
+    return "DGA's time rose before the round trip exceeded D steps"
+
+
 def eval_dg1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     """DGA hides latency: speedup over FedAvg K=5 -> (K + D)/K as latency grows.
 
@@ -128,7 +142,7 @@ def eval_dg1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     why = (f"FedAvg's time grows with the round trip; DGA stays within 20 % of its "
            f"{delays[0] * 1e3:g} ms time up to {max(covered, default=0) * 1e3:g} ms one way "
            f"(round trip <= D tau_g = {20 * step:g} s)"
-           if flat else "DGA's time rose before the round trip exceeded D steps")
+           if flat else _dg1_rose(covered, dga, dga_first, 20 * step))
     number = f"{fmt(m_top, ci_top, unit='x')} at {top * 1e3:g} ms"
     if at_mid and mid != top:
         number += f", {at_mid:.1f}x at {mid * 1e3:g} ms"

@@ -71,6 +71,9 @@ def run_claim(c: Claim, out: Path, jobs: str, execute: bool) -> dict[str, Any]:
     spec = sw.load_sweep(REPRO / c.sweep)
     sdir = out / c.id
     t0 = time.monotonic()
+    # a resumed sweep's time covers only the part run last
+    resumed = execute and any((sdir / "runs" / p.key / "summary.json").exists()
+                              for p in spec.points())
     if execute:
         res = sw.run_sweep(spec, sdir, jobs=jobs if jobs == "auto" else int(jobs),
                            report=lambda line: print(f"  {c.id} {line}", flush=True))
@@ -96,6 +99,7 @@ def run_claim(c: Claim, out: Path, jobs: str, execute: bool) -> dict[str, Any]:
             "details": finding.details, "sweep": _shown_path(REPRO / c.sweep),
             "figure": f"docs/claims/{c.id.lower()}.png" if shown else None,
             "runs": len(results), "counted": counted, "real_seconds": round(real, 1),
+            "resumed": resumed,
             "measured": time.strftime("%Y-%m-%d"), "commit": _commit(),
             "command": f"python tools/claims.py --only {c.id}"}
 
@@ -134,6 +138,7 @@ def table(records: list[dict[str, Any]]) -> str:
 
 def write_docs(records: list[dict[str, Any]]) -> None:
     total = sum(r["real_seconds"] for r in records)
+    partial = any(r.get("resumed") for r in records)
     parts = ["# Claims, reproduced through real timing",
              "",
              "Written by `python tools/claims.py`; do not edit by hand. Each claim's sweep ran",
@@ -153,8 +158,10 @@ def write_docs(records: list[dict[str, Any]]) -> None:
              "lowest-latency time while the round trip fits in D steps, FedAvg's time at the top",
              "latency is over twice its own, and the speedup near 500 ms is at least 2.",
              "",
-             f"Regenerating all of them took {total / 60:.0f} minutes of real time here "
-             "(2 cores).",
+             f"Regenerating all of them took {'at least ' if partial else ''}"
+             f"{total / 60:.0f} minutes of real time here (2 cores"
+             f"{'; some sweeps were resumed, and only their last part is timed' if partial else ''}"
+             ").",
              "",
              table(records).replace("(docs/claims.md#", "(#").replace("(docs/", "("),
              ""]
@@ -167,7 +174,9 @@ def write_docs(records: list[dict[str, Any]]) -> None:
                   f"- Runs: {r['counted']} of {r['runs']} counted (the rest failed their "
                   "fidelity verdict after every attempt, or failed).",
                   f"- Sweep: `{r['sweep']}`; regenerate with `{r['command']}` "
-                  f"({r['real_seconds'] / 60:.1f} min here); measured {r['measured']} at "
+                  f"({r['real_seconds'] / 60:.1f} min here"
+                  f"{' for the part run last: the sweep was resumed' if r.get('resumed') else ''}"
+                  f"); measured {r['measured']} at "
                   f"{r['commit']}.", ""]
         if r.get("details"):
             parts += [*r["details"], ""]
