@@ -1461,7 +1461,12 @@ class WorkerReady(_Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Train(_Record):
-    """Parent -> worker, on a Task: begin the task's local work from ``model``."""
+    """Parent -> worker, on a Task: begin the task's local work from ``model``.
+
+    ``due``: the emulated time the host expects the result by (the task's
+    start plus its expected compute time); a worker with several requests
+    waiting takes the earliest due first (None: as soon as possible).
+    """
 
     request_id: int
     client: int
@@ -1470,6 +1475,7 @@ class Train(_Record):
     round: int
     work: LocalWork | None
     model: Model
+    due: float | None = None
 
     def _validate(self) -> None:
         _non_negative(self, "client", "task_id", "version", "round")
@@ -1490,6 +1496,7 @@ class Advance(_Record):
     client: int
     rounds: tuple[int, ...]
     model: Model | None
+    due: float | None = None   # as Train's
 
     def _validate(self) -> None:
         if (self.model is None) != (not self.rounds):

@@ -733,7 +733,7 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
     ),
     (
         "advance without model",
-        lambda f: [_envelope("Advance"), msgpack.packb([1, 1, [3], None])],
+        lambda f: [_envelope("Advance"), msgpack.packb([1, 1, [3], None, None])],
         "bad_field",
         "model must be None exactly when rounds is empty",
     ),

@@ -288,9 +288,11 @@ class ClientActor:
             if self.away and gen + 1 == self.generation:
                 self._come_back("resume")
             return
+        due = t0 + self.device.mean_step() * host.expected_steps(task, self.num_samples)
         reply = await host.trainer.request(Train(
             request_id=host.trainer.next_id(), client=self.cid, task_id=task.task_id,
-            version=task.version, round=task.round, work=task.work, model=task.model))
+            version=task.version, round=task.round, work=task.work, model=task.model,
+            due=due))
         while True:
             if not isinstance(reply, Trained):
                 reason = getattr(reply, "reason", repr(reply))
@@ -357,7 +359,7 @@ class ClientActor:
                 model = Model.from_flat(flat, host.model_spec.repeated(len(rounds)))
             reply = await host.trainer.request(Advance(
                 request_id=host.trainer.next_id(), client=self.cid, rounds=rounds,
-                model=model))
+                model=model, due=t0))
 
     async def _averages(self, wait_round: int | None) -> dict[int, Average] | None:
         """Round averages that arrived (waiting for ``wait_round`` first); None: stop."""

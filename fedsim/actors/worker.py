@@ -18,6 +18,7 @@ Run as ``python -m fedsim.actors.worker --scenario FILE --endpoint ADDR
 from __future__ import annotations
 
 import argparse
+import heapq
 import itertools
 import json
 import logging
@@ -239,12 +240,51 @@ class InlineWorker:
         self.worker.save_state(force=True)
 
 
+class Requests:
+    """Requests waiting for the worker, earliest ``due`` first (then in arrival order).
+
+    A host's clients often start their local work at the same emulated
+    instant (a synchronous round): taken first in, first out, a two-step run
+    waits behind a hundred-step one and misses its compute deadline at any
+    dilation. Earliest due first is the order that meets every deadline
+    whenever any order can (one machine, no preemption, all released
+    together). Requests without a due time (and Shutdown) go first.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Message]] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, msg: Message) -> None:
+        due = getattr(msg, "due", None)
+        heapq.heappush(self._heap, (-math.inf if due is None else float(due),
+                                    next(self._seq), msg))
+
+    def pop(self) -> Message:
+        return heapq.heappop(self._heap)[2]
+
+
 def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
-    """Answer requests until a Shutdown arrives or the socket closes."""
+    """Answer requests until a Shutdown arrives or the socket closes.
+
+    Before each request it takes every request already waiting on the
+    socket and answers the earliest due (:class:`Requests`).
+    """
     sock.send_multipart(encode(worker.ready()), copy=False)
+    waiting = Requests()
     while True:
-        frames = sock.recv_multipart(copy=False)
-        msg, _ = decode(frames, check_finite=False)
+        if not waiting:
+            waiting.push(decode(sock.recv_multipart(copy=False), check_finite=False)[0])
+        while True:
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            waiting.push(decode(frames, check_finite=False)[0])
+        msg = waiting.pop()
         if isinstance(msg, Shutdown):
             worker.save_state(force=True)
             return
