@@ -1212,7 +1212,7 @@ _EVENT_OPTIONAL = Event.FIELDS[3:-1]
 
 #: The phases a client host measures and reports (``PhaseSample.phase``): the
 #: names of their distributions in the summary's ``phases``
-#: (:data:`fedsim.metrics.PHASES`, docs/run-directory.md "Where time goes").
+#: (:data:`fedsim.phases.PHASES`, docs/run-directory.md "Where time goes").
 HOST_PHASES: frozenset[str] = frozenset({
     "encode.hosts", "decode.hosts", "queueing.hosts", "compute.real", "compute.budget"})
 
@@ -1227,7 +1227,7 @@ class PhaseSample(_Record):
 
     ``count`` durations summing to ``sum``, the largest ``max``; ``values`` is
     a uniform sample of them (all of them when there were few): what a
-    :class:`fedsim.metrics.Durations` exports.
+    :class:`fedsim.phases.Durations` exports.
     """
 
     phase: str

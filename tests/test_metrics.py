@@ -1,5 +1,5 @@
 """Run-directory files stay readable when a run is killed mid-write; the bounded
-estimator behind the summary's ``phases`` (:class:`fedsim.metrics.Durations`)."""
+estimator behind the summary's ``phases`` (:class:`fedsim.phases.Durations`)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,13 @@ import numpy as np
 import pytest
 
 from fedsim.metrics import (
-    PHASES,
-    Durations,
     EventLog,
     MetricsTable,
-    PhaseStats,
     read_events,
     read_metrics,
     write_json_atomic,
 )
+from fedsim.phases import PHASES, Durations, PhaseStats
 
 
 def test_torn_last_lines_are_skipped(tmp_path: Path) -> None:

@@ -55,8 +55,8 @@ from fedsim.messages import (
     Update,
     WireError,
 )
-from fedsim.metrics import PhaseStats
 from fedsim.network import NetPlan
+from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.transport import Endpoint, PeerGone
 from netem.clock import Clock

@@ -43,8 +43,8 @@ from fedsim.messages import (
     Trained,
     Update,
 )
-from fedsim.metrics import PhaseStats
 from fedsim.network import NetPlan
+from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor

@@ -55,8 +55,9 @@ from fedsim.messages import (
     TensorSpec,
     WireError,
 )
-from fedsim.metrics import PHASES, PhaseStats, boot_id
+from fedsim.metrics import boot_id
 from fedsim.network import NetPlan
+from fedsim.phases import PHASES, PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.transport import ClientKeys, Connection
 from netem.clock import Clock, monotonic

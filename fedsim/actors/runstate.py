@@ -26,13 +26,13 @@ from fedsim.metrics import (
     RUN_FORMAT,
     EventLog,
     MetricsTable,
-    PhaseStats,
     StalenessStats,
     TransferStats,
     write_json_atomic,
     write_run_format,
     writer_record,
 )
+from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
 from netem.clock import Clock
 

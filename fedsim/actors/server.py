@@ -65,8 +65,8 @@ from fedsim.messages import (
     TensorSpec,
     Update,
 )
-from fedsim.metrics import PhaseStats
 from fedsim.network import NetPlan
+from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.transport import Endpoint
 from netem.clock import Clock, monotonic

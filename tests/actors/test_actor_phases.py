@@ -15,7 +15,7 @@ import pytest
 from actor_scenarios import build, of
 
 from fedsim.actors.inmemory import run_in_memory
-from fedsim.metrics import PHASES
+from fedsim.phases import PHASES
 from fedsim.results import Phase, RunResult
 
 MODEL_KINDS = ("task", "average", "update")
