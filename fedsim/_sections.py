@@ -193,6 +193,10 @@ class DeployConfig(SchemaModel):
     hosts: Annotated[int, Field(ge=0)] = 0
     transport: Literal["ipc", "tcp"] = "ipc"
     loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # how `fedsim run` starts its torch workers (trainers, evaluator): "fork"
+    # them from one zygote process that imported torch and built the data
+    # once (fast start, pages shared), or "spawn" each as a fresh process
+    workers: Literal["fork", "spawn"] = "fork"
     max_message_mb: Pos = 512.0
     # real seconds to wait for client hosts to register before the federation
     # starts with those present (the missing ones are named)

@@ -31,6 +31,7 @@ from fedsim.scenario import Scenario, resolved, to_toml, unused_keys
 
 if TYPE_CHECKING:
     from fedsim.actors.runstate import Progress
+    from fedsim.actors.zygote import Zygote
     from fedsim.transport import ServerKeys
 
 __all__ = ["RunControl", "calibrate_dilation", "finish", "plan_hosts", "prepare",
@@ -163,7 +164,8 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
                 allowed: dict[str, tuple[int, ...]] | None = None,
                 local_hosts: list[list[int]] | None = None, resume: bool = False,
                 on_progress: Callable[[Progress], None] | None = None,
-                control: RunControl | None = None) -> dict[str, Any]:
+                control: RunControl | None = None, zygote: Zygote | None = None,
+                fed: Any = None) -> dict[str, Any]:
     """Run the server of one federation; return its summary.
 
     ``bind`` is the address client hosts connect to (default: a local one).
@@ -194,37 +196,22 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
             ckpt = load_checkpoint(run_dir, fedsim_version(), scenario_hash(data))
         except (FileNotFoundError, ValueError) as exc:
             raise ResumeError(str(exc)) from None
-    fed = build_data(sc)
-    write_json_atomic(run_dir / "data.json", fed.stats())
-    model = build_model(sc, tuple(fed.input_shape), int(fed.num_classes))
-    x0 = flatten([p for p in model.parameters() if p.requires_grad])
-    spec = TensorSpec([("float32", s) for s in model_shapes(model)])
-    del fed, model
     zmq_ctx = ZmqContext(max_message_bytes=int(sc.deploy.max_message_mb * 1e6))
     if bind is None:
         bind = (ipc_address(run_id, "server") if sc.deploy.transport == "ipc"
                 else "tcp://127.0.0.1:0")
     endpoint = zmq_ctx.endpoint(bind, keys)
-    evaluator = WorkerHandle(zmq_ctx, ipc_address(run_id, "eval"), scenario_file, "evaluator")
-    server = Server(sc, run_dir, endpoint=endpoint, evaluator=evaluator,
-                    dilation=dilation, fedsim_version=fedsim_version(),
-                    scenario_hash=scenario_hash(data), model_x0=x0, model_spec=spec,
-                    allowed=allowed, resume=ckpt)
-    server.on_progress = on_progress
     procs: dict[str, asyncio.subprocess.Process] = {}
     stopping = {"flag": False}
-
-    async def watch(name: str, proc: asyncio.subprocess.Process) -> None:
-        code = await proc.wait()
-        if code != 0 or not stopping["flag"]:
-            server.host_exited(name, f"exit code {code}")
-
+    # The hosts start first: they import and connect while the data and the
+    # model are built (here, or in the zygote the trainers fork from).
     for h, clients in enumerate(local_hosts or []):
         name = f"host-{h}"
         procs[name] = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "fedsim.actors.host", "--connect", endpoint.address,
             "--host-id", str(h), "--clients", ",".join(map(str, clients)),
             "--scenario", scenario_file, "--run-id", run_id, "--parent", str(os.getpid()),
+            *(("--zygote", zygote.name) if zygote is not None else ()),
             stdin=asyncio.subprocess.DEVNULL, env=child_env())
     write_json_atomic(run_dir / "endpoints.json", {
         "server": endpoint.address, "run_id": run_id, "pid": os.getpid(),
@@ -232,6 +219,41 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
         "hosts": {n: {"pid": p.pid, "clients": (local_hosts or [])[i]}
                   for i, (n, p) in enumerate(procs.items())},
     })
+    try:
+        if fed is None and zygote is not None:  # the zygote built it: no second copy
+            shape = await zygote.describe()
+            input_shape, num_classes = tuple(shape["input_shape"]), int(shape["num_classes"])
+            write_json_atomic(run_dir / "data.json", shape["stats"])
+        else:
+            fed = build_data(sc) if fed is None else fed
+            write_json_atomic(run_dir / "data.json", fed.stats())
+            input_shape, num_classes = tuple(fed.input_shape), int(fed.num_classes)
+            del fed
+        model = build_model(sc, input_shape, num_classes)
+    except BaseException:  # no federation: the hosts started for it go
+        for p in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            await p.wait()
+        endpoint.close()
+        zmq_ctx.close(linger_ms=0)
+        raise
+    x0 = flatten([p for p in model.parameters() if p.requires_grad])
+    spec = TensorSpec([("float32", s) for s in model_shapes(model)])
+    del model
+    evaluator = WorkerHandle(zmq_ctx, ipc_address(run_id, "eval"), scenario_file, "evaluator",
+                             zygote=None if zygote is None else zygote.name)
+    server = Server(sc, run_dir, endpoint=endpoint, evaluator=evaluator,
+                    dilation=dilation, fedsim_version=fedsim_version(),
+                    scenario_hash=scenario_hash(data), model_x0=x0, model_spec=spec,
+                    allowed=allowed, resume=ckpt)
+    server.on_progress = on_progress
+
+    async def watch(name: str, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if code != 0 or not stopping["flag"]:
+            server.host_exited(name, f"exit code {code}")
+
     if local_hosts is None:
         log.warning("server listening at %s%s; waiting for client hosts", endpoint.address,
                     " (CURVE)" if keys is not None else "")
@@ -358,12 +380,8 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
     skips drawing the run's PNGs at the end (``fedsim plot RUN`` draws them
     later; a sweep of many runs saves a few seconds per run).
     """
-    import torch
-
-    # The server's tensor math is small and sequential; torch's intra-op
-    # threads would only spin on the cores the client hosts need.
-    torch.set_num_threads(1)
     from fedsim.actors._proc import run_loop
+    from fedsim.actors.zygote import Zygote, can_fork_here
 
     if resume is not None:
         sc, run_dir, choice, data = prepare_resume(resume)
@@ -372,10 +390,31 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
         assert sc is not None
         hosts = plan_hosts(sc)
         sc, run_dir, choice, data = prepare(sc, out, dilation, len(hosts))
-    summary = run_loop(serve(sc, run_dir, choice, data, local_hosts=hosts,
-                             resume=resume is not None, on_progress=on_progress,
-                             control=control),
-                       sc.deploy.loop)
+    zygote, fed = None, None
+    name = f"fedsim-{os.getpid()}-{time.monotonic_ns()}-zygote"
+    if sc.deploy.workers == "fork" and not can_fork_here():
+        # a fresh zygote imports torch while this process does
+        zygote = Zygote.start(name, str((run_dir / "scenario.json").resolve()))
+    import torch
+
+    # The server's tensor math is small and sequential; torch's intra-op
+    # threads would only spin on the cores the client hosts need.
+    torch.set_num_threads(1)
+    if sc.deploy.workers == "fork" and zygote is None:
+        # this process imported torch and builds the data once; the zygote
+        # and every worker share them (before any loop, socket or thread)
+        from fedsim.actors._setup import build_data
+
+        fed = build_data(sc)
+        zygote = Zygote.fork(name, sc, fed)
+    try:
+        summary = run_loop(serve(sc, run_dir, choice, data, local_hosts=hosts,
+                                 resume=resume is not None, on_progress=on_progress,
+                                 control=control, zygote=zygote, fed=fed),
+                           sc.deploy.loop)
+    finally:
+        if zygote is not None:
+            zygote.close()
     if plots:
         finish(run_dir)
     return RunResult.of(run_dir, summary)

@@ -19,6 +19,7 @@ __all__ = [
     "die_with_parent",
     "fedsim_version",
     "ignore_sigint",
+    "process_age",
     "run_loop",
     "yield_cpu_to_loops",
 ]
@@ -46,12 +47,16 @@ def ignore_sigint() -> None:
 
 
 def configure_child_logging(name: str) -> None:
-    """Log warnings and errors of a child process to stderr with its name."""
+    """Log warnings and errors of a child process to stderr with its name.
+
+    Replaces any configuration already there: a worker forked from the
+    zygote inherits the zygote's, and logs under its own name.
+    """
     level = os.environ.get("FEDSIM_LOG", "WARNING").upper()
     logging.basicConfig(
         level=getattr(logging, level, logging.WARNING),
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        stream=sys.stderr, force=True,
     )
 
 
@@ -74,6 +79,22 @@ def yield_cpu_to_loops() -> str:
     except OSError:
         return "normal"
     return choice
+
+
+def process_age() -> float | None:
+    """Real seconds since this process was started (Linux ``/proc``; 10 ms resolution).
+
+    The interpreter's own start-up and imports count: this is what a user
+    waits for from the command to the run.
+    """
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def fedsim_version() -> str:

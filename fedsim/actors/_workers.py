@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from fedsim.actors.zygote import ForkedProcess, spawn
 from fedsim.codec import decode, encode
 from fedsim.messages import Message, Shutdown, WireError, WorkerReady
 from fedsim.transport import ZmqContext
@@ -45,17 +46,22 @@ class WorkerHandle:
         Clients whose shards the worker holds.
     state_path
         Where the worker keeps its clients' state across restarts (None: nowhere).
+    zygote
+        The name of a :mod:`~fedsim.actors.zygote` to fork the worker from
+        (None: start a fresh Python process).
     """
 
     def __init__(self, zmq_ctx: ZmqContext, endpoint: str, scenario_file: str, role: str,
-                 clients: list[int] | None = None, state_path: str | None = None) -> None:
+                 clients: list[int] | None = None, state_path: str | None = None,
+                 zygote: str | None = None) -> None:
+        self.zygote = zygote
         self.state_path = state_path
         self.endpoint = endpoint
         self.scenario_file = scenario_file
         self.role = role
         self.clients = clients or []
         self.conn = zmq_ctx.pair(endpoint, bind=True)
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | ForkedProcess | None = None
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
@@ -70,14 +76,21 @@ class WorkerHandle:
         """Start the process and wait for its WorkerReady (data built, model ready)."""
         from fedsim.plugins import child_env
 
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fedsim.actors.worker",
-            "--scenario", self.scenario_file, "--endpoint", self.endpoint,
-            "--role", self.role, "--clients", ",".join(map(str, self.clients)),
-            "--parent", str(os.getpid()),
-            *(("--state", self.state_path) if self.state_path else ()),
-            stdin=asyncio.subprocess.DEVNULL, env=child_env(),
-        )
+        if self.zygote is not None:
+            try:
+                self.proc = await spawn(self.zygote, self.role, self.endpoint, self.clients,
+                                        self.state_path, within=ready_within)
+            except (OSError, RuntimeError) as exc:
+                raise WorkerDied(f"{self.role} worker did not start: {exc}") from None
+        else:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "fedsim.actors.worker",
+                "--scenario", self.scenario_file, "--endpoint", self.endpoint,
+                "--role", self.role, "--clients", ",".join(map(str, self.clients)),
+                "--parent", str(os.getpid()),
+                *(("--state", self.state_path) if self.state_path else ()),
+                stdin=asyncio.subprocess.DEVNULL, env=child_env(),
+            )
         self._tasks.append(asyncio.create_task(self._watch_exit()))
         hello = asyncio.ensure_future(self.conn.recv())
         died = asyncio.ensure_future(self.died.wait())

@@ -342,12 +342,15 @@ class ClientHost:
 
 async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, connect: str,
                      name: str, clients: list[int], run_id: str,
-                     keys: ClientKeys | None = None, state_dir: str | None = None) -> int:
+                     keys: ClientKeys | None = None, state_dir: str | None = None,
+                     zygote: str | None = None) -> int:
     """Run one client host against the server at ``connect``; its exit code.
 
     ``scenario_file`` holds the resolved scenario ``raw`` (the torch worker
     reads it); ``keys`` make the connection a CURVE client; with
     ``state_dir`` the clients' algorithm state survives a restart of the host.
+    With ``zygote`` the trainer is forked from that zygote
+    (:mod:`fedsim.actors.zygote`) instead of started from scratch.
     """
     from fedsim.actors._workers import WorkerHandle
     from fedsim.scenario import scenario_hash
@@ -360,7 +363,7 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
         os.makedirs(state_dir, exist_ok=True)
         state = os.path.join(state_dir, f"{name}-clients.pt")
     trainer = WorkerHandle(zmq_ctx, ipc_address(run_id, f"{name}-trainer"),
-                           scenario_file, "trainer", clients, state)
+                           scenario_file, "trainer", clients, state, zygote=zygote)
     host = ClientHost(sc, name, clients, conn, trainer,
                       fedsim_version=_proc.fedsim_version(),
                       scenario_hash=scenario_hash(raw))
@@ -382,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenario", required=True, help="resolved scenario JSON")
     ap.add_argument("--run-id", default=str(os.getpid()))
     ap.add_argument("--parent", type=int, default=None)
+    ap.add_argument("--zygote", default=None, help="zygote to fork the trainer from")
     args = ap.parse_args(argv)
     if not _proc.die_with_parent(args.parent):
         return 0
@@ -394,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     sc = parse(raw, args.scenario)
     clients = [int(c) for c in args.clients.split(",") if c]
     return _proc.run_loop(serve_host(sc, args.scenario, raw, connect=args.connect, name=name,
-                                     clients=clients, run_id=args.run_id), sc.deploy.loop)
+                                     clients=clients, run_id=args.run_id,
+                                     zygote=args.zygote), sc.deploy.loop)
 
 
 if __name__ == "__main__":

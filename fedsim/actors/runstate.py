@@ -149,6 +149,10 @@ class RunState:
         self.summary: dict[str, Any] = {}
         self.stopped_at: float | None = None
         self.resumed: list[dict[str, Any]] = []
+        #: real seconds from the server process's launch to t = 0, and the
+        #: unix time of t = 0 (set by the server when its clock starts)
+        self.startup_s: float | None = None
+        self.t0_wall: float = 0.0
         self._summary_real = -math.inf
 
     def real(self) -> float:
@@ -343,6 +347,7 @@ class RunState:
             "rounds": self.rounds,
             "emulated_seconds": round(now, 6),
             "real_seconds": round(self.real(), 3),
+            "startup_s": self.startup_s,
             "final_accuracy": self.final_accuracy,
             "final_loss": self.final_loss,
             "best_accuracy": None if math.isnan(self.best[0]) else self.best[0],

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from time import perf_counter
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from fedsim._ids import format_ids
+from fedsim.actors._proc import process_age
 from fedsim.actors._server_hosts import HostSide
 from fedsim.actors._server_measure import Measurements
 from fedsim.actors._server_queue import (
@@ -212,6 +214,9 @@ class Server(HostSide, Checkpoints, Measurements):
         self.clock = self._clock(0.05 - t0 * self.dilation)
         self.timers = TimerHeap(self.clock, use_timerfd=self.use_timerfd)
         self.state = state = self._new_state(self.clock)
+        age = process_age()   # launch to t0 (the clock starts 50 ms from now)
+        state.startup_s = None if age is None else round(age + 0.05, 3)
+        state.t0_wall = time.time() + 0.05
         if self.resume is not None:
             self._restore(self.resume)
         for sender, reason, detail in self._early_rejects:
@@ -280,7 +285,7 @@ class Server(HostSide, Checkpoints, Measurements):
                                 f"{self.sc.data.num_clients} clients registered)")
             return
         self.began = True
-        state.event(t0, "start", clients=len(registered))
+        state.event(t0, "start", clients=len(registered), wall=round(state.t0_wall, 3))
         await self._apply(t0, step)
 
     def _arm_eval_timer(self, period: float) -> None:

@@ -55,7 +55,7 @@ from fedsim.messages import (
 )
 from fedsim.scenario import Scenario, parse
 
-__all__ = ["InlineWorker", "Worker", "evaluate", "main", "run_seed"]
+__all__ = ["InlineWorker", "Worker", "evaluate", "main", "run", "run_seed"]
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +106,14 @@ class Worker:
     """
 
     def __init__(self, sc: Scenario, clients: list[int], state_path: str | None = None,
-                 save_every: float = 2.0) -> None:
+                 save_every: float = 2.0, data: Any = None) -> None:
         self.sc = sc
         self.state_path = Path(state_path) if state_path else None
         self.save_every = save_every
         self._saved_at = -math.inf
         self._dirty = False
-        data = build_data(sc)
+        if data is None:  # a worker forked from the zygote gets the data it built
+            data = build_data(sc)
         self.model = build_model(sc, tuple(data.input_shape), int(data.num_classes))
         self.spec = TensorSpec([("float32", s) for s in model_shapes(self.model)])
         self.local = local_config(sc)
@@ -291,6 +292,24 @@ def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
         sock.send_multipart(encode(worker.handle(msg)), copy=False)
 
 
+def run(sc: Scenario, endpoint: str, clients: list[int], state: str | None = None,
+        data: Any = None) -> int:
+    """Build the worker (from ``data`` when given: a forked worker's) and serve ``endpoint``."""
+    torch.set_num_threads(1)
+    _proc.yield_cpu_to_loops()
+    worker = Worker(sc, clients, state, data=data)
+    worker.warm_up()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    sock.connect(endpoint)
+    try:
+        serve(sock, worker)
+    finally:
+        sock.close(linger=1000)
+        ctx.term()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a worker process."""
     ap = argparse.ArgumentParser(description=__doc__)
@@ -306,22 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     _proc.ignore_sigint()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _proc.configure_child_logging(f"worker-{args.role}-{os.getpid()}")
-    torch.set_num_threads(1)
-    _proc.yield_cpu_to_loops()
     with open(args.scenario) as fh:
         sc = parse(json.load(fh), args.scenario)
     clients = [int(c) for c in args.clients.split(",") if c]
-    worker = Worker(sc, clients, args.state)
-    worker.warm_up()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PAIR)
-    sock.connect(args.endpoint)
-    try:
-        serve(sock, worker)
-    finally:
-        sock.close(linger=1000)
-        ctx.term()
-    return 0
+    return run(sc, args.endpoint, clients, args.state)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,404 @@
+"""Overhead benchmark: fedsim against a plain single-process loop and Flower, on one task.
+
+The task (issue 12's): FedAvg, 100 clients, 10 sampled per round, an MLP
+60-200-10 on Synthetic(1,1) (the shards fedsim builds for seed 1), one local
+epoch of SGD (batch 32, lr 0.05) per client, the global model evaluated on
+the test split after every round, a zero-latency network, one torch thread
+in every process. Contestants, each a fresh process tree launched from
+here, in turn for ``--reps`` repetitions so machine noise hits all alike:
+
+* ``plain``: one Python process, a loop over rounds and clients (the
+  data saved from fedsim's builder beforehand, loaded from an ``.npz``);
+* ``fedsim-1host``: ``fedsim run`` with one client host (one core trains;
+  the "per core used" comparison), device step time 0, dilation 1;
+* ``fedsim``: ``fedsim run`` as shipped (one client host per core);
+* ``flower``: Flower's simulation (Ray), ``--flower-python`` naming the
+  Python of an environment that has ``flwr[simulation]`` and torch
+  (``--install-flower DIR`` creates one; fedsim does not depend on Flower).
+
+Figures per contestant (median over repetitions):
+
+* **first round**: real seconds from launching the process to the end of
+  round 1 (the first aggregation: fedsim's start event's wall time plus
+  the first ``aggregate`` event's real time; the loop's and Flower's own
+  clock at the end of their first round);
+* **s/round**: the real time from the first aggregation to the last, per
+  example trained in those rounds, times the examples of an average round
+  (10 clients of mean size): each contestant samples its own clients, and
+  Synthetic(1,1)'s shard sizes are power-law, so raw round times differ by
+  the luck of the draw;
+* **PSS / RSS**: the peak, over the run, of the sum over every process of
+  the tree of ``Pss`` (pages shared by several processes, e.g. after a
+  fork, counted once in total) and of ``Rss`` (counted in every process),
+  sampled every 50 ms from ``/proc/PID/smaps_rollup``;
+* **processes**: the most processes the tree had at once.
+
+Then the ratios the issue sets: fedsim's first round over the plain loop's
+(at most 1), fedsim-1host's s/round over the plain loop's (at most 1.1),
+Flower's s/round over fedsim's, and fedsim's summed PSS (at most 0.6 GB).
+Run: ``python tools/bench_overhead.py`` (about a minute without Flower;
+``--rounds``, ``--reps``, ``--json PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCENARIO = """\
+name = "overhead"
+seed = 1
+[data]
+dataset = "synthetic"
+num_clients = 100
+[model]
+name = "mlp"
+hidden = [200]
+[algorithm]
+name = "fedavg"
+fraction = 0.1
+[client]
+optimizer = "sgd"
+lr = 0.05
+batch_size = 32
+local_epochs = 1
+[run]
+dilation = 1.0
+max_rounds = {rounds}
+[devices]
+step_time = 0.0
+"""
+
+# The plain loop and Flower's client share this model and local epoch.
+COMMON = r'''
+import time, sys, json
+import numpy as np
+import torch
+torch.set_num_threads(1)
+D = np.load(sys.argv[1])
+NC = int(D["num_clients"])
+SHARDS = [(torch.as_tensor(D[f"x{c}"]), torch.as_tensor(D[f"y{c}"])) for c in range(NC)]
+TEST = (torch.as_tensor(D["test_x"]), torch.as_tensor(D["test_y"]))
+
+def model():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(60, 200), torch.nn.ReLU(),
+                               torch.nn.Linear(200, 10))
+
+def get(m):
+    return [p.detach().numpy().copy() for p in m.parameters()]
+
+def put(m, ws):
+    with torch.no_grad():
+        for p, w in zip(m.parameters(), ws):
+            p.copy_(torch.as_tensor(w))
+
+def local_epoch(m, c, gen):
+    x, y = SHARDS[c]
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    order = torch.randperm(len(y), generator=gen)
+    for i in range(0, len(y), 32):
+        b = order[i:i + 32]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(m(x[b]), y[b]).backward()
+        opt.step()
+    return len(y)
+
+def evaluate(m):
+    with torch.no_grad():
+        out = m(TEST[0])
+        return float((out.argmax(1) == TEST[1]).float().mean())
+'''
+
+PLAIN = COMMON + r'''
+rounds = int(sys.argv[2])
+rng = np.random.default_rng(1)
+gen = torch.Generator().manual_seed(1)
+m = model()
+w = get(m)
+ends, samples = [], []
+for r in range(rounds):
+    picked = rng.choice(NC, 10, replace=False)
+    acc_w, total = None, 0
+    for c in picked:
+        put(m, w)
+        n = local_epoch(m, int(c), gen)
+        ws = get(m)
+        acc_w = [a * n for a in ws] if acc_w is None else [a + b * n for a, b in zip(acc_w, ws)]
+        total += n
+    w = [a / total for a in acc_w]
+    put(m, w)
+    evaluate(m)
+    ends.append(time.time())
+    samples.append(total)
+print(json.dumps({"ends": ends, "samples": samples}))
+'''
+
+FLOWER = COMMON + r'''
+import logging
+import flwr as fl
+from flwr.common import ndarrays_to_parameters
+rounds = int(sys.argv[2])
+ends, samples = [], []
+
+class Client(fl.client.NumPyClient):
+    def __init__(self, cid):
+        self.cid = cid
+    def fit(self, parameters, config):
+        m = model()
+        put(m, parameters)
+        n = local_epoch(m, self.cid, torch.Generator().manual_seed(self.cid))
+        return get(m), n, {}
+
+def client_fn(context):
+    return Client(int(context.node_config["partition-id"])).to_client()
+
+def evaluate_fn(rnd, parameters, config):
+    m = model()
+    put(m, parameters)
+    acc = evaluate(m)
+    if rnd > 0:
+        ends.append(time.time())
+    return 0.0, {"accuracy": acc}
+
+class Strategy(fl.server.strategy.FedAvg):
+    def aggregate_fit(self, rnd, results, failures):
+        samples.append(sum(r.num_examples for _, r in results))
+        return super().aggregate_fit(rnd, results, failures)
+
+strategy = Strategy(fraction_fit=0.1, fraction_evaluate=0.0,
+                                     min_fit_clients=10, min_available_clients=NC,
+                                     evaluate_fn=evaluate_fn,
+                                     initial_parameters=ndarrays_to_parameters(get(model())))
+fl.simulation.start_simulation(
+    client_fn=client_fn, num_clients=NC, config=fl.server.ServerConfig(num_rounds=rounds),
+    strategy=strategy, client_resources={"num_cpus": 1, "num_gpus": 0.0},
+    ray_init_args={"include_dashboard": False, "num_cpus": os.cpu_count(),
+                   "log_to_driver": False})
+print(json.dumps({"ends": ends, "samples": samples}))
+'''.replace("import logging", "import logging, os")
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _memory(pids: list[int]) -> tuple[int, int]:
+    """Summed Pss and Rss (bytes) over ``pids``."""
+    pss = rss = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                for line in fh:
+                    if line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+                    elif line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            continue
+    return pss, rss
+
+
+class Sampler(threading.Thread):
+    """Peak summed PSS and RSS of a process tree, every ``period`` seconds."""
+
+    def __init__(self, root: int, period: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.root, self.period = root, period
+        self.pss = self.rss = self.procs = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            pids = _tree(self.root)
+            pss, rss = _memory(pids)
+            self.pss, self.rss = max(self.pss, pss), max(self.rss, rss)
+            self.procs = max(self.procs, len(pids))
+            self.stop.wait(self.period)
+
+
+def _launch(cmd: list[str], env: dict[str, str] | None = None,
+            cwd: str | None = None) -> tuple[float, str, Sampler, int]:
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=cwd, text=True)
+    sampler = Sampler(proc.pid)
+    sampler.start()
+    out, err = proc.communicate()
+    sampler.stop.set()
+    sampler.join()
+    if proc.returncode != 0:
+        sys.stderr.write(err[-3000:])
+        raise SystemExit(f"{cmd[:3]} exited with {proc.returncode}")
+    return t0, out, sampler, proc.returncode
+
+
+def _figures(t0: float, ends: list[float], samples: list[int], per_round: float,
+             sampler: Sampler) -> dict[str, float]:
+    """Each contestant samples its own clients, whose sizes differ a lot
+    (Synthetic(1,1)'s are power-law): rounds 2..N's time is divided by the
+    examples they trained and scaled to an average round (``per_round``
+    examples)."""
+    return {"first_round_s": ends[0] - t0,
+            "s_per_round": (ends[-1] - ends[0]) / sum(samples[1:]) * per_round
+            if len(ends) > 1 else float("nan"),
+            "pss_gb": sampler.pss / 1e9, "rss_gb": sampler.rss / 1e9,
+            "processes": sampler.procs}
+
+
+def save_data(path: Path) -> list[int]:
+    """The scenario's shards and test split, as fedsim builds them, in one .npz;
+    the shards' sizes."""
+    import numpy as np
+
+    from fedsim.actors._setup import build_data
+    from fedsim.api import load
+
+    sc = load(path.parent / "overhead.toml")
+    fed = build_data(sc)
+    arrays: dict[str, Any] = {"num_clients": np.array(len(fed.clients)),
+                              "test_x": fed.test_x, "test_y": fed.test_y}
+    for c, shard in enumerate(fed.clients):
+        arrays[f"x{c}"], arrays[f"y{c}"] = shard.x, shard.y
+    np.savez(path, **arrays)
+    return [len(shard.y) for shard in fed.clients]
+
+
+def run_script(python: str, script: Path, data: Path, rounds: int,
+               per_round: float) -> dict[str, float]:
+    t0, out, sampler, _ = _launch([python, str(script), str(data), str(rounds)])
+    got = json.loads(out.strip().splitlines()[-1])
+    return _figures(t0, got["ends"], got["samples"], per_round, sampler)
+
+
+def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float) -> dict[str, float]:
+    out_dir = work / f"run-{hosts}-{time.monotonic_ns()}"
+    fedsim = str(Path(sys.executable).with_name("fedsim"))
+    cmd = [fedsim, "run", str(work / "overhead.toml"), "--out", str(out_dir), "--no-plots",
+           "--dilation", "1"]
+    if hosts:
+        cmd += ["--set", f"deploy.hosts={hosts}"]
+    t0, _, sampler, _ = _launch(cmd)
+    events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()]
+    wall0 = next(e["wall"] for e in events if e["ev"] == "start")
+    aggs = sorted((e for e in events if e["ev"] == "aggregate"), key=lambda e: e["real"])
+    fig = _figures(t0, [wall0 + e["real"] for e in aggs],
+                   [sum(sizes[c] for c in e["clients"]) for e in aggs], per_round, sampler)
+    summary = json.loads((out_dir / "summary.json").read_text())
+    fig["startup_s"] = summary.get("startup_s") or float("nan")
+    fig["verdict"] = summary["fidelity"]["verdict"]  # type: ignore[assignment]
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return fig
+
+
+def install_flower(where: Path) -> str:
+    """A virtual environment with flwr[simulation] and the pinned CPU torch."""
+    python = where / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "-c",
+                    str(ROOT / "constraints.txt"), "torch", "flwr[simulation]"], check=True)
+    return str(python)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--flower-python", default=None,
+                    help="the Python of an environment with flwr[simulation] and torch")
+    ap.add_argument("--install-flower", default=None, metavar="DIR",
+                    help="create that environment in DIR (minutes; ~1.4 GB) and use it")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    args = ap.parse_args(argv)
+    flower = args.flower_python
+    if args.install_flower:
+        flower = install_flower(Path(args.install_flower))
+    work = Path(tempfile.mkdtemp(prefix="fedsim-bench-overhead-"))
+    try:
+        (work / "overhead.toml").write_text(SCENARIO.format(rounds=args.rounds))
+        sizes = save_data(work / "data.npz")
+        per_round = 10 * statistics.mean(sizes)   # examples in an average round
+        (work / "plain.py").write_text(PLAIN)
+        (work / "flower.py").write_text(FLOWER)
+        runs: dict[str, list[dict[str, float]]] = {}
+        for rep in range(args.reps):
+            order = ["plain", "fedsim-1host", "fedsim", *(["flower"] if flower else [])]
+            for name in order if rep % 2 == 0 else order[::-1]:
+                if name == "plain":
+                    fig = run_script(sys.executable, work / "plain.py", work / "data.npz",
+                                     args.rounds, per_round)
+                elif name == "flower":
+                    assert flower is not None
+                    fig = run_script(flower, work / "flower.py", work / "data.npz",
+                                     args.rounds, per_round)
+                else:
+                    fig = run_fedsim(work, 1 if name == "fedsim-1host" else 0, sizes,
+                                     per_round)
+                runs.setdefault(name, []).append(fig)
+                print(f"  rep {rep + 1} {name:13s} first round {fig['first_round_s']:.2f} s, "
+                      f"{fig['s_per_round'] * 1e3:.1f} ms/round, PSS {fig['pss_gb']:.2f} GB",
+                      flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    med = {name: {k: statistics.median(f[k] for f in figs)
+                  for k in figs[0] if isinstance(figs[0][k], float | int)}
+           for name, figs in runs.items()}
+    print(f"\nFedAvg, 100 clients, 10 per round, MLP 60-200-10, Synthetic(1,1), "
+          f"{args.rounds} rounds; median of {args.reps} ({os.cpu_count()} cores)\n")
+    print(f"{'':14s}{'first round':>13s}{'s/round':>10s}{'PSS (GB)':>10s}{'RSS (GB)':>10s}"
+          f"{'processes':>11s}")
+    for name, m in med.items():
+        print(f"{name:14s}{m['first_round_s']:>11.2f} s{m['s_per_round']:>10.4f}"
+              f"{m['pss_gb']:>10.2f}{m['rss_gb']:>10.2f}{m['processes']:>11.0f}")
+    p, f1, f = med["plain"], med["fedsim-1host"], med["fedsim"]
+    print("\nratios (the issue's targets in brackets):")
+    print(f"  fedsim first round / plain loop's     {f['first_round_s'] / p['first_round_s']:.2f}"
+          "  [<= 1]")
+    print(f"  fedsim-1host s/round / plain loop's   {f1['s_per_round'] / p['s_per_round']:.2f}"
+          "  [<= 1.1]")
+    print(f"  fedsim summed PSS                     {f['pss_gb']:.2f} GB  [<= 0.6]")
+    if "flower" in med:
+        fl = med["flower"]
+        print(f"  Flower s/round / fedsim's             {fl['s_per_round'] / f['s_per_round']:.2f}"
+              "  [several]")
+        print(f"  Flower first round / fedsim's         "
+              f"{fl['first_round_s'] / f['first_round_s']:.2f}")
+    verdicts = sorted({str(fig.get("verdict")) for n in ("fedsim", "fedsim-1host")
+                       for fig in runs[n]})
+    print(f"  fedsim fidelity verdicts at dilation 1: {', '.join(verdicts)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": runs, "median": med}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
