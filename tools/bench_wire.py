@@ -1,35 +1,62 @@
-"""Wire benchmark: fedsim's codec (schema 2) vs raw pyzmq, over tcp loopback.
+"""Wire benchmark: fedsim's codec and its transport against raw pyzmq, over tcp loopback.
 
-For a 100 KB and a 10 MB float32 model, each iteration moves one message from
-a DEALER to a ROUTER over ``tcp://127.0.0.1`` (blocking pyzmq on both sides,
-so that the difference is the codec's):
+For a 100 KB and a 10 MB float32 model, one message at a time over
+``tcp://127.0.0.1``, between the ROUTER of ``ZmqContext.endpoint`` and the
+DEALER of ``ZmqContext.connect`` (one libzmq socket pair, one TCP
+connection, for every side: with sockets of their own, 10 MB figures swung
+by up to 2x with the state of each connection):
 
-* fedsim: build an ``Update`` around ``Model.from_flat`` (field checks) ->
-  ``codec.encode`` -> ``send_multipart(copy=False)`` ->
-  ``recv_multipart(copy=False)`` -> ``codec.decode`` with the expected
-  ``TensorSpec`` and the finiteness check (one pass over the model);
-* raw: the very same frames, encoded once beforehand, through the same
-  ``send_multipart(copy=False)`` -> ``recv_multipart(copy=False)``.
+* ``raw``: blocking pyzmq on those sockets (``zmq.Socket.shadow``), DEALER
+  -> ROUTER, the frames of an ``Update`` encoded once beforehand,
+  ``send_multipart(copy=False)`` -> ``recv_multipart(copy=False)``;
+  ``raw down``: the same ROUTER -> DEALER;
+* ``codec``: the same blocking calls with fedsim's codec: build an
+  ``Update`` around ``Model.from_flat`` (field checks) -> ``codec.encode``
+  -> send -> receive -> ``codec.decode`` with the expected ``TensorSpec``
+  and the finiteness check (one pass over the model); and again without
+  that check, to show what the pass over the freshly received model costs;
+* ``transport``: fedsim's transport as the server and the hosts use it, on
+  the event loop fedsim runs (uvloop; ``--loop asyncio`` for asyncio's):
+  ``await conn.send`` -> ``await endpoint.recv()``, the very same frames as
+  ``raw``; ``+ codec``: the whole path of an Update from a host to the
+  server (build, encode, send, receive, decode with the checks);
+  ``transport down``: ``endpoint.send`` -> ``conn.recv()`` against ``raw
+  down`` (what a host receives).
 
-Rounds alternate fedsim, raw and fedsim without the finiteness check (to
-show what that pass over the freshly received model costs) so that machine
-noise hits all alike. The table gives the median per-message time of each
-(the median over rounds of each round's median) and the ratios to raw.
+Message after message, each side runs right after a raw message of its
+direction, so that machine noise hits both alike. Each figure is the median
+per-message time; each ratio the median over messages of the side's time
+over that raw message's. Then it counts, for one Update of the 100 KB model
+(4 float32 tensors), the full-size copies of the model made between the
+sender's flat parameter vector and the receiver's: by ``encode`` (is frame
+2 the sender's memory?), by ``decode`` (is the decoded buffer the received
+frame's memory?) and to get a flat vector back (schema 1 sent one frame per
+tensor, so a receiver that wants one vector had to concatenate them).
 
-Then it counts, for one Update of the 100 KB model (4 float32 tensors), the
-full-size copies of the model made between the sender's flat parameter vector
-and the receiver's: by ``encode`` (is frame 2 the sender's memory?), by
-``decode`` (is the decoded buffer the received frame's memory?) and to get a
-flat vector back (schema 1 sent one frame per tensor, so a receiver that
-wants one vector had to concatenate them). Run: ``python tools/bench_wire.py``.
+Run: ``python tools/bench_wire.py`` (about 10 s). Measured 2026-11-25 on the
+shared 2-core machine (load average 2.9-3.4, three runs), ratios to raw:
+
+=========  ============  ==============  ===============  ===================
+model      transport up  transport down  + codec (up)     codec alone
+=========  ============  ==============  ===============  ===================
+100 KB     1.22          1.09-1.11       2.00-2.05        1.71-1.75
+10 MB      1.03-1.07     1.01-1.09       1.25-1.30        1.22-1.26
+=========  ============  ==============  ===============  ===================
+
+On ``zmq.asyncio`` sockets (fedsim before it read its sockets itself,
+commit 4f7fdf4), the same runs: 1.64-1.66 up, 1.45-1.46 down, 2.41-2.43
+with the codec at 100 KB; 1.11-1.16, 1.03-1.09 and 1.24-1.40 at 10 MB.
+More in docs/measurements.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -37,6 +64,7 @@ import zmq
 
 from fedsim.codec import decode, encode
 from fedsim.messages import Model, TensorSpec, Update
+from fedsim.transport import Connection, Endpoint, ZmqConnection, ZmqContext, ZmqEndpoint
 
 
 def make_model(nbytes: int, ntensors: int) -> tuple[np.ndarray, TensorSpec]:
@@ -52,48 +80,17 @@ def update(flat: np.ndarray, spec: TensorSpec, i: int) -> Update:
                   loss=0.5, model=Model.from_flat(flat, spec))
 
 
-def pair(ctx: zmq.Context[Any]) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.IDENTITY, b"c1")
-    dealer.connect(f"tcp://127.0.0.1:{port}")
-    for s in (router, dealer):
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.RCVTIMEO, 10_000)
-    return router, dealer
+def blocking(end: ZmqEndpoint | ZmqConnection) -> zmq.Socket[Any]:
+    """A blocking pyzmq socket on the same libzmq socket as fedsim's ``end``.
 
-
-def bench_fedsim(sockets: tuple[Any, Any], flat: np.ndarray, spec: TensorSpec,
-                 iters: int, check_finite: bool = True, warmup: int = 5) -> list[float]:
-    router, dealer = sockets
-    times = []
-    for i in range(iters + warmup):
-        t0 = time.perf_counter()
-        dealer.send_multipart(encode(update(flat, spec, i), sent_at=0.0, seq=i), copy=False)
-        frames = router.recv_multipart(copy=False)
-        msg, _ = decode(frames[1:], spec=spec, max_bytes=1 << 30, check_finite=check_finite)
-        dt = time.perf_counter() - t0
-        assert isinstance(msg, Update)
-        assert msg.task_id == i
-        if i >= warmup:
-            times.append(dt)
-    return times
-
-
-def bench_raw(sockets: tuple[Any, Any], frames: list[bytes], iters: int,
-              warmup: int = 5) -> list[float]:
-    router, dealer = sockets
-    times = []
-    for i in range(iters + warmup):
-        t0 = time.perf_counter()
-        dealer.send_multipart(frames, copy=False)
-        got = router.recv_multipart(copy=False)
-        dt = time.perf_counter() - t0
-        assert len(got) == 1 + len(frames)
-        if i >= warmup:
-            times.append(dt)
-    return times
+    ``end.sock`` is a ``zmq.asyncio.Socket`` (fedsim before its own reader)
+    or the reader wrapping a blocking socket (``end.sock.sock``).
+    """
+    sock: Any = end.sock
+    if not isinstance(sock, zmq.Socket):
+        sock = sock.sock
+    raw: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying)
+    return raw
 
 
 def address(buffer: Any) -> int:
@@ -130,41 +127,175 @@ def count_copies(sockets: tuple[Any, Any]) -> None:
     print("  (the kernel and libzmq copies of tcp:// are the transport's, in both columns)")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iters", type=int, default=200, help="messages per round (100 KB)")
-    ap.add_argument("--rounds", type=int, default=3, help="alternate fedsim/raw this many times")
-    args = ap.parse_args()
+Side = Callable[[int], Awaitable[float]]
+
+
+def sides(sockets: tuple[Any, Any], endpoint: Endpoint, conn: Connection,
+          flat: np.ndarray, spec: TensorSpec, frames: list[bytes]) -> dict[str, Side]:
+    """Every side, as a coroutine moving message ``i`` and returning its time in seconds."""
+    router, dealer = sockets
+    down = [b"c1", *frames]
+
+    def rearm() -> None:
+        # A blocking recv returns without libzmq noting the queue empty, so the next
+        # message would not signal ZMQ_FD, which fedsim's reader sleeps on: end the raw
+        # side as every call of that reader ends, with an EVENTS read (not timed).
+        router.get(zmq.EVENTS)
+        dealer.get(zmq.EVENTS)
+
+    async def raw(i: int) -> float:
+        t0 = time.perf_counter()
+        dealer.send_multipart(frames, copy=False)
+        got = router.recv_multipart(copy=False)
+        dt = time.perf_counter() - t0
+        rearm()
+        assert len(got) == 1 + len(frames)
+        return dt
+
+    async def codec(i: int, check_finite: bool = True) -> float:
+        t0 = time.perf_counter()
+        dealer.send_multipart(encode(update(flat, spec, i), sent_at=0.0, seq=i), copy=False)
+        got = router.recv_multipart(copy=False)
+        msg, _ = decode(got[1:], spec=spec, max_bytes=1 << 30, check_finite=check_finite)
+        dt = time.perf_counter() - t0
+        rearm()
+        assert isinstance(msg, Update)
+        assert msg.task_id == i
+        return dt
+
+    async def unchecked(i: int) -> float:
+        return await codec(i, check_finite=False)
+
+    async def transport(i: int) -> float:
+        t0 = time.perf_counter()
+        await conn.send(frames)
+        _, got = await endpoint.recv()
+        dt = time.perf_counter() - t0
+        assert len(got) == len(frames)
+        return dt
+
+    async def transport_codec(i: int) -> float:
+        t0 = time.perf_counter()
+        await conn.send(encode(update(flat, spec, i), sent_at=0.0, seq=i))
+        _, got = await endpoint.recv()
+        msg, _ = decode(got, spec=spec, max_bytes=1 << 30)
+        dt = time.perf_counter() - t0
+        assert isinstance(msg, Update)
+        assert msg.task_id == i
+        return dt
+
+    async def raw_down(i: int) -> float:
+        t0 = time.perf_counter()
+        router.send_multipart(down, copy=False)
+        got = dealer.recv_multipart(copy=False)
+        dt = time.perf_counter() - t0
+        rearm()
+        assert len(got) == len(frames)
+        return dt
+
+    async def transport_down(i: int) -> float:
+        t0 = time.perf_counter()
+        await endpoint.send(b"c1", frames)
+        got = await conn.recv()
+        dt = time.perf_counter() - t0
+        assert len(got) == len(frames)
+        return dt
+
+    return {"raw": raw, "codec": codec, "unchecked": unchecked, "transport": transport,
+            "transport_codec": transport_codec, "raw_down": raw_down,
+            "transport_down": transport_down}
+
+
+#: Each side and the raw side of its direction it is timed against, just before it.
+PAIRS = (("transport", "raw"), ("transport_codec", "raw"), ("transport_down", "raw_down"),
+         ("codec", "raw"), ("unchecked", "raw"))
+
+
+async def run_sides(named: dict[str, Side], messages: int, warmup: int = 5,
+                    ) -> tuple[dict[str, float], dict[str, float]]:
+    """Each side's median time, and its median ratio to the raw message sent just before it.
+
+    Message after message, every pair in turn: a raw message, then the
+    side's. A 10 MB side's time depends on whether libzmq's receive buffer
+    lands on memory the previous message left mapped; timing each side right
+    after a raw message keeps that alike for both.
+    """
+    times: dict[str, list[float]] = {name: [] for name in named}
+    ratios: dict[str, list[float]] = {name: [] for name, _ in PAIRS}
+    for i in range(warmup + messages):
+        for name, raw in PAIRS:
+            base = await named[raw](i)
+            dt = await named[name](i)
+            if i >= warmup:
+                times[raw].append(base)
+                times[name].append(dt)
+                ratios[name].append(dt / base)
+    return ({name: statistics.median(t) for name, t in times.items()},
+            {name: statistics.median(r) for name, r in ratios.items()})
+
+
+async def measure(args: argparse.Namespace) -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"{os.cpu_count()} CPUs, load average {load:.2f}; median of {args.rounds} interleaved"
-          " rounds of per-message medians")
-    print(f"{'model':>8} {'tensors':>7} {'frames':>6} {'fedsim':>10} {'raw':>10} {'ratio':>6}"
-          f" {'no finite check':>16} {'ratio':>6}")
-    ctx: zmq.Context[Any] = zmq.Context()
-    sockets = pair(ctx)
+    loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    print(f"{os.cpu_count()} CPUs, load average {load:.2f}; every side in turn, message after"
+          f" message; medians; fedsim's transport on {loop}")
+    fedsim_ctx = ZmqContext()
+    endpoint = fedsim_ctx.endpoint("tcp://127.0.0.1:0")
+    conn = fedsim_ctx.connect(endpoint.address, b"c1")
+    # Raw pyzmq on the very same libzmq sockets, so on the same TCP connection: with
+    # sockets of their own, the 10 MB figures of a run swung by up to 2x with the
+    # state of each connection (the kernel tunes its buffers).
+    sockets = blocking(endpoint), blocking(conn)
+    rows = []
     try:
         for label, nbytes, ntensors in (("100 KB", 100_000, 4), ("10 MB", 10_000_000, 16)):
             flat, spec = make_model(nbytes, ntensors)
             frames = [bytes(f) for f in encode(update(flat, spec, 0))]
-            iters = args.iters if nbytes < 1_000_000 else max(20, args.iters // 4)
-            fedsim_medians, raw_medians, unchecked_medians = [], [], []
-            for _ in range(args.rounds):
-                fedsim_medians.append(statistics.median(bench_fedsim(sockets, flat, spec, iters)))
-                raw_medians.append(statistics.median(bench_raw(sockets, frames, iters)))
-                unchecked_medians.append(statistics.median(
-                    bench_fedsim(sockets, flat, spec, iters, check_finite=False)))
-            f50, r50 = statistics.median(fedsim_medians), statistics.median(raw_medians)
-            u50 = statistics.median(unchecked_medians)
+            messages = args.iters if nbytes < 1_000_000 else max(20, args.iters // 10)
+            medians, ratios = await run_sides(
+                sides(sockets, endpoint, conn, flat, spec, frames), messages)
             unit, k = ("us", 1e6) if nbytes < 1_000_000 else ("ms", 1e3)
-            print(f"{label:>8} {ntensors:>7} {len(frames):>6} {f50 * k:>7.1f} {unit} "
-                  f"{r50 * k:>7.1f} {unit} {f50 / r50:>6.2f} {u50 * k:>13.1f} {unit} "
-                  f"{u50 / r50:>6.2f}")
+            rows.append((label, ntensors, len(frames), unit, k, medians, ratios))
+        print("\nThe codec: blocking pyzmq on both sides, DEALER -> ROUTER")
+        print(f"{'model':>8} {'tensors':>7} {'frames':>6} {'fedsim':>10} {'raw':>10} {'ratio':>6}"
+              f" {'no finite check':>16} {'ratio':>6}")
+        for label, ntensors, nframes, unit, k, m, r in rows:
+            print(f"{label:>8} {ntensors:>7} {nframes:>6} {m['codec'] * k:>7.1f} {unit} "
+                  f"{m['raw'] * k:>7.1f} {unit} {r['codec']:>6.2f} "
+                  f"{m['unchecked'] * k:>13.1f} {unit} {r['unchecked']:>6.2f}")
+        print("\nfedsim's transport (ZmqContext.connect <-> ZmqContext.endpoint, on the event loop)"
+              " against raw blocking pyzmq, the same frames")
+        print(f"{'model':>8} {'raw up':>10} {'transport':>10} {'ratio':>6}"
+              f" {'+ codec':>10} {'ratio':>6} {'raw down':>10} {'transport':>10} {'ratio':>6}")
+        for label, _, _, unit, k, m, r in rows:
+            print(f"{label:>8} {m['raw'] * k:>7.1f} {unit} {m['transport'] * k:>7.1f} {unit}"
+                  f" {r['transport']:>6.2f} {m['transport_codec'] * k:>7.1f} {unit}"
+                  f" {r['transport_codec']:>6.2f} {m['raw_down'] * k:>7.1f} {unit}"
+                  f" {m['transport_down'] * k:>7.1f} {unit} {r['transport_down']:>6.2f}")
         count_copies(sockets)
     finally:
-        for s in sockets:
-            s.close(0)
-        ctx.term()
+        endpoint.close()
+        conn.close()
+        fedsim_ctx.close(linger_ms=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=1000,
+                    help="messages per side at 100 KB (a tenth at 10 MB, at least 20)")
+    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                    help="the event loop under fedsim's transport (fedsim's default: uvloop)")
+    args = ap.parse_args()
+    if args.loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            print("uvloop is not installed: asyncio's loop")
+        else:
+            uvloop.run(measure(args))
+            return
+    asyncio.run(measure(args))
 
 
 if __name__ == "__main__":
