@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from netem import _check
-from netem.dist import Dist
+from netem.dist import Dist, scalar_ppf
 from netem.stdnormal import norm_cdf
 
 __all__ = ["DelayProcess"]
@@ -40,6 +40,11 @@ class DelayProcess:
     mid-run (:meth:`set_dist`) keeps the stream aligned and the correlation
     state.
 
+    The process owns its stream: it reads the normals ahead in blocks of
+    :attr:`BLOCK` (a block costs about what one scalar draw does), which
+    gives the same values in the same order as one draw per call (numpy's
+    ``Generator.standard_normal(n)`` is ``n`` successive draws).
+
     Parameters
     ----------
     dist
@@ -47,46 +52,65 @@ class DelayProcess:
     rho
         Lag-1 correlation of the latent Gaussian, in ``[0, 1)``.
     rng
-        The process's own stream (see :func:`netem.rng.stream`).
+        The process's own stream (see :func:`netem.rng.stream`), used by
+        nothing else.
     """
 
-    __slots__ = ("_c", "_rng", "_z", "dist", "rho")
+    __slots__ = ("_buf", "_c", "_dist", "_ppf1", "_rng", "_z", "rho")
+
+    BLOCK = 32
 
     def __init__(self, dist: Dist, rho: float, rng: np.random.Generator) -> None:
         _check.finite("DelayProcess", "rho", rho)
         if not 0.0 <= rho < 1.0:
             _check.fail("DelayProcess", "rho", rho, "must be in [0, 1)")
-        self.dist = dist
+        self._dist = dist
+        self._ppf1 = scalar_ppf(dist)
         self.rho = float(rho)
         self._c = math.sqrt(1.0 - self.rho * self.rho)
         self._rng = rng
         self._z: float | None = None
+        self._buf: list[float] = []  # normals read ahead, next one last
+
+    @property
+    def dist(self) -> Dist:
+        """The marginal distribution (change it with :meth:`set_dist`)."""
+        return self._dist
 
     def set_dist(self, dist: Dist, rho: float | None = None) -> None:
         """Change the marginal (and optionally rho) without resetting the state."""
-        self.dist = dist
         if rho is not None and rho != self.rho:
             if not 0.0 <= rho < 1.0:
                 _check.fail("DelayProcess", "rho", rho, "must be in [0, 1)")
             self.rho = float(rho)
             self._c = math.sqrt(1.0 - self.rho * self.rho)
+        self._dist = dist
+        self._ppf1 = scalar_ppf(dist)
 
     def next(self) -> float:
         """Draw the next delay (seconds)."""
-        eps = float(self._rng.standard_normal())
-        z = eps if self._z is None else self.rho * self._z + self._c * eps
+        buf = self._buf
+        if not buf:
+            buf += reversed(self._rng.standard_normal(self.BLOCK).tolist())
+        eps = buf.pop()
+        prev = self._z
+        z = eps if prev is None else self.rho * prev + self._c * eps
         self._z = z
-        u = 0.5 * math.erfc(-z * _SQRT1_2)
-        return float(self.dist.ppf(u))
+        return self._ppf1(0.5 * math.erfc(-z * _SQRT1_2))
 
     def draw(self, n: int) -> FArray:
         """Draw the next ``n`` delays; same values as ``n`` calls of :meth:`next`."""
-        eps = self._rng.standard_normal(n)
+        buf = self._buf
+        k = min(n, len(buf))
+        eps = buf[len(buf) - k :][::-1]
+        del buf[len(buf) - k :]
+        if n > k:
+            eps += self._rng.standard_normal(n - k).tolist()
         z = np.empty(n)
         prev = self._z
         rho, c = self.rho, self._c
-        for i, e in enumerate(eps.tolist()):
+        for i, e in enumerate(eps):
             prev = e if prev is None else rho * prev + c * e
             z[i] = prev
         self._z = prev
-        return self.dist.ppf(norm_cdf(z))
+        return self._dist.ppf(norm_cdf(z))

@@ -61,7 +61,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from netem import _check
 from netem.empirical import Empirical
-from netem.stdnormal import norm_cdf, norm_ppf
+from netem.stdnormal import norm_cdf, norm_ppf, norm_ppf1
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -73,6 +73,7 @@ __all__ = [
     "ParetoNormal",
     "Uniform",
     "make_dist",
+    "scalar_ppf",
 ]
 
 FArray = NDArray[np.float64]
@@ -101,14 +102,23 @@ class Dist(Protocol):
         ...
 
 
-def _numeric_moments(
-    ppf_fn: Callable[[FArray], FArray], n: int = 1 << 15
-) -> tuple[float, float]:
-    # Midpoint rule on the (bounded, monotone) inverse CDF: E[X] = int_0^1 ppf.
-    u = (np.arange(n, dtype=np.float64) + 0.5) / n
-    x = ppf_fn(u)
+_MOMENT_POINTS = 1 << 15
+
+
+def _midpoints(n: int = _MOMENT_POINTS) -> FArray:
+    return (np.arange(n, dtype=np.float64) + 0.5) / n
+
+
+def _moments_of(x: FArray) -> tuple[float, float]:
     m = float(np.mean(x))
     return m, float(np.sqrt(max(float(np.mean((x - m) ** 2)), 0.0)))
+
+
+def _numeric_moments(
+    ppf_fn: Callable[[FArray], FArray], n: int = _MOMENT_POINTS
+) -> tuple[float, float]:
+    # Midpoint rule on the (bounded, monotone) inverse CDF: E[X] = int_0^1 ppf.
+    return _moments_of(ppf_fn(_midpoints(n)))
 
 
 class _Scaled:
@@ -125,7 +135,8 @@ class _Scaled:
         _check.nonneg(name, "mean", self.mean, " s")
         _check.nonneg(name, "jitter", self.jitter, " s")
 
-    def _s_ppf(self, u: FArray) -> FArray:
+    @staticmethod
+    def _s_ppf(u: FArray) -> FArray:
         raise NotImplementedError
 
     def _s_cdf(self, s: FArray) -> FArray:
@@ -157,7 +168,33 @@ class _Scaled:
 
 @functools.lru_cache(maxsize=512)
 def _cached_moments(d: _Scaled) -> tuple[float, float]:
-    return _numeric_moments(d.ppf)
+    # ppf(u) = max(mean + jitter * clip(S(u)), 0) on the midpoint grid, with
+    # clip(S(u)) taken from the family's grid: the same values as
+    # _numeric_moments(d.ppf) (same operations on the same numbers) for
+    # 1/100 to 1/1000 of the cost (norm_ppf is elementwise Python), which
+    # made 10,000 links with distinct delays take 20 s to build.
+    # In place, commuted (IEEE + and * are commutative): 50 us, not 200.
+    if d.jitter == 0.0 or type(d) not in _SCALAR_S:  # a subclass: its own ppf
+        return _numeric_moments(d.ppf)
+    x = np.multiply(_standard_grid(type(d)), d.jitter)
+    x += d.mean
+    np.maximum(x, 0.0, out=x)
+    m = float(np.mean(x))
+    x -= m
+    np.square(x, out=x)  # what (x - m) ** 2 computes
+    return m, float(np.sqrt(max(float(np.mean(x)), 0.0)))
+
+
+_GRIDS: dict[type, FArray] = {}
+
+
+def _standard_grid(family: type[_Scaled]) -> FArray:
+    """``clip(S(u), LO, HI)`` on the moments' midpoint grid (read-only, one per family)."""
+    s = _GRIDS.get(family)
+    if s is None:
+        s = _GRIDS[family] = np.clip(family._s_ppf(_midpoints()), family.LO, family.HI)
+        s.setflags(write=False)
+    return s
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +227,8 @@ class Uniform(_Scaled):
     def __post_init__(self) -> None:
         self._validate()
 
-    def _s_ppf(self, u: FArray) -> FArray:
+    @staticmethod
+    def _s_ppf(u: FArray) -> FArray:
         return 2.0 * u - 1.0
 
     def _s_cdf(self, s: FArray) -> FArray:
@@ -209,7 +247,8 @@ class Normal(_Scaled):
     def __post_init__(self) -> None:
         self._validate()
 
-    def _s_ppf(self, u: FArray) -> FArray:
+    @staticmethod
+    def _s_ppf(u: FArray) -> FArray:
         return norm_ppf(u)
 
     def _s_cdf(self, s: FArray) -> FArray:
@@ -235,7 +274,8 @@ class Pareto(_Scaled):
     def __post_init__(self) -> None:
         self._validate()
 
-    def _s_ppf(self, u: FArray) -> FArray:
+    @staticmethod
+    def _s_ppf(u: FArray) -> FArray:
         return _pareto_s_ppf(u)
 
     def _s_cdf(self, s: FArray) -> FArray:
@@ -272,7 +312,8 @@ class ParetoNormal(_Scaled):
     def __post_init__(self) -> None:
         self._validate()
 
-    def _s_ppf(self, u: FArray) -> FArray:
+    @staticmethod
+    def _s_ppf(u: FArray) -> FArray:
         return _paretonormal_s_ppf(u)
 
     def _s_cdf(self, s: FArray) -> FArray:
@@ -351,3 +392,71 @@ def make_dist(
     d: Dist = families[name](mean, jitter)
     return d
 
+
+
+# -- one value at a time -------------------------------------------------------
+_THIRD = -1.0 / 3.0
+
+
+def _pareto_s1(u: float) -> float:
+    # _pareto_s_ppf of one float; np.power itself (numpy may use its own SIMD
+    # kernel for it, which need not agree with libm's pow to the last ulp).
+    v = 1.0 - u
+    v = v if v >= 0.0 else 0.0
+    p = math.inf if v == 0.0 else float(np.power(v, _THIRD))
+    return (p - 1.5) * (4.0 / 3.0)
+
+
+def _paretonormal_s1(u: float) -> float:
+    p = _pareto_s1(u)
+    return 0.25 * norm_ppf1(u) + 0.75 * (p if p <= 4.0 else 4.0)
+
+
+_SCALAR_S: dict[type, Callable[[float], float]] = {}  # filled below the classes
+
+
+def scalar_ppf(d: Dist) -> Callable[[float], float]:
+    """``u -> float(d.ppf(u))`` for one ``u`` in [0, 1], as a plain function.
+
+    :class:`~netem.delayprocess.DelayProcess` draws one delay per message;
+    ``ppf`` on a 0-d array spent about 10 us of numpy call overhead on it.
+    For the netem families (and :class:`LogNormal`) this function does the
+    same IEEE operations on Python floats, so the value is the same to the
+    last bit (tests/netem/test_link_pinned.py pins it); any other
+    distribution (:class:`~netem.empirical.Empirical`, a subclass, a user's
+    ``Dist``) falls back to ``float(d.ppf(u))``.
+    """
+    kind = type(d)
+    if kind is LogNormal:
+        assert isinstance(d, LogNormal)
+        if d.jitter == 0.0:
+            c = float(d.mean)
+            return lambda u: c
+        mu, sigma = d._params()
+        return lambda u: float(np.exp(mu + sigma * norm_ppf1(u)))
+    s_of = _SCALAR_S.get(kind)
+    if s_of is None or not isinstance(d, _Scaled):
+        return lambda u: float(d.ppf(u))
+    mean, jitter, lo, hi = d.mean, d.jitter, d.LO, d.HI
+    if jitter == 0.0:
+        c = float(mean)
+        return lambda u: c
+
+    def ppf1(u: float) -> float:
+        s = s_of(u)
+        s = lo if s < lo else hi if s > hi else s  # np.clip
+        x = mean + jitter * s
+        return x if x >= 0.0 else 0.0  # np.maximum(x, 0.0)
+
+    return ppf1
+
+
+_SCALAR_S.update(
+    {
+        Constant: lambda u: 0.0,
+        Uniform: lambda u: 2.0 * u - 1.0,
+        Normal: norm_ppf1,
+        Pareto: _pareto_s1,
+        ParetoNormal: _paretonormal_s1,
+    }
+)

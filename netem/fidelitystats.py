@@ -96,22 +96,29 @@ class Reservoir:
     rounded): the quantiles of a merge weigh every source by its real count.
     """
 
-    __slots__ = ("_buf", "_rng", "_seen", "count", "max", "sum")
+    __slots__ = ("_buf", "_cap", "_rng", "_seen", "_u", "count", "max", "sum")
 
     def __init__(self, cap: int, seed: int = 0) -> None:
         _check.integer("Reservoir", "cap", cap, 1)
         self._buf = np.empty(cap)
+        self._cap = cap
         self._rng = np.random.default_rng(seed)
+        self._u: list[float] = []  # uniforms drawn ahead in blocks, next one last
         self._seen = 0
         self.count, self.sum, self.max = 0, 0.0, -math.inf
 
     def add(self, x: float) -> None:
         """Record one value."""
-        n, cap = self._seen, self._buf.size
+        n, cap = self._seen, self._cap
         if n < cap:
             self._buf[n] = x
         else:
-            j = int(self._rng.integers(0, n + 1))
+            # slot floor(U * (n + 1)), as _offer draws it; the uniforms come in
+            # blocks (a scalar Generator.integers call cost 2 us per value)
+            u = self._u
+            if not u:
+                u += reversed(self._rng.random(256).tolist())
+            j = int(u.pop() * (n + 1))
             if j < cap:
                 self._buf[j] = x
         self._seen = n + 1

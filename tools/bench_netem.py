@@ -1,7 +1,8 @@
-"""netem benchmark: 1,000 concurrent links on one event loop.
+"""netem benchmark: thousands of concurrent links on one event loop.
 
 One process, one event loop (uvloop when importable), one
-:class:`netem.timers.TimerHeap` on a :class:`netem.clock.Clock`. Every link
+:class:`netem.timers.TimerHeap` on a :class:`netem.clock.Clock`
+(``--procs N``: N such processes, the links dealt round-robin). Every link
 has a timer-driven sender that sends messages at Poisson intervals for
 ``--duration`` emulated seconds; each message goes through
 ``Link.schedule(t_send, nbytes)`` and is delivered by ``heap.call_at(t_deliver,
@@ -56,17 +57,28 @@ cores (otherwise the I/O thread, woken for every message, keeps preempting
 the loop thread).
 
 On a shared host the lateness tail is set by the time the loop thread waits
-for a CPU behind other processes, not by the loop's own work (about 100 us
-of CPU per message, two thirds of it in ``Link.schedule``): the report
+for a CPU behind other processes, not by the loop's own work: the report
 prints that wait (``/proc/thread-self/schedstat``), the CPU other processes
 used, and the p99 per 1-s window. ``--realtime`` runs the loop thread
 SCHED_FIFO to show the figure without preemption; ``--dilation`` is the
 remedy fedsim itself uses (lateness shrinks by the factor in emulated time).
 
-Run: ``python tools/bench_netem.py`` (about 25 s: 3-5 s building the links,
-20 s sending, then the last deliveries); ``--help`` for the knobs,
-``--json PATH`` to save the figures, ``--check`` to exit 1 unless every
-target passes.
+The loop's own work: ``--links 10000 --saturated 500 --msg-rate 0.5`` is
+34,000 timers/s (19,800 sends, 16,100 deliveries) and takes 54 % of one
+core, set-up 1.2 s (was 73 % and 21-22 s before the 10,000-link work;
+docs/measurements.md#netem-at-10000-links has the runs and where the time
+goes). Of that CPU about 6.5 us is Python per timer (``Link.schedule``
+4.3 us per message) and the rest is wake-ups: the report prints wake-ups
+per second, and on the development VM each one costs about 22 us of CPU
+in the kernel and hypervisor (the timerfd re-arm alone 10-20 us) whatever
+the callbacks do. ``--procs 2`` did not help on two shared cores (more
+wake-ups in all, the two loops compete with each other): the figures are
+in the same section.
+
+Run: ``python tools/bench_netem.py`` (about 23 s: 0.2 s building the links,
+20 s sending, then the last deliveries; ``--links 10000`` builds in 1.2 s);
+``--help`` for the knobs, ``--json PATH`` to save the figures, ``--check``
+to exit 1 unless every target passes.
 """
 
 from __future__ import annotations
@@ -99,6 +111,7 @@ from netem.fidelity import FidelityMonitor
 from netem.link import Delivery, Link
 from netem.linkparams import LinkParams
 from netem.loss import Bernoulli
+from netem.lossprocess import LossStats
 from netem.timers import TimerHeap
 
 FAMILIES = ("constant", "uniform", "normal", "paretonormal")
@@ -128,22 +141,26 @@ class LinkSpec:
     std: float
 
 
-def build(a: argparse.Namespace) -> tuple[list[LinkSpec], list[Link]]:
+def build(
+    a: argparse.Namespace, shard: tuple[int, int] | None = (0, 1)
+) -> tuple[list[LinkSpec], list[Link | None]]:
     """The links, regular ones first, then the saturated ones.
 
     Each Link is built right after its parameters so that the delay
-    distribution's (costly, numerically integrated) moments are computed once
-    and then found in netem's moments cache.
+    distribution's moments are computed once and then found in netem's
+    moments cache. ``shard = (k, n)`` builds only the links ``i`` with
+    ``i % n == k`` (the others are ``None``; their specs are all there);
+    ``None`` builds no link.
     """
     n_sat = min(a.saturated, a.links)
     n_reg = a.links - n_sat
     rng = np.random.default_rng(a.seed)
     specs: list[LinkSpec] = []
-    links: list[Link] = []
-
+    links: list[Link | None] = []
     def add(p: LinkParams, family: str, mode: str, msg_rate: float, lo: int, hi: int) -> None:
         i = len(specs)
-        links.append(Link(p, seed=a.seed, key=("bench-netem", i)))
+        own = shard is not None and i % shard[1] == shard[0]
+        links.append(Link(p, seed=a.seed, key=("bench-netem", i)) if own else None)
         m, s = p.delay_dist().moments()
         specs.append(LinkSpec(i, p, family, mode, family == "saturated", msg_rate, lo, hi, m, s))
 
@@ -238,15 +255,22 @@ class Raw:
     host_steal: float  # CPU-seconds stolen by the hypervisor
     loadavg: tuple[tuple[float, ...], tuple[float, ...]]  # before, after
     timer_kind: str
-    monitor: dict[str, Any]
+    wakeups: int  # times the loop woke the heap
+    monitor: dict[str, Any]  # FidelityMonitor.report()
+    monitor_export: dict[str, Any]  # FidelityMonitor.export(), to merge processes
     loss_packets: list[int]
     loss_lost: list[int]
 
 
-async def run(a: argparse.Namespace, specs: list[LinkSpec], links: list[Link]) -> Raw:
-    """Drive every link for ``a.duration`` emulated seconds; return the records."""
+async def run(a: argparse.Namespace, specs: list[LinkSpec], links: list[Link | None]) -> Raw:
+    """Drive every link for ``a.duration`` emulated seconds; return the records.
+
+    Links that are ``None`` belong to another process (``--procs``): they
+    send nothing here, and their per-link records stay zero.
+    """
     loop = asyncio.get_running_loop()
     n = len(specs)
+    own = [link is not None for link in links]
     duration = float(a.duration)
     monitor = FidelityMonitor(dilation=a.dilation, seed=a.seed)
     sat = [s.saturated for s in specs]
@@ -266,10 +290,10 @@ async def run(a: argparse.Namespace, specs: list[LinkSpec], links: list[Link]) -
     hop_lat = array("d")
     sink_lat = array("d")
     drops: Counter[str] = Counter()
-    rngs = [random.Random(f"bench-netem/{a.seed}/{i}") for i in range(n)]
+    rngs = [random.Random(f"bench-netem/{a.seed}/{i}") if own[i] else None for i in range(n)]
     payload = memoryview(bytes(max(s.size_max for s in specs)))
     done = loop.create_future()
-    state = {"active": n, "pending": 0, "sent": 0, "scheduled": 0, "sink_bytes": 0}
+    state = {"active": sum(own), "pending": 0, "sent": 0, "scheduled": 0, "sink_bytes": 0}
 
     # The clock and the heap are made just before the first timer (below), so
     # that emulated time 0 is the start whatever the set-up took: every t_send
@@ -316,6 +340,7 @@ async def run(a: argparse.Namespace, specs: list[LinkSpec], links: list[Link]) -
 
     def emulate(i: int, t: float, nbytes: int, data: Any) -> None:
         link = links[i]
+        assert link is not None
         b2b = link.busy_until >= t
         d = link.schedule(t, nbytes)
         state["scheduled"] += 1
@@ -333,6 +358,7 @@ async def run(a: argparse.Namespace, specs: list[LinkSpec], links: list[Link]) -
         send_append(now() - t)
         s = specs[i]
         r = rngs[i]
+        assert r is not None
         nbytes = s.size_min if s.size_max == s.size_min else r.randint(s.size_min, s.size_max)
         state["sent"] += 1
         if use_zmq:
@@ -428,7 +454,10 @@ async def run(a: argparse.Namespace, specs: list[LinkSpec], links: list[Link]) -
     now, call_at = clock.now, heap.call_at
     t_start = 0.01
     for i, s in enumerate(specs):
-        t0 = t_start + rngs[i].expovariate(s.msg_rate)
+        r = rngs[i]
+        if r is None:
+            continue
+        t0 = t_start + r.expovariate(s.msg_rate)
         if t0 < duration:
             call_at(t0, send, i, t0)
         else:
@@ -444,7 +473,7 @@ async def run(a: argparse.Namespace, specs: list[LinkSpec], links: list[Link]) -
     gc1 = [s["collections"] for s in gc.get_stats()]
     heap_late = np.frombuffer(heap_lat, dtype=np.float64)
     assert heap_late.size == heap.fired
-    kind = heap.kind
+    kind, wakeups = heap.kind, heap.wakeups
     heap.close()
     if use_zmq:
         for s in (pull_in, pull_out):
@@ -455,7 +484,7 @@ async def run(a: argparse.Namespace, specs: list[LinkSpec], links: list[Link]) -
         if tmp is not None:
             tmp.cleanup()
 
-    stats = [link.loss_stats for link in links]
+    stats = [LossStats() if link is None else link.loss_stats for link in links]
     return Raw(
         lateness=np.frombuffer(lat, dtype=np.float64),
         t_actual=np.frombuffer(t_act, dtype=np.float64),
@@ -486,7 +515,9 @@ async def run(a: argparse.Namespace, specs: list[LinkSpec], links: list[Link]) -
         host_busy=hs1[0] - hs0[0],
         host_steal=hs1[1] - hs0[1],
         timer_kind=kind,
+        wakeups=wakeups,
         monitor=monitor.report(),
+        monitor_export=monitor.export(),
         loss_packets=[s.packets for s in stats],
         loss_lost=[s.lost for s in stats],
     )
@@ -581,6 +612,8 @@ def analyse(a: argparse.Namespace, specs: list[LinkSpec], raw: Raw) -> dict[str,
             "sent_per_s": raw.sent / raw.send_wall,
             "delivered_per_s": delivered / raw.send_wall,
             "timers_per_s": raw.heap_lateness.size / raw.wall,
+            "wakeups_per_s": raw.wakeups / raw.wall,
+            "timers_per_wakeup": raw.heap_lateness.size / raw.wakeups if raw.wakeups else 0.0,
         },
     }
     # lateness: emulated ms (real ms = emulated ms x dilation)
@@ -696,16 +729,18 @@ def print_report(r: dict[str, Any], out: Callable[[str], None] = print) -> None:
         f"netem benchmark: {L['total']} links ({L['regular']} regular + {L['saturated']} "
         f"saturated), {c['duration']:g} s emulated at dilation {c['dilation']:g}, "
         f"{r['loop']} loop, {r['timer']} timers, seed {c['seed']}"
+        + (f", {c['procs']} processes" if c["procs"] > 1 else "")
         + (", zmq ipc" if c["zmq"] else "")
         + (", SCHED_FIFO" if c["sched"] == "fifo" else "")
         + f", gc {c['gc']}"
     )
     mc = r["machine"]
+    loop_threads = "main thread" if c["procs"] == 1 else f"the {c['procs']} loop threads"
     out(
         f"machine: {mc['cpu_count']} cores ({mc['usable_cores']} usable), Python "
         f"{mc['python']}; setup {r['setup_s']:.1f} s, run {r['wall_s']:.1f} s wall, "
         f"CPU {r['cpu_s']:.1f} s ({r['cpu_fraction_of_one_core'] * 100:.0f} % of one core; "
-        f"main thread {r['cpu_main_thread_s']:.1f} s); gc collections "
+        f"{loop_threads} {r['cpu_main_thread_s']:.1f} s); gc collections "
         f"gen0/1/2 = {'/'.join(map(str, r['gc_collections']))}"
     )
     cs, la = r["main_thread_context_switches"], r["loadavg_1min"]
@@ -713,8 +748,8 @@ def print_report(r: dict[str, Any], out: Callable[[str], None] = print) -> None:
     out(
         f"host load: other processes used {other:.2f} cores (steal "
         f"{r['host_cpu_steal_s'] / r['wall_s']:.2f}), 1-min load average {la['before']:.2f} "
-        f"before / {la['after']:.2f} after; main thread preempted {cs['involuntary']:,} times "
-        f"and waited {r['main_thread_run_queue_wait_s'] * 1e3:,.0f} ms for a CPU"
+        f"before / {la['after']:.2f} after; {loop_threads} preempted {cs['involuntary']:,} "
+        f"times and waited {r['main_thread_run_queue_wait_s'] * 1e3:,.0f} ms for a CPU"
     )
     out("")
     drops = ", ".join(f"{k} {v:,}" for k, v in sorted(m["drops_by_reason"].items())) or "none"
@@ -724,7 +759,8 @@ def print_report(r: dict[str, Any], out: Callable[[str], None] = print) -> None:
     )
     out(
         f"throughput  {m['sent_per_s']:,.0f} msg/s sent, {m['delivered_per_s']:,.0f} msg/s "
-        f"delivered, {m['timers_per_s']:,.0f} timers/s"
+        f"delivered, {m['timers_per_s']:,.0f} timers/s in {m['wakeups_per_s']:,.0f} "
+        f"wake-ups/s ({m['timers_per_wakeup']:.2f} per wake-up)"
     )
     out(
         f"lateness    p50 {lat['p50']:.3f} ms  p99 {lat['p99']:.3f} ms  max {lat['max']:.3f} ms"
@@ -865,6 +901,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --zmq: pin the loop thread and libzmq's I/O thread to two different cores",
     )
     ap.add_argument("--zmq", action="store_true", help="real ZeroMQ ipc hops in the loop")
+    ap.add_argument(
+        "--model-only",
+        action="store_true",
+        help="no loop: time the run's messages through Link.schedule, print the loss figures",
+    )
+    ap.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="spread the links round-robin over this many processes, one loop each",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     ap.add_argument("--check", action="store_true", help="exit 1 unless every target passes")
     a = ap.parse_args(argv)
@@ -874,6 +921,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("need 0 <= --size-min <= --size-max")
     if not 0 < a.delay_min <= a.delay_max:
         ap.error("need 0 < --delay-min <= --delay-max")
+    if a.procs < 1 or (a.procs > 1 and (a.zmq or a.pin)):
+        ap.error("need --procs >= 1, and --procs 1 with --zmq or --pin")
     if a.duration <= 0 or a.dilation <= 0 or a.msg_rate <= 0 or a.sat_load <= 0:
         ap.error("--duration, --dilation, --msg-rate and --sat-load must be > 0")
     return a
@@ -891,13 +940,8 @@ def loop_factory(name: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop
     return "asyncio", asyncio.new_event_loop
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
-    t0 = time.perf_counter()
-    specs, links = build(a)
-    a.setup_s = time.perf_counter() - t0
-    a.loop_name, factory = loop_factory(a.loop)
-    a.usable_cores = len(os.sched_getaffinity(0))
+def prepare_thread(a: argparse.Namespace) -> None:
+    """Scheduling class of this (the loop's) thread; gc after set-up."""
     a.sched = "other"
     if a.realtime:
         try:
@@ -910,9 +954,172 @@ def main(argv: list[str] | None = None) -> int:
         gc.freeze()
     elif a.gc == "off":
         gc.disable()
+
+
+def run_one(
+    a: argparse.Namespace,
+    factory: Callable[[], asyncio.AbstractEventLoop],
+    specs: list[LinkSpec],
+    links: list[Link | None],
+) -> Raw:
+    prepare_thread(a)
     with asyncio.Runner(loop_factory=factory) as runner:
         raw = runner.run(run(a, specs, links))
     gc.enable()
+    return raw
+
+
+def _shard_main(a: argparse.Namespace, k: int, barrier: Any, conn: Any) -> None:
+    """One of ``--procs`` processes: build links ``i % procs == k``, run them."""
+    _, factory = loop_factory(a.loop)
+    specs, links = build(a, (k, a.procs))
+    barrier.wait()  # every process built: the runs start together
+    conn.send(run_one(a, factory, specs, links))
+    conn.close()
+
+
+def run_sharded(a: argparse.Namespace) -> Raw:
+    """``--procs N``: N processes with a loop each, the links dealt round-robin.
+
+    Set-up is until every process has built its links (they build in
+    parallel). Records are merged: per-link figures add up (each link lives
+    in one process), samples are concatenated, CPU and run-queue wait add
+    up, wall time is the longest, and the fidelity monitors are merged
+    through their exports.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(a.procs + 1)
+    pipes = [ctx.Pipe(duplex=False) for _ in range(a.procs)]
+    t0 = time.perf_counter()
+    procs = [
+        ctx.Process(target=_shard_main, args=(a, k, barrier, w), daemon=True)
+        for k, (_, w) in enumerate(pipes)
+    ]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    a.setup_s = time.perf_counter() - t0
+    raws = [r.recv() for r, _ in pipes]
+    for p in procs:
+        p.join()
+    monitor = FidelityMonitor(dilation=a.dilation, seed=a.seed)
+    for r in raws:
+        monitor.merge(r.monitor_export)
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(r, name) for r in raws])
+
+    def add(name: str) -> list[Any]:
+        return [sum(v) for v in zip(*(getattr(r, name) for r in raws), strict=True)]
+
+    def total(name: str) -> Any:
+        return sum(getattr(r, name) for r in raws)
+
+    return Raw(
+        lateness=cat("lateness"),
+        t_actual=cat("t_actual"),
+        send_lateness=cat("send_lateness"),
+        heap_lateness=cat("heap_lateness"),
+        hop_lateness=cat("hop_lateness"),
+        sink_lateness=cat("sink_lateness"),
+        n_deliv=add("n_deliv"),
+        sum_prop=add("sum_prop"),
+        sum_late=add("sum_late"),
+        sum_dev2=add("sum_dev2"),
+        sat_spent=add("sat_spent"),
+        sat_ser=add("sat_ser"),
+        sat_wire=add("sat_wire"),
+        sat_msgs=add("sat_msgs"),
+        sent=total("sent"),
+        scheduled=total("scheduled"),
+        drops=sum((r.drops for r in raws), Counter()),
+        sink_bytes=total("sink_bytes"),
+        wall=max(r.wall for r in raws),
+        send_wall=max(r.send_wall for r in raws),
+        cpu=total("cpu"),
+        cpu_thread=total("cpu_thread"),
+        gc_collections=add("gc_collections"),
+        ctx_switches=(
+            sum(r.ctx_switches[0] for r in raws),
+            sum(r.ctx_switches[1] for r in raws),
+        ),
+        run_delay=total("run_delay"),
+        # machine-wide counters, read by each process over its own run
+        host_busy=max(r.host_busy for r in raws),
+        host_steal=max(r.host_steal for r in raws),
+        loadavg=raws[0].loadavg,
+        timer_kind=raws[0].timer_kind,
+        wakeups=total("wakeups"),
+        monitor=monitor.report(),
+        monitor_export=monitor.export(),
+        loss_packets=add("loss_packets"),
+        loss_lost=add("loss_lost"),
+    )
+
+
+def model_only(a: argparse.Namespace) -> int:
+    """``--model-only``: the run's messages through the links, no loop, no timers.
+
+    The senders' traffic is a pure function of the seed, so the same
+    messages in the same order go through ``Link.schedule`` as fast as it
+    runs: what the link model costs per message, apart from the loop, and
+    the loss figures of the run (which do not depend on timing).
+    """
+    t0 = time.perf_counter()
+    specs, links = build(a)
+    setup = time.perf_counter() - t0
+    sends: list[tuple[float, int, int]] = []
+    for s in specs:
+        r = random.Random(f"bench-netem/{a.seed}/{s.index}")  # as run() draws them
+        t = 0.01 + r.expovariate(s.msg_rate)
+        while t < a.duration:
+            nbytes = s.size_min if s.size_max == s.size_min else r.randint(s.size_min, s.size_max)
+            sends.append((t, s.index, nbytes))
+            t += r.expovariate(s.msg_rate)
+    sends.sort()
+    schedule = [link.schedule for link in links if link is not None]
+    assert len(schedule) == len(links)
+    gc.collect()
+    gc.freeze()
+    c0, w0 = time.process_time(), time.perf_counter()
+    for t, i, nbytes in sends:
+        schedule[i](t, nbytes)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    print(
+        f"link model alone: {len(specs):,} links built in {setup:.2f} s; "
+        f"{len(sends):,} messages through Link.schedule in {wall:.2f} s wall, "
+        f"{cpu / len(sends) * 1e6:.2f} us CPU per message"
+    )
+    for mode in (*MODES, "all regular"):
+        idx = [s.index for s in specs if not s.saturated and mode in (s.mode, "all regular")]
+        st = [links[i].loss_stats for i in idx if links[i] is not None]  # type: ignore[union-attr]
+        k, n = sum(x.lost for x in st), sum(x.packets for x in st)
+        lo, hi = wilson(k, n)
+        print(
+            f"  loss {mode:<12} {k:>7,} of {n:>9,} = {k / n * 100 if n else math.nan:.3f} %"
+            f"  95% CI [{lo * 100:.3f}, {hi * 100:.3f}] %"
+            f"  {'inside' if lo <= a.loss <= hi else 'outside'}"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.model_only:
+        return model_only(a)
+    a.loop_name, factory = loop_factory(a.loop)
+    a.usable_cores = len(os.sched_getaffinity(0))
+    if a.procs == 1:
+        t0 = time.perf_counter()
+        specs, links = build(a)
+        a.setup_s = time.perf_counter() - t0
+        raw = run_one(a, factory, specs, links)
+    else:
+        raw = run_sharded(a)
+        a.sched = "fifo" if a.realtime else "other"  # as requested of every process
+        specs, _ = build(a, None)
     report = analyse(a, specs, raw)
     print_report(report)
     if a.json is not None:
