@@ -21,6 +21,7 @@ __all__ = [
     "ignore_sigint",
     "process_age",
     "run_loop",
+    "set_process_name",
     "yield_cpu_to_loops",
 ]
 
@@ -39,6 +40,22 @@ def die_with_parent(parent_pid: int | None = None) -> bool:
     except (OSError, AttributeError):
         pass
     return parent_pid is None or os.getppid() == parent_pid
+
+
+_PR_SET_NAME = 15
+
+
+def set_process_name(name: str) -> None:
+    """Name this process for ``top`` and ``ps -o comm`` (Linux; 15 bytes).
+
+    A worker forked from the zygote keeps the command line of the process
+    it was forked from (``fedsim run ...``); its name says what it is.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def ignore_sigint() -> None:

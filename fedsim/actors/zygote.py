@@ -241,6 +241,7 @@ class Zygote:
             code = 1
             try:
                 _proc.die_with_parent()
+                _proc.set_process_name("fedsim-zygote")
                 _proc.ignore_sigint()
                 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
                 _proc.configure_child_logging(f"zygote-{os.getpid()}")
@@ -394,6 +395,7 @@ class _Server:
             os.close(self.rfd)
             os.close(self.wakeup)
             _proc.die_with_parent()
+            _proc.set_process_name(f"fedsim-{role}")
             _proc.configure_child_logging(f"worker-{role}-{os.getpid()}")
             from fedsim.actors.worker import run
 
