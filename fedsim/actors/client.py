@@ -8,7 +8,9 @@ inbox. A task's local work runs in the host's torch worker, piece by piece
 for more, passing on the round averages that arrived). The actor holds each
 piece until the device's emulated compute time has passed and then sends
 its upload. A piece that comes back after that deadline is a fidelity
-violation: it is counted and logged, never hidden.
+violation: it is counted and logged, never hidden. A device that computes
+instantly (``devices.step_time = 0``) has its deadline when the piece
+began: its real compute, in emulated seconds, is recorded as lateness.
 
 Availability: a client can be *away* (suspended for a while after a run, or
 off in an on/off process or trace). Away, it computes nothing and sends
@@ -314,6 +316,11 @@ class ClientActor:
                 if done > deadline:
                     self.overruns += 1
                     host.overruns += 1
+            elif reply.steps:
+                # An instant device's result is due the moment its work began:
+                # the real compute, in emulated seconds, is how late it came
+                # (judged like a late delivery, not silently taken as time).
+                host.monitor.record_lateness(done - t0)
             if reply.next != "done":  # a pipelined session: time away does not compute
                 await self._compute(t0, away0, budget)
             elif budget > 0 and done <= deadline:

@@ -126,3 +126,45 @@ rtt = 0.1
     het = json.loads((tmp_path / "run" / "heterogeneity.json").read_text())
     assert len(het["clients"]) == 8
     assert het["clients"][0]["down"]["delay"] == pytest.approx(0.05)
+
+
+ZERO_LATENCY = """
+name = "zero-latency"
+seed = 1
+[data]
+dataset = "synthetic"
+num_clients = 40
+[model]
+name = "mlp"
+hidden = [200]
+[algorithm]
+name = "fedavg"
+fraction = 0.25
+[client]
+lr = 0.05
+batch_size = 32
+local_epochs = 1
+[run]
+max_rounds = 15
+[devices]
+step_time = 0.0
+"""
+
+
+def test_auto_dilation_makes_a_zero_latency_run_with_instant_devices_faithful(
+        tmp_path: Path) -> None:
+    """No link delay and instant devices: every real millisecond is lateness, and
+    ``--dilation auto`` sizes the dilation from the turnaround and the compute
+    it measures at start-up (tools/bench_overhead.py's task, smaller)."""
+    path = tmp_path / "s.toml"
+    path.write_text(ZERO_LATENCY)
+    res = run_scenario(load(path), tmp_path / "run", dilation="auto", plots=False)
+    fid = res.summary["fidelity"]
+    used = json.loads((tmp_path / "run" / "scenario.json").read_text())["run"]["dilation"]
+    assert res.summary["status"] == "completed"
+    # 10 tasks a round on at most 2 hosts: the measured work is milliseconds
+    # against a 1 ms allowance, so auto goes well beyond 1
+    assert used == fid["dilation"] >= 8
+    # instant devices' results are judged: 150 deliveries down, 150 results
+    assert fid["lateness_ms"]["n"] >= 300
+    assert fid["verdict"] == "pass", fid["reasons"]
