@@ -58,16 +58,18 @@ METRIC_FIELDS = (
 )
 
 
-def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
+def write_json_atomic(path: Path, data: Any, *, durable: bool = False,
+                      indent: int | None = 2) -> None:
     """Replace ``path`` with ``data`` as JSON, never leaving a torn file.
 
     The rename alone protects against a killed process; ``durable`` adds an
     fsync (milliseconds, so not on an event loop's hot path) against a crash
-    of the machine.
+    of the machine. ``indent=None`` writes one line with the C encoder (the
+    indenting one is pure Python: 0.2 s for a record of 10,000 clients).
     """
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=False, default=_json_default)
+        json.dump(data, fh, indent=indent, sort_keys=False, default=_json_default)
         fh.write("\n")
         fh.flush()
         if durable:

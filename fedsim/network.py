@@ -43,9 +43,12 @@ from netem.profiles import profile
 from netem.rng import stream
 from netem.trace import DeliveryTrace, Schedule, bundled_trace
 
-__all__ = ["DEFAULT_GROUP", "Delivery", "DeviceModel", "NetPlan", "NetworkError"]
+__all__ = ["ALWAYS", "DEFAULT_GROUP", "Delivery", "DeviceModel", "NetPlan", "NetworkError"]
 
 DEFAULT_GROUP = "default"
+
+#: the availability of every client not subject to ``[availability]`` (one object for all)
+ALWAYS = AlwaysAvailable()
 
 
 class NetworkError(ScenarioError):
@@ -130,6 +133,7 @@ class NetPlan:
         self.delay_mult = self._spread(self.net.delay_spread, "delay")
         self.rate_mult = self._spread(self.net.rate_spread, "rate")
         self._changes = self._build_changes()
+        self._kinds: dict[tuple[str, str], str] = {}
 
     # -- assignment and draws ---------------------------------------------------
     def _assign(self) -> list[str]:
@@ -213,8 +217,12 @@ class NetPlan:
         return p
 
     def kind(self, client: int, direction: str) -> str:
-        """Fidelity bucket of a link: its group and direction."""
-        return f"{self.group_of[client]}/{direction}"
+        """Fidelity bucket of a link: its group and direction (one string per bucket)."""
+        key = (self.group_of[client], direction)
+        name = self._kinds.get(key)
+        if name is None:
+            name = self._kinds[key] = f"{key[0]}/{direction}"
+        return name
 
     def make_link(self, client: int, direction: str,
                   bottleneck: Bottleneck | None = None) -> Link:
@@ -300,6 +308,12 @@ class NetPlan:
         except ValueError as exc:
             raise NetworkError(f"devices: {exc}") from None
 
+    def draw_devices(self) -> None:
+        """Draw every client's device now (a host's first task would: 20 ms at 10,000
+        clients, after t = 0); a no-op until a speed factor has the host's step time."""
+        if self.sc.devices.model != "speed_factor" or self.host_step_time:
+            _ = self._devices
+
     def device(self, client: int) -> DeviceModel:
         return self._devices[0][client]
 
@@ -314,11 +328,18 @@ class NetPlan:
         order = stream(self.seed, "availability", "subject").permutation(self.n)
         return {int(c) for c in order[:k]}
 
-    def suspension(self, client: int) -> SuspensionModel | None:
+    @cached_property
+    def _suspension(self) -> SuspensionModel | None:
         a = self.sc.availability
-        if a.model != "suspension" or a.p == 0 or client not in self._subject:
+        if a.model != "suspension" or a.p == 0:
             return None
         return SuspensionModel(a.p, hang_factor=a.hang_factor, discard_update=a.discard_update)
+
+    def suspension(self, client: int) -> SuspensionModel | None:
+        """The suspension model of ``client`` (one object, shared: it keeps no state)."""
+        if self._suspension is None or client not in self._subject:
+            return None
+        return self._suspension
 
     def suspension_rng(self, client: int) -> np.random.Generator:
         return stream(self.seed, "availability", "suspension", client)
@@ -340,13 +361,13 @@ class NetPlan:
         """An object with ``is_available(t)`` and ``next_change(t)``."""
         a = self.sc.availability
         if client not in self._subject:
-            return AlwaysAvailable()
+            return ALWAYS
         if a.model == "onoff":
             return OnOff(a.mean_on, a.mean_off, a.start).process(
                 stream(self.seed, "availability", "onoff", client))
         if a.model == "trace":
-            return self._trace_table.get(client, AlwaysAvailable())
-        return AlwaysAvailable()
+            return self._trace_table.get(client, ALWAYS)
+        return ALWAYS
 
     # -- record ----------------------------------------------------------------------
     def check(self) -> None:
@@ -363,11 +384,20 @@ class NetPlan:
         devs, dev_rec = self._devices
         clients = []
         step = {e["client"]: e for e in dev_rec.get("clients", [])}
+        links: dict[int, tuple[LinkParams, dict[str, Any]]] = {}  # clients without a spread
+        # share their group's parameters: each is described once (keyed by identity)
+
+        def described(p: LinkParams) -> dict[str, Any]:
+            got = links.get(id(p))
+            if got is None:
+                got = links[id(p)] = (p, _link_record(p))
+            return got[1]
+
         for c in range(self.n):
             up, down = self.params(c, "up"), self.params(c, "down")
             clients.append({
                 "client": c, "group": self.group_of[c],
-                "up": _link_record(up), "down": _link_record(down),
+                "up": described(up), "down": described(down),
                 "delay_mult": float(self.delay_mult[c]), "rate_mult": float(self.rate_mult[c]),
                 "step_time": step.get(c, {}).get("step_time", devs[c].mean_step()),
                 "availability": self.sc.availability.model if c in self._subject else "always",

@@ -277,6 +277,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     thread) and ``control`` end the run with status ``interrupted`` (a second
     one aborts).
     """
+    from fedsim._ids import format_id_list
     from fedsim.actors._proc import fedsim_version
     from fedsim.actors._setup import build_data, build_model, model_shapes
     from fedsim.actors._workers import WorkerHandle
@@ -309,7 +310,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
         name = f"host-{h}"
         procs[name] = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "fedsim.actors.host", "--connect", endpoint.address,
-            "--host-id", str(h), "--clients", ",".join(map(str, clients)),
+            "--host-id", str(h), "--clients", format_id_list(clients),
             "--scenario", scenario_file, "--run-id", run_id, "--parent", str(os.getpid()),
             *(("--zygote", zygote.name) if zygote is not None else ()),
             stdin=asyncio.subprocess.DEVNULL, env=child_env())
@@ -323,10 +324,10 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
         if fed is None and zygote is not None:  # the zygote built it: no second copy
             shape = await zygote.describe()
             input_shape, num_classes = tuple(shape["input_shape"]), int(shape["num_classes"])
-            write_json_atomic(run_dir / "data.json", shape["stats"])
+            write_json_atomic(run_dir / "data.json", shape["stats"], indent=None)
         else:
             fed = build_data(sc) if fed is None else fed
-            write_json_atomic(run_dir / "data.json", fed.stats())
+            write_json_atomic(run_dir / "data.json", fed.stats(), indent=None)
             input_shape, num_classes = tuple(fed.input_shape), int(fed.num_classes)
             del fed
         model = build_model(sc, input_shape, num_classes)
@@ -423,8 +424,10 @@ def prepare(sc: Scenario, out: str | Path | None, dilation: float | str | None,
         choice = calibrate_dilation(sc, hosts, real_step)
         log.info("dilation auto: %s", choice)
     data["run"]["dilation"] = choice
+    # one record per client: written on one line (start-up time at 10,000 clients)
     write_json_atomic(run_dir / "heterogeneity.json",
-                      NetPlan(sc, host_step_time=sc.devices.host_step_time).record())
+                      NetPlan(sc, host_step_time=sc.devices.host_step_time).record(),
+                      indent=None)
     write_json_atomic(run_dir / "scenario.json", data)
     (run_dir / "scenario.toml").write_text(
         "# Resolved scenario: every default filled in (keys set to none are omitted).\n"
@@ -480,7 +483,7 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
     skips drawing the run's PNGs at the end (``fedsim plot RUN`` draws them
     later; a sweep of many runs saves a few seconds per run).
     """
-    from fedsim.actors._proc import run_loop
+    from fedsim.actors._proc import freeze_heap, run_loop, thaw_heap
     from fedsim.actors.zygote import Zygote, can_fork_here
 
     if resume is not None:
@@ -506,6 +509,7 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
         from fedsim.actors._setup import build_data
 
         fed = build_data(sc)
+        freeze_heap()  # torch and the data: the zygote's and this process's collections skip them
         zygote = Zygote.fork(name, sc, fed)
     try:
         summary = run_loop(serve(sc, run_dir, choice, data, local_hosts=hosts,
@@ -513,6 +517,7 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
                                  control=control, zygote=zygote, fed=fed),
                            sc.deploy.loop)
     finally:
+        thaw_heap()
         if zygote is not None:
             zygote.close()
     if plots:

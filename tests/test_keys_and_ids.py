@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim._ids import format_ids, parse_ids, split_ids
+from fedsim._ids import format_id_list, format_ids, parse_id_list, parse_ids, split_ids
 from fedsim.deploy.keys import (
     KeysError,
     load_allowed,
@@ -33,6 +33,22 @@ def test_parse_ids(text: str, ids: list[int]) -> None:
 def test_parse_ids_names_the_bad_part(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_ids(text, limit=10)
+
+
+@pytest.mark.parametrize(("ids", "text"), [
+    ([], ""), ([4], "4"), ([0, 2], "0,2"), ([0, 1, 2, 5], "0,1,2,5"), ([3, 2, 1], "3,2,1"),
+    (list(range(7, 700, 7)), "7:694:7"), (list(range(1, 50_000, 2)), "1:50000:2"),
+])
+def test_id_lists_for_a_command_line_round_trip(ids: list[int], text: str) -> None:
+    assert format_id_list(ids) == text
+    assert parse_id_list(text) == ids
+
+
+def test_a_hosts_share_of_50000_clients_fits_one_argument() -> None:
+    """Linux caps one argument at 128 KB; 25,000 ids written out took 140 KB."""
+    share = list(range(1, 50_000, 2))
+    assert format_id_list(share) == "1:50000:2"
+    assert len(",".join(map(str, share))) > 128 * 1024
 
 
 def test_split_ids_is_even_and_covers_every_client() -> None:

@@ -53,10 +53,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from proctree import Sampler  # tools/proctree.py (this script's directory is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,60 +193,6 @@ fl.simulation.start_simulation(
                    "log_to_driver": False})
 print(json.dumps({"ends": ends, "samples": samples}))
 '''.replace("import logging", "import logging, os")
-
-
-def _tree(root: int) -> list[int]:
-    """``root`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def _memory(pids: list[int]) -> tuple[int, int]:
-    """Summed Pss and Rss (bytes) over ``pids``."""
-    pss = rss = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as fh:
-                for line in fh:
-                    if line.startswith("Pss:"):
-                        pss += int(line.split()[1]) * 1024
-                    elif line.startswith("Rss:"):
-                        rss += int(line.split()[1]) * 1024
-        except (OSError, ValueError):
-            continue
-    return pss, rss
-
-
-class Sampler(threading.Thread):
-    """Peak summed PSS and RSS of a process tree, every ``period`` seconds."""
-
-    def __init__(self, root: int, period: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.root, self.period = root, period
-        self.pss = self.rss = self.procs = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            pids = _tree(self.root)
-            pss, rss = _memory(pids)
-            self.pss, self.rss = max(self.pss, pss), max(self.rss, rss)
-            self.procs = max(self.procs, len(pids))
-            self.stop.wait(self.period)
 
 
 def _launch(cmd: list[str], env: dict[str, str] | None = None,

@@ -18,6 +18,8 @@ from fedsim.actors.hosts import HostTable
 from fedsim.network import NetPlan
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
+from netem.link import Link
+from netem.lossprocess import LossStats
 
 __all__ = ["Measurements"]
 
@@ -33,7 +35,8 @@ class Measurements:
     began: bool
     plan: NetPlan
     monitor: FidelityMonitor
-    links: dict[int, Any]
+    up_kinds: dict[str, None]
+    links: dict[int, Link]
     hosts: HostTable
     clamped: int
 
@@ -61,6 +64,8 @@ class Measurements:
                     "lateness_ms": {"p50": None, "p99": None, "max": None},
                     "suggested_dilation": None}
         mon = copy.deepcopy(self.monitor)
+        for kind in self.up_kinds:  # every registered client's, used or not
+            mon.record_loss(kind, LossStats())
         for cid, link in self.links.items():
             mon.record_loss(self.plan.kind(cid, "up"), link.loss_stats)
         for bye in self.hosts.byes():

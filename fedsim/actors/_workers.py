@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from fedsim._ids import format_id_list
 from fedsim.actors.zygote import ForkedProcess, spawn
 from fedsim.codec import decode, encode
 from fedsim.messages import Message, Shutdown, WireError, WorkerReady
@@ -86,7 +87,7 @@ class WorkerHandle:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "fedsim.actors.worker",
                 "--scenario", self.scenario_file, "--endpoint", self.endpoint,
-                "--role", self.role, "--clients", ",".join(map(str, self.clients)),
+                "--role", self.role, "--clients", format_id_list(self.clients),
                 "--parent", str(os.getpid()),
                 *(("--state", self.state_path) if self.state_path else ()),
                 stdin=asyncio.subprocess.DEVNULL, env=child_env(),

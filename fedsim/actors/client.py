@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Protocol
@@ -45,11 +47,12 @@ from fedsim.messages import (
     Trained,
     Update,
 )
-from fedsim.network import NetPlan
+from fedsim.network import ALWAYS, DeviceModel, NetPlan
 from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
+from netem.link import Link
 from netem.timers import TimerHeap
 
 __all__ = ["ClientActor", "HostServices"]
@@ -77,6 +80,10 @@ class HostServices(Protocol):
         """Send a client's message to the server."""
         ...
 
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run a client's work as a task of the host's (its failure is the host's)."""
+        ...
+
     def expected_steps(self, task: Task, num_samples: int) -> int:
         """Local steps ``task`` will take."""
         ...
@@ -102,41 +109,99 @@ Inbox = Task | Average | _Back | _Stop
 
 
 class ClientActor:
-    """Protocol of one client: train tasks, send updates, follow its availability."""
+    """Protocol of one client: train tasks, send updates, follow its availability.
+
+    An idle client is a small object and nothing else: no asyncio task, no
+    timer (but its next availability change, if it has an availability
+    process), no queue, no link. Its downlink and random streams are made on
+    first use (each is keyed by the client's id, so when it is made does not
+    change what it draws), and a task runs only while there is something in
+    its inbox: putting an item there starts one, which serves the inbox and
+    ends when it is empty. The host builds its actors before it registers
+    (set-up, before the emulated clock starts) and starts them at t = 0.
+    """
+
+    __slots__ = ("_back", "_down", "_rngs", "_task", "_waiter", "availability", "away",
+                 "away_since", "cid", "generation", "held", "host", "inbox", "num_samples",
+                 "overruns", "rejected", "runs", "stopped", "suspension", "time_away")
 
     def __init__(self, cid: int, host: HostServices, num_samples: int) -> None:
         self.cid = cid
         self.host = host
         self.num_samples = num_samples
-        # each item with the real time it was put there (perf_counter)
-        self.inbox: asyncio.Queue[tuple[Inbox, float]] = asyncio.Queue()
-        self.down = host.plan.make_link(cid, "down")
-        self.kind = host.plan.kind(cid, "down")
-        self.device = host.plan.device(cid)
-        self.device_rng = host.plan.device_rng(cid)
+        # each item with the real time it was put there (perf_counter), or None if
+        # the actor was busy then (not counted as queueing); made on first use
+        self.inbox: deque[tuple[Inbox, float | None]] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._waiter: asyncio.Future[None] | None = None  # the task waits for an item
+        self._back: asyncio.Future[None] | None = None  # the task waits to be back
+        self._down: Link | None = None
+        self._rngs: tuple[np.random.Generator, np.random.Generator] | None = None
         self.suspension = host.plan.suspension(cid)
-        self.suspension_rng = host.plan.suspension_rng(cid)
         self.availability = host.plan.availability(cid)
         self.rejected = 0
         self.overruns = 0
         self.runs = 0
         self.stopped = False
         self.away = False
-        self.available = asyncio.Event()
-        self.available.set()
         self.generation = 0
         self.held: list[Task | Average] = []
         self.away_since = 0.0  # when the current absence began
         self.time_away = 0.0  # emulated seconds away, in absences that ended
 
+    # -- what is made on first use ----------------------------------------------
+    @property
+    def down(self) -> Link:
+        """The client's downlink (made when the first message reaches it)."""
+        if self._down is None:
+            self._down = self.host.plan.make_link(self.cid, "down")
+        return self._down
+
+    @property
+    def has_link(self) -> bool:
+        """Whether a message has reached the client (its downlink exists)."""
+        return self._down is not None
+
+    @property
+    def kind(self) -> str:
+        """Fidelity bucket of the downlink."""
+        return self.host.plan.kind(self.cid, "down")
+
+    @property
+    def device(self) -> DeviceModel:
+        return self.host.plan.device(self.cid)
+
+    def _streams(self) -> tuple[np.random.Generator, np.random.Generator]:
+        if self._rngs is None:
+            plan = self.host.plan
+            self._rngs = (plan.device_rng(self.cid), plan.suspension_rng(self.cid))
+        return self._rngs
+
+    @property
+    def device_rng(self) -> np.random.Generator:
+        return self._streams()[0]
+
+    @property
+    def suspension_rng(self) -> np.random.Generator:
+        return self._streams()[1]
+
     # -- lifecycle ------------------------------------------------------------
-    async def run(self) -> None:
-        """Serve the inbox until the host stops."""
+    def start(self) -> None:
+        """t = 0: follow the client's availability (an idle client then just waits)."""
         self._watch_availability(0.0)
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The task serving the inbox, if the actor has work."""
+        return self._task
+
+    async def _serve(self) -> None:
+        """Serve the inbox until it is empty (or the host stops)."""
         try:
-            while True:
-                msg = await self._next()
+            while self.inbox:
+                msg = self._take()
                 if isinstance(msg, _Stop):
+                    self.stopped = True
                     break
                 if isinstance(msg, Task) and self.away:
                     self.held.append(msg)  # it went away with the task in its inbox
@@ -146,16 +211,21 @@ class ClientActor:
                     await self._announce(msg.reset)
                 # an Average after its session ended is nothing to act on
         finally:
-            self.stopped = True
+            self._task = None
 
     def stop(self) -> None:
         """Ask the actor to finish (after the piece of work it is running)."""
-        self._post(_Stop())
+        if self._task is None:
+            self.stopped = True  # idle: nothing to finish
+        else:
+            self._post(_Stop())
 
     # -- availability -----------------------------------------------------------
     def _watch_availability(self, t: float) -> None:
         """Follow an on/off process or trace: go away and come back on its changes."""
         av = self.availability
+        if av is ALWAYS:
+            return
         if not av.is_available(t) and not self.away:
             self._go_away("off")
         t_next, on_after = av.next_change(t)
@@ -172,7 +242,6 @@ class ClientActor:
         self._watch_availability(t)
 
     def _go_away(self, why: str, until: float | None = None) -> None:
-        self.available.clear()
         if not self.away:
             self.away_since = self.host.clock.now()
         self.away = True
@@ -183,7 +252,9 @@ class ClientActor:
         if self.away:
             self.time_away += self.host.clock.now() - self.away_since
         self.away = False
-        self.available.set()
+        back, self._back = self._back, None
+        if back is not None and not back.done():
+            back.set_result(None)
         self.host.emit("back", client=self.cid, why=why, held=len(self.held))
         has_task = any(isinstance(m, Task) for m in self.held)
         for msg in self.held:
@@ -191,6 +262,14 @@ class ClientActor:
         self.held = []
         if announce and not has_task:  # a held task is the work; its update says "back"
             self._post(_Back(reset=self.host.sc.network.in_flight == "reset"))
+
+    async def _until_back(self) -> None:
+        """Wait while the client is away (return at once if it is not)."""
+        if not self.away:
+            return
+        if self._back is None or self._back.done():
+            self._back = asyncio.get_running_loop().create_future()
+        await self._back
 
     def _away_total(self) -> float:
         """Emulated seconds this client has been away, the current absence included."""
@@ -207,7 +286,7 @@ class ClientActor:
         """
         clock = self.host.clock
         while True:
-            await self.available.wait()
+            await self._until_back()
             left = budget - (clock.now() - t0 - (self._away_total() - away0))
             if left <= 1e-9:
                 return
@@ -246,24 +325,50 @@ class ClientActor:
             self._post(msg)
 
     def _post(self, item: Inbox) -> None:
-        """Put ``item`` in the inbox, stamped with the real time it arrived there."""
-        self.inbox.put_nowait((item, perf_counter()))
+        """Put ``item`` in the inbox, stamped with the real time it arrived there.
 
-    async def _next(self) -> Inbox:
-        """The next inbox item, waiting for one.
-
-        A message that arrives while the actor waits for it counts in the
-        host's queueing phase: the real seconds from its delivery into the
-        inbox until the actor runs with it (how long the host's event loop
-        took to get to it). One that arrived while the actor was busy (a
-        piece of a pipelined session under way) waited for the protocol,
-        not for the process, and is not counted.
+        An idle actor gets a task to serve it; one waiting for an item is
+        woken; a stopped one takes nothing more.
         """
-        idle = self.inbox.empty()
-        item, posted = await self.inbox.get()
-        if idle and isinstance(item, Task | Average):
+        if self.stopped:
+            return
+        waiting = self._waiter is not None or self._task is None
+        if self.inbox is None:
+            self.inbox = deque()
+        self.inbox.append((item, perf_counter() if waiting else None))
+        if self._waiter is not None:
+            waiter, self._waiter = self._waiter, None
+            if not waiter.done():
+                waiter.set_result(None)
+        elif self._task is None:
+            self._task = self.host.spawn(self._serve(), f"client-{self.cid}")
+
+    def _take(self) -> Inbox:
+        """The next inbox item (there is one).
+
+        A message that arrived while the actor waited for it (idle, or
+        waiting for its next item) counts in the host's queueing phase: the
+        real seconds from its delivery into the inbox until the actor runs
+        with it (how long the host's event loop took to get to it). One that
+        arrived while the actor was busy (a piece of a pipelined session
+        under way) waited for the protocol, not for the process, and is not
+        counted.
+        """
+        assert self.inbox
+        item, posted = self.inbox.popleft()
+        if posted is not None and isinstance(item, Task | Average):
             self.host.phases.add("queueing.hosts", perf_counter() - posted)
         return item
+
+    async def _next(self) -> Inbox:
+        """The next inbox item, waiting for one."""
+        while not self.inbox:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._take()
 
     # -- work -----------------------------------------------------------------
     async def on_task(self, task: Task) -> None:
@@ -342,7 +447,7 @@ class ClientActor:
                     self._go_away("suspend", until=until)
                     await host.timers.sleep_until(until)
                     self._come_back("resume", announce=False)
-            await self.available.wait()  # away: no compute, no traffic until back
+            await self._until_back()  # away: no compute, no traffic until back
             if reply.upload is not None:
                 r = reply.upload_round
                 await host.send(Update(
@@ -355,7 +460,7 @@ class ClientActor:
             averages = await self._averages(reply.wait_round if reply.next == "wait" else None)
             if averages is None:
                 return
-            await self.available.wait()
+            await self._until_back()
             t0 = host.clock.now()
             away0 = self._away_total()
             run_index, self.runs = self.runs, self.runs + 1
@@ -376,15 +481,17 @@ class ClientActor:
             while wait_round not in averages:
                 msg = await self._next()
                 if isinstance(msg, _Stop):
+                    self.stopped = True
                     return None
                 if isinstance(msg, Average):
                     averages[msg.round] = msg
                 elif isinstance(msg, _Back):
                     await self._announce(msg.reset)
             self.host.emit("barrier_resume", client=self.cid, round=wait_round)
-        while not self.inbox.empty():
-            msg, _ = self.inbox.get_nowait()
+        while self.inbox:
+            msg, _ = self.inbox.popleft()
             if isinstance(msg, _Stop):
+                self.stopped = True
                 return None
             if isinstance(msg, Average):
                 averages[msg.round] = msg

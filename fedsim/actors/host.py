@@ -14,7 +14,7 @@ says goodbye with its own measurements (downlink fidelity, compute
 overruns, rejected messages). Its tasks run in one ``asyncio.TaskGroup``.
 
 Run as ``python -m fedsim.actors.host --connect ADDR --host-id N --clients
-0,2,4 --scenario FILE``.
+0,2,4 --scenario FILE`` (``--clients 0:10000:2``: every second id below 10,000).
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from time import perf_counter
 from typing import Any
 
+from fedsim._ids import parse_id_list
 from fedsim.actors import _proc
 from fedsim.actors._refusal import Refusal
 from fedsim.actors._setup import local_config
@@ -62,6 +63,7 @@ from fedsim.scenario import Scenario
 from fedsim.transport import ClientKeys, Connection
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
+from netem.lossprocess import LossStats
 from netem.timers import TimerHeap
 
 __all__ = ["ClientHost", "main", "serve_host"]
@@ -70,6 +72,11 @@ log = logging.getLogger(__name__)
 
 #: Exit code of a host the server refused.
 EXIT_REFUSED = 4
+
+#: Clients started, or event records sent in one batch, between two returns to the event
+#: loop: t = 0 starts every client, and each away one records it, so at 50,000 clients a
+#: host's start and its first batch held the loop for 80-90 ms; 500 at a time, 2-4 ms.
+_CHUNK = 500
 
 
 class ClientHost:
@@ -104,6 +111,7 @@ class ClientHost:
         self.rejected = 0
         self.seq = itertools.count()
         self._stop = asyncio.Event()
+        self._tg: asyncio.TaskGroup | None = None
         #: set once the server's Start has arrived and the clients run
         self.started = asyncio.Event()
         # clock offset to the server (server monotonic - ours), real seconds
@@ -223,6 +231,15 @@ class ClientHost:
         """Register, run the clients until the server says stop, say goodbye."""
         ready = await self.trainer.start()
         samples = dict(zip(self.client_ids, ready.samples, strict=True))
+        self.build_clients(samples)
+        _proc.freeze_heap()  # set-up done: no collection of the run walks it
+        try:
+            return await self._run(samples)
+        finally:
+            _proc.thaw_heap()
+
+    async def _run(self, samples: dict[int, int]) -> int:
+        """Register, wait for the start, run the clients, say goodbye (after the set-up)."""
         try:
             await self.sync_clock()
         except TimeoutError:
@@ -241,40 +258,34 @@ class ClientHost:
         if start is None:
             return EXIT_REFUSED
         self._heard = self.real_clock()
-        if start.host_step_time is not None:
-            self.sc = self.sc.model_copy(update={"devices": self.sc.devices.model_copy(
-                update={"host_step_time": start.host_step_time})})
-            self.plan = NetPlan(self.sc, host_step_time=start.host_step_time)
-        # the server's epoch on our clock
-        clock = Clock(dilation=start.dilation, epoch=start.epoch - self.clock_offset)
-        clock._real_clock = self.real_clock
-        self.clock = clock
-        self.timers = TimerHeap(clock, use_timerfd=self.use_timerfd)
-        self.monitor = FidelityMonitor(dilation=start.dilation)
-        self.model_spec = start.spec
-        self.task_spec = start.spec.repeated(start.task_copies)
-        self.clients = {c: ClientActor(c, self, samples[c]) for c in self.client_ids}
-        self.started.set()
+        self.begin(start)
         try:
             async with asyncio.TaskGroup() as tg:
+                self._tg = tg
                 reader = tg.create_task(self._read(), name=f"{self.name}-reader")
                 flusher = tg.create_task(self._flusher(), name=f"{self.name}-events")
                 prober = tg.create_task(self._prober(), name=f"{self.name}-clock")
                 await self.timers.sleep_until(0.0)
-                runs = [tg.create_task(a.run(), name=f"client-{a.cid}")
-                        for a in self.clients.values()]
+                for i, a in enumerate(self.clients.values(), 1):
+                    a.start()
+                    if i % _CHUNK == 0:
+                        await asyncio.sleep(0)  # let timers due meanwhile run
+                # what t = 0 recorded (every client that starts away): sent now, while
+                # nothing is due, not with the first batch when deliveries are
+                await self.flush_events()
                 await self._stop.wait()
-                for a in self.clients.values():
-                    a.stop()
-                _, pending = await asyncio.wait(runs, timeout=5.0)
-                for t in pending:
-                    t.cancel()
+                await self.stop_clients()
                 flusher.cancel()
                 prober.cancel()
                 reader.cancel()
             await self.flush_events()
+            kinds: set[str] = set()
             for a in self.clients.values():
-                self.monitor.record_loss(a.kind, a.down.loss_stats)
+                if a.has_link:
+                    self.monitor.record_loss(a.kind, a.down.loss_stats)
+                elif a.kind not in kinds:  # its kind is known, even if no message came
+                    self.monitor.record_loss(a.kind, LossStats())
+                kinds.add(a.kind)
             await self._control(HostBye(
                 host=self.name, overruns=self.overruns,
                 compute_deadlines=self.compute_deadlines,
@@ -283,6 +294,46 @@ class ClientHost:
         finally:
             self.timers.close()
         return self.exit_code
+
+    def build_clients(self, samples: dict[int, int]) -> None:
+        """Build the client actors (set-up: before the host registers, so that none
+        of this work falls after the emulated clock starts)."""
+        self.clients = {c: ClientActor(c, self, samples[c]) for c in self.client_ids}
+        self.plan.draw_devices()
+
+    def begin(self, start: Start) -> None:
+        """The server's Start: the emulated clock, the timer heap and the model's shape."""
+        if start.host_step_time is not None:
+            self.sc = self.sc.model_copy(update={"devices": self.sc.devices.model_copy(
+                update={"host_step_time": start.host_step_time})})
+            self.plan = NetPlan(self.sc, host_step_time=start.host_step_time)
+            self.plan.draw_devices()
+        # the server's epoch on our clock
+        clock = Clock(dilation=start.dilation, epoch=start.epoch - self.clock_offset)
+        clock._real_clock = self.real_clock
+        self.clock = clock
+        self.timers = TimerHeap(clock, use_timerfd=self.use_timerfd)
+        self.monitor = FidelityMonitor(dilation=start.dilation)
+        self.model_spec = start.spec
+        self.task_spec = start.spec.repeated(start.task_copies)
+        self.started.set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run a client's work in the host's task group (a client that fails fails the host)."""
+        assert self._tg is not None, "a client works only while its host runs"
+        return self._tg.create_task(coro, name=name)
+
+    async def stop_clients(self, wait: float = 5.0) -> None:
+        """Stop every client: wait ``wait`` real seconds for those at work, cancel the rest."""
+        for a in self.clients.values():
+            a.stop()
+        running = [a.task for a in self.clients.values() if a.task is not None]
+        if running:
+            _, pending = await asyncio.wait(running, timeout=wait)
+            for t in pending:
+                t.cancel()
+        for a in self.clients.values():  # a cancelled one too: nothing starts any more
+            a.stopped = True
 
     async def _await_start(self) -> Start | None:
         while True:
@@ -334,9 +385,13 @@ class ClientHost:
         phases = tuple(PhaseSample(phase=name, count=d["count"], sum=d["sum"], max=d["max"],
                                    values=tuple(d["values"]))
                        for name, d in self.phases.take())
-        while self.events or phases:
-            batch, self.events = self.events[:5000], self.events[5000:]
-            await self._control(EventBatch(host=self.name, events=tuple(batch), phases=phases))
+        events, self.events = self.events, []
+        for i in range(0, max(1, len(events)), _CHUNK):
+            if i:
+                await asyncio.sleep(0)  # let timers due meanwhile run
+            batch = tuple(events[i:i + _CHUNK])
+            if batch or phases:
+                await self._control(EventBatch(host=self.name, events=batch, phases=phases))
             phases = ()
 
 
@@ -396,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.scenario) as fh:
         raw = json.load(fh)
     sc = parse(raw, args.scenario)
-    clients = [int(c) for c in args.clients.split(",") if c]
+    clients = parse_id_list(args.clients)
     return _proc.run_loop(serve_host(sc, args.scenario, raw, connect=args.connect, name=name,
                                      clients=clients, run_id=args.run_id,
                                      zygote=args.zygote), sc.deploy.loop)

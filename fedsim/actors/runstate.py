@@ -13,6 +13,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -168,7 +169,7 @@ class RunState:
         self.events.write(rec)
 
     def write_events(self, events: tuple[Event, ...], host: str,
-                     clients: frozenset[int]) -> list[str]:
+                     clients: AbstractSet[int]) -> list[str]:
         """Write the records a host sent, stamped with its name; return why others were not.
 
         A host may report only what happens on its side (``HOST_EVENT_KINDS``)
@@ -215,7 +216,7 @@ class RunState:
         return {
             "updates": self.updates, "rounds": self.rounds, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "staleness": list(self.staleness.values),
-            "rejects": dict(self.rejects), "samples": dict(self.samples),
+            "rejects": dict(self.rejects), "samples": _pack_counts(self.samples),
             "host_failures": list(self.host_failures), "missing": list(self.missing),
             "best": list(self.best), "final_accuracy": self.final_accuracy,
             "final_loss": self.final_loss, "time_to_target": self.time_to_target,
@@ -232,7 +233,7 @@ class RunState:
         for x in state["staleness"]:
             self.staleness.add(int(x))
         self.rejects = dict(state["rejects"])
-        self.samples.update({int(k): int(v) for k, v in state["samples"].items()})
+        self.samples.update(_unpack_counts(state["samples"]))
         self.host_failures = list(state["host_failures"])
         self.missing = list(state["missing"])
         self.best = (float(state["best"][0]), float(state["best"][1]))
@@ -382,7 +383,23 @@ class RunState:
 _EXTRA_SCALARS = (bool, int, float, str)
 
 
-def _host_event_problem(e: Event, host: str, clients: frozenset[int]) -> str | None:
+def _pack_counts(counts: dict[int, int]) -> dict[str, np.ndarray]:
+    """Client id -> count as two arrays: ``torch.save`` pickles a dict of 10,000
+    ints in 2.9 ms (on the server's loop, at every checkpoint), two arrays in
+    microseconds."""
+    return {"ids": np.fromiter(counts.keys(), np.int64, len(counts)),
+            "counts": np.fromiter(counts.values(), np.int64, len(counts))}
+
+
+def _unpack_counts(packed: Any) -> dict[int, int]:
+    """:func:`_pack_counts` undone (a checkpoint written before it holds the dict)."""
+    if isinstance(packed, dict) and set(packed) == {"ids", "counts"} and isinstance(
+            packed["ids"], np.ndarray):
+        return dict(zip(packed["ids"].tolist(), packed["counts"].tolist(), strict=True))
+    return {int(k): int(v) for k, v in packed.items()}
+
+
+def _host_event_problem(e: Event, host: str, clients: AbstractSet[int]) -> str | None:
     """Why a host's event-log record is not acceptable (None: it is)."""
     if e.ev not in HOST_EVENT_KINDS:
         return f"a host may not report {e.ev!r} events"

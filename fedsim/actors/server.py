@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from fedsim._ids import format_ids
-from fedsim.actors._proc import process_age
+from fedsim.actors._proc import freeze_heap, process_age, thaw_heap
 from fedsim.actors._server_hosts import HostSide
 from fedsim.actors._server_measure import Measurements
 from fedsim.actors._server_queue import (
@@ -73,6 +73,7 @@ from fedsim.scenario import Scenario
 from fedsim.transport import Endpoint
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
+from netem.link import Link
 from netem.timers import TimerHeap
 
 __all__ = ["Server"]
@@ -140,7 +141,14 @@ class Server(HostSide, Checkpoints, Measurements):
         self.monitor = FidelityMonitor(dilation=dilation)
         for kind, params in self.plan.expectations().items():
             self.monitor.expect_link(kind, params)
-        self.links: dict[int, Any] = {}
+        # O(clients): computed here, in the set-up, not when the clock starts
+        self._delays_ms: dict[str, float | None] = {
+            d: self.plan.mean_delay(d) * 1e3 for d in ("down", "up")}
+        #: clients whose messages are admitted (registered), the kinds of their
+        #: uplinks, and the uplinks made so far (on a client's first message)
+        self.admitted: set[int] = set()
+        self.up_kinds: dict[str, None] = {}  # in the order of the clients (a set's is random)
+        self.links: dict[int, Link] = {}
         self.egress = self.plan.bottleneck("down")
         self.clock: Clock | None = None
         self.timers: TimerHeap | None = None
@@ -162,6 +170,9 @@ class Server(HostSide, Checkpoints, Measurements):
         self._checkpoint_real = real_clock()
         self._shared_up: Any = None
         self.availability: dict[int, Any] = {}
+        #: deadlines of the AlgorithmTimers on the heap: one timer per deadline,
+        #: however many steps ask for it
+        self._algorithm_timers: set[float] = set()
         if hasattr(endpoint, "on_disconnect"):
             endpoint.on_disconnect = self._disconnected
         if hasattr(endpoint, "on_refused"):
@@ -195,6 +206,7 @@ class Server(HostSide, Checkpoints, Measurements):
                     isinstance(e, Exception) for e in errors):
                 raise
         finally:
+            thaw_heap()
             if self.timers is not None:
                 self.timers.close()
             if self.state is None:
@@ -211,6 +223,13 @@ class Server(HostSide, Checkpoints, Measurements):
                         self.sc.deploy.start_timeout, len(self.hosts.registered()),
                         self.sc.data.num_clients, len(self.hosts.hosts))
         t0 = float(self.resume["t"]) if self.resume is not None else 0.0
+        # the per-client set-up, before the clock starts (no await until the start:
+        # no host registers in between)
+        self._shared_up = self.plan.bottleneck("up")
+        registered = self.hosts.registered()
+        for c in registered:
+            self._add_link(c)
+        freeze_heap()  # the set-up's objects: no collection of the run walks them
         self.clock = self._clock(0.05 - t0 * self.dilation)
         self.timers = TimerHeap(self.clock, use_timerfd=self.use_timerfd)
         self.state = state = self._new_state(self.clock)
@@ -224,11 +243,7 @@ class Server(HostSide, Checkpoints, Measurements):
         if self.stop_reason is not None:
             return
         self.started = True
-        self._shared_up = self.plan.bottleneck("up")
-        registered = self.hosts.registered()
         self.clients = set(registered)
-        for c in self.clients:
-            self._add_link(c)
         start = self._start_message()
         for h in self.hosts.hosts.values():
             if h.alive:
@@ -265,7 +280,7 @@ class Server(HostSide, Checkpoints, Measurements):
                         fidelity=self.fidelity, totals=self._totals,
                         on_target=lambda: self.queue.put_nowait(StopRun("target_accuracy")),
                         fedsim_version=self.fedsim_version,
-                        delays_ms={d: self.plan.mean_delay(d) * 1e3 for d in ("down", "up")},
+                        delays_ms=self._delays_ms,
                         phases=self.phases)
 
     async def _begin(self, registered: dict[int, int], t0: float) -> None:
@@ -307,7 +322,8 @@ class Server(HostSide, Checkpoints, Measurements):
                     if queued is not None:
                         phases.add("queueing.server", t0 - queued)
                     step = self._on_client(now, cid, msg)
-                case AlgorithmTimer():
+                case AlgorithmTimer(at=at):
+                    self._algorithm_timers.discard(at)
                     step = strategy.timer(now)
                 case EvalTimer(period=period):
                     self._eval(now)
@@ -417,7 +433,10 @@ class Server(HostSide, Checkpoints, Measurements):
                               model=model)
                 await self._send(now, cid, self._encode(msg), kind="average", round=b.round)
         nxt = self.strategy.next_timer()
-        if nxt is not None:
+        if nxt is not None and nxt not in self._algorithm_timers:
+            # every step asks again for the same deadline (the oldest task's
+            # timeout): one timer for it, not one per step
+            self._algorithm_timers.add(nxt)
             self.timers.call_at(nxt, self.queue.put_nowait, AlgorithmTimer(nxt))
 
     def _eval(self, now: float, final: bool = False) -> None:

@@ -12,7 +12,7 @@ name. Every request carries an id that its reply echoes.
 (tests on virtual time; the messages still go through the codec).
 
 Run as ``python -m fedsim.actors.worker --scenario FILE --endpoint ADDR
---role trainer|evaluator [--clients 0,1,2]``.
+--role trainer|evaluator [--clients 0,1,2 or 0:100:2]``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import zmq
 
+from fedsim._ids import parse_id_list
 from fedsim.actors import _proc
 from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
 from fedsim.actors._tensors import to_model, to_tensor
@@ -299,6 +300,7 @@ def run(sc: Scenario, endpoint: str, clients: list[int], state: str | None = Non
     _proc.yield_cpu_to_loops()
     worker = Worker(sc, clients, state, data=data)
     worker.warm_up()
+    _proc.freeze_heap()  # a full collection mid-run would be a compute overrun
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
     sock.connect(endpoint)
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     _proc.configure_child_logging(f"worker-{args.role}-{os.getpid()}")
     with open(args.scenario) as fh:
         sc = parse(json.load(fh), args.scenario)
-    clients = [int(c) for c in args.clients.split(",") if c]
+    clients = parse_id_list(args.clients)
     return run(sc, args.endpoint, clients, args.state)
 
 

@@ -246,6 +246,7 @@ class Zygote:
                 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
                 _proc.configure_child_logging(f"zygote-{os.getpid()}")
                 broken = _warm(sc, data)
+                _proc.freeze_heap()  # the workers inherit it: their collections skip it
                 listener.setblocking(False)
                 _Server(sc, data, listener, broken).serve()
             except SystemExit as exc:

@@ -9,9 +9,10 @@ tables, as h11 writes its state machines: an illegal event raises
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -49,11 +50,50 @@ ROUND_TRANSITIONS: dict[str, dict[str, str]] = {
 }
 
 
+class _States(dict[int, str]):
+    """client -> session state, keeping each state's clients in a sorted list.
+
+    An asynchronous flow asks for the idle clients on every event; sorting
+    them out of the whole table each time cost O(N log N) per event (5 ms
+    at 10,000 clients, most of the server's time). Writes go through
+    ``table[c] = s`` (and ``del``), which keep the lists in step with the
+    table; the dict's other mutators are refused.
+    """
+
+    __slots__ = ("members",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.members: dict[str, list[int]] = {}
+
+    def __setitem__(self, client: int, state: str) -> None:
+        old = self.get(client)
+        if old == state:
+            return
+        if old is not None:
+            self._drop(client, old)
+        bisect.insort(self.members.setdefault(state, []), client)
+        super().__setitem__(client, state)
+
+    def __delitem__(self, client: int) -> None:
+        self._drop(client, self[client])
+        super().__delitem__(client)
+
+    def _drop(self, client: int, state: str) -> None:
+        members = self.members[state]
+        del members[bisect.bisect_left(members, client)]
+
+    def _refused(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a client table is changed by table[client] = state or del only")
+
+    pop = popitem = clear = update = setdefault = __ior__ = _refused  # type: ignore[assignment]
+
+
 class ClientTable:
     """Session state of every known client (idle, training, suspended, lost)."""
 
     def __init__(self) -> None:
-        self.state: dict[int, str] = {}
+        self.state = _States()
 
     def add(self, client: int) -> None:
         """Register a client as idle (a reconnecting client becomes idle)."""
@@ -74,8 +114,21 @@ class ClientTable:
         return nxt
 
     def in_state(self, state: str) -> list[int]:
-        """Clients currently in ``state``, sorted (deterministic order)."""
-        return sorted(c for c, s in self.state.items() if s == state)
+        """Clients currently in ``state``, sorted (deterministic order); a copy.
+
+        O(clients in that state), not O(all clients): the table keeps each
+        state's clients sorted as it changes.
+        """
+        return list(self.state.members.get(state, ()))
+
+    def view(self, state: str) -> Sequence[int]:
+        """Clients currently in ``state``, sorted: the table's own list, not a copy
+        (read it before the next change; never modify it)."""
+        return self.state.members.get(state, ())
+
+    def count(self, state: str) -> int:
+        """How many clients are in ``state``."""
+        return len(self.state.members.get(state, ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,8 +316,8 @@ class AsyncScheduler:
 
     def fill(self, now: float) -> list[int]:
         """Pick idle clients to dispatch until ``concurrency`` are training."""
-        free = self.concurrency - len(self.training())
-        idle = self.clients.in_state("idle")
+        free = self.concurrency - self.clients.count("training")
+        idle = self.clients.view("idle")
         if free <= 0 or not idle:
             return []
         picked = self.rng.sample(idle, min(free, len(idle)))

@@ -91,6 +91,33 @@ def test_in_state_is_sorted():
     assert table.in_state("training") == [7]
 
 
+def test_in_state_index_agrees_with_a_scan_of_the_table():
+    """The per-state lists (kept so an asynchronous fill does not scan every
+    client) agree with the table after any sequence of legal events, direct
+    writes and deletions included."""
+    rng = random.Random(3)
+    table = ClientTable()
+    for _ in range(3000):
+        c = rng.randrange(60)
+        if c not in table.state or rng.random() < 0.1:
+            table.add(c)
+        elif rng.random() < 0.05:
+            del table.state[c]
+        else:
+            legal = list(CLIENT_TRANSITIONS[table.state[c]])
+            table.fire(c, rng.choice(legal))
+        if rng.random() < 0.02:
+            table.state[c] = "lost"
+    for state in CLIENT_TRANSITIONS:
+        scan = sorted(k for k, s in table.state.items() if s == state)
+        assert table.in_state(state) == scan == list(table.view(state))
+        assert table.count(state) == len(scan)
+    with pytest.raises(TypeError):
+        table.state.update({1: "idle"})
+    with pytest.raises(TypeError):
+        table.state.pop(next(iter(table.state)))
+
+
 # -- RoundScheduler ------------------------------------------------------------
 
 
