@@ -31,8 +31,10 @@ Then the memory of an idle client actor, measured twice:
 * **in one process**: a client host (the real :class:`ClientHost`, its
   actors started as at t = 0, no connection, no worker) holding every
   client of an ``N``-client scenario, against one holding ``N/10`` of an
-  ``N/10``-client one: the difference in RSS (after ``gc.collect``) and in
-  ``tracemalloc``'s traced bytes, divided by the difference in clients;
+  ``N/10``-client one (the largest ``N`` asked for): the difference in
+  RSS (after ``gc.collect``) and, in other interpreters (tracing costs
+  memory itself), in ``tracemalloc``'s traced bytes, divided by the
+  difference in clients;
 * **in the runs**: the largest host's peak RSS at ``N`` against ``N/10``
   (if both were run), divided by the difference in clients per host. It is
   what a host needs per client over a whole run (event buffers, timers and
@@ -45,6 +47,21 @@ counts it.
 Run: ``python tools/bench_scale.py`` (N = 1000, 5000, 10000: about 3 minutes
 on 2 cores; ``--n 10000 20000``, ``--dilation``, ``--time-budget``,
 ``--keep DIR`` to keep the run directories, ``--json PATH``).
+
+Measured 2026-11-25 on the 2-core development machine, load average
+0.4-1.0, at commit ``e1097df`` (docs/measurements.md, "Thousands of clients
+on one machine", has the table and what was fixed):
+
+* N = 1,000 / 5,000 / 10,000: every verdict passes at dilation 2 (lateness
+  p99 1.47 / 1.49 / 1.60 ms against 2.5 ms allowed, no overrun), startup
+  2.55 / 2.86 / 3.19 s, first aggregation 2.95 / 3.26 / 3.60 s, summed PSS
+  0.55 / 0.63 / 0.71 GB; before the fixes (``90c068e``) all three failed
+  (p99 3.3 / 178 / 535 ms);
+* 20,000 / 30,000 / 50,000 pass too (startup 4.3 / 5.6 / 7.4 s); 100,000
+  fails: the first 11 tasks overrun (6.3 %), their trainers waiting while
+  the hosts start 50,000 actors each and the server writes their records;
+* an idle client actor: 1.6 KB (RSS and tracemalloc alike; 11.7 KB before),
+  2.0 KB per client of a host's peak RSS over a whole run (13.4 KB before).
 """
 
 from __future__ import annotations
@@ -184,9 +201,11 @@ def _rss() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def actors_in_process(n: int, dilation: float) -> dict[str, float]:
-    """RSS and traced bytes of a client host holding every client of an ``n``-client scenario,
-    its actors started as at t = 0 (run in a fresh interpreter: ``--actors N``)."""
+def actors_in_process(n: int, dilation: float, trace: bool) -> dict[str, float]:
+    """Bytes of a client host holding every client of an ``n``-client scenario, its actors
+    started as at t = 0: the RSS it grew by, or with ``trace`` the bytes ``tracemalloc``
+    traced (which itself adds to the RSS: measured in another interpreter,
+    ``--actors N [--trace]``)."""
     import asyncio
     import tracemalloc
 
@@ -210,36 +229,37 @@ def actors_in_process(n: int, dilation: float) -> dict[str, float]:
                       spec=TensorSpec([("float32", (16, 60))]), task_copies=1)
         gc.collect()
         rss0 = _rss()
-        tracemalloc.start()
+        if trace:
+            tracemalloc.start()
         host.build_clients(dict.fromkeys(clients, 10))
         host.begin(start)
-        await host.timers.sleep_until(0.0)
-        for a in host.clients.values():   # t = 0, as ClientHost.run does
-            a.start()
-        await asyncio.sleep(0.05)
-        gc.collect()
-        traced = tracemalloc.get_traced_memory()[0]
-        tracemalloc.stop()
-        rss = _rss() - rss0
-        await host.stop_clients()
+        async with asyncio.TaskGroup() as tg:  # as ClientHost.run does from t = 0
+            host._tg = tg
+            await host.timers.sleep_until(0.0)
+            for a in host.clients.values():
+                a.start()
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] if trace else _rss() - rss0
+            await host.stop_clients(wait=0.0)
         host.timers.close()
-        return {"n": n, "rss_bytes": rss, "traced_bytes": traced}
+        return {"n": n, "bytes": grown}
 
     return asyncio.run(main())
 
 
 def actor_memory(n: int, dilation: float) -> dict[str, float]:
     """Bytes per idle client actor: a host of ``n`` clients against one of ``n // 10``."""
-    got = []
-    for k in (n // 10, n):
-        out = subprocess.run([sys.executable, __file__, "--actors", str(k),
-                              "--dilation", str(dilation)],
-                             capture_output=True, text=True, check=True)
-        got.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    small, big = got
-    d = big["n"] - small["n"]
-    return {"n": n, "rss_per_actor": (big["rss_bytes"] - small["rss_bytes"]) / d,
-            "traced_per_actor": (big["traced_bytes"] - small["traced_bytes"]) / d}
+    out: dict[str, float] = {"n": n}
+    for what, flags in (("rss_per_actor", []), ("traced_per_actor", ["--trace"])):
+        got = []
+        for k in (n // 10, n):
+            proc = subprocess.run([sys.executable, __file__, "--actors", str(k),
+                                   "--dilation", str(dilation), *flags],
+                                  capture_output=True, text=True, check=True)
+            got.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        small, big = got
+        out[what] = (big["bytes"] - small["bytes"]) / (big["n"] - small["n"])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,9 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the run directories here")
     ap.add_argument("--json", default=None, help="write the figures here")
     ap.add_argument("--actors", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.actors is not None:   # the in-process measurement, in a fresh interpreter
-        print(json.dumps(actors_in_process(args.actors, args.dilation)))
+        print(json.dumps(actors_in_process(args.actors, args.dilation, args.trace)))
         return 0
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fedsim-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
