@@ -128,10 +128,10 @@ class TimerHeap:
     re-arms (the wake-up in progress does it once): a wake-up that runs k
     callbacks scheduling 2k timers makes one system call, not 2k + 2. Arming
     a deadline less than a tick away reprograms the host's timer hardware;
-    in a VM that is an exit to the hypervisor, 15-20 us on the 2-core
-    Firecracker VM of docs/measurements.md, and a whole wake-up there costs
-    about 22 us of CPU whatever the callback does (tools/bench_netem.py
-    prints the wake-ups per second).
+    in a VM that is an exit to the hypervisor, 10-20 us on the development
+    VM, where a whole wake-up costs about 22 us of CPU whatever the
+    callbacks do (docs/measurements.md#netem-at-10000-links;
+    tools/bench_netem.py prints the wake-ups per second).
     """
 
     def __init__(
