@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from fedsim.actors import _proc
 
@@ -175,6 +175,12 @@ async def spawn(name: str, role: str, endpoint: str, clients: list[int],
     return ForkedProcess(int(reply["pid"]), reader, writer)
 
 
+def _terminated(*_: object) -> NoReturn:
+    """SIGTERM in a forked zygote or worker: unwind to its ``os._exit`` (a
+    process of its own, like a ``main``; the library never exits its caller)."""
+    raise SystemExit(0)
+
+
 class _Child:
     """A child forked by this process, with the part of :class:`subprocess.Popen` used here."""
 
@@ -243,7 +249,7 @@ class Zygote:
                 _proc.die_with_parent()
                 _proc.set_process_name("fedsim-zygote")
                 _proc.ignore_sigint()
-                signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+                signal.signal(signal.SIGTERM, _terminated)
                 _proc.configure_child_logging(f"zygote-{os.getpid()}")
                 broken = _warm(sc, data)
                 _proc.freeze_heap()  # the workers inherit it: their collections skip it
@@ -389,7 +395,7 @@ class _Server:
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            signal.signal(signal.SIGTERM, _terminated)
             self.sel.close()
             for s in (self.listener, *self.buffers):
                 s.close()
