@@ -11,11 +11,12 @@ import os
 import signal
 import sys
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
 __all__ = [
+    "become_child",
     "configure_child_logging",
     "die_with_parent",
     "fedsim_version",
@@ -24,6 +25,7 @@ __all__ = [
     "process_age",
     "run_loop",
     "set_process_name",
+    "terminated",
     "thaw_heap",
     "yield_cpu_to_loops",
 ]
@@ -59,6 +61,24 @@ def set_process_name(name: str) -> None:
         libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def terminated(*_: object) -> NoReturn:
+    """The SIGTERM handler of fedsim's child processes: unwind (finally
+    blocks run) to the process's own exit (a main, or a fork's ``os._exit``)."""
+    raise SystemExit(0)
+
+
+def become_child(parent_pid: int | None, name: str) -> bool:
+    """What every process fedsim starts does first: die with ``parent_pid``,
+    leave Ctrl-C to it, end cleanly on SIGTERM, and log under ``name``.
+    False when the parent is already gone (the process's main then ends)."""
+    if not die_with_parent(parent_pid):
+        return False
+    ignore_sigint()
+    signal.signal(signal.SIGTERM, terminated)
+    configure_child_logging(name)
+    return True
 
 
 def ignore_sigint() -> None:

@@ -25,7 +25,6 @@ import itertools
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Coroutine
 from time import perf_counter
@@ -442,12 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parent", type=int, default=None)
     ap.add_argument("--zygote", default=None, help="zygote to fork the trainer from")
     args = ap.parse_args(argv)
-    if not _proc.die_with_parent(args.parent):
-        return 0
-    _proc.ignore_sigint()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     name = f"host-{args.host_id}"
-    _proc.configure_child_logging(name)
+    if not _proc.become_child(args.parent, name):
+        return 0
     with open(args.scenario) as fh:
         raw = json.load(fh)
     sc = parse(raw, args.scenario)

@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -322,11 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", default=None, help="file for the clients' state (restarts)")
     ap.add_argument("--parent", type=int, default=None)
     args = ap.parse_args(argv)
-    if not _proc.die_with_parent(args.parent):
+    if not _proc.become_child(args.parent, f"worker-{args.role}-{os.getpid()}"):
         return 0
-    _proc.ignore_sigint()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    _proc.configure_child_logging(f"worker-{args.role}-{os.getpid()}")
     with open(args.scenario) as fh:
         sc = parse(json.load(fh), args.scenario)
     clients = parse_id_list(args.clients)

@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, NoReturn
+from typing import Any
 
 from fedsim.actors import _proc
 
@@ -175,12 +175,6 @@ async def spawn(name: str, role: str, endpoint: str, clients: list[int],
     return ForkedProcess(int(reply["pid"]), reader, writer)
 
 
-def _terminated(*_: object) -> NoReturn:
-    """SIGTERM in a forked zygote or worker: unwind to its ``os._exit`` (a
-    process of its own, like a ``main``; the library never exits its caller)."""
-    raise SystemExit(0)
-
-
 class _Child:
     """A child forked by this process, with the part of :class:`subprocess.Popen` used here."""
 
@@ -249,7 +243,7 @@ class Zygote:
                 _proc.die_with_parent()
                 _proc.set_process_name("fedsim-zygote")
                 _proc.ignore_sigint()
-                signal.signal(signal.SIGTERM, _terminated)
+                signal.signal(signal.SIGTERM, _proc.terminated)
                 _proc.configure_child_logging(f"zygote-{os.getpid()}")
                 broken = _warm(sc, data)
                 _proc.freeze_heap()  # the workers inherit it: their collections skip it
@@ -395,7 +389,7 @@ class _Server:
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, _terminated)
+            signal.signal(signal.SIGTERM, _proc.terminated)
             self.sel.close()
             for s in (self.listener, *self.buffers):
                 s.close()
@@ -465,11 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--address", required=True, help="abstract Unix socket name")
     ap.add_argument("--parent", type=int, default=None)
     args = ap.parse_args(argv)
-    if not _proc.die_with_parent(args.parent):
+    if not _proc.become_child(args.parent, f"zygote-{os.getpid()}"):
         return 0
-    _proc.ignore_sigint()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    _proc.configure_child_logging(f"zygote-{os.getpid()}")
     # Listen first: requesters that come while torch is importing wait in the backlog.
     try:
         listener = _listen(args.address)
