@@ -30,48 +30,32 @@ requester the part of :class:`asyncio.subprocess.Process` it uses (``pid``,
 with the process that started it, and its workers die with the zygote.
 ``deploy.workers = "spawn"`` starts every worker from scratch instead.
 
-Run as ``python -m fedsim.actors.zygote --scenario FILE --address NAME
---parent PID``.
+The zygote process itself is :mod:`fedsim.actors._zygote_server`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import os
-import selectors
 import signal
 import socket
 import subprocess
 import sys
 import time
-import traceback
 from typing import Any
 
 from fedsim.actors import _proc
+from fedsim.actors._zygote_server import USER_ERRORS, forked, listen, serve, unix_address, warm
 
-__all__ = ["ForkedProcess", "Zygote", "can_fork_here", "describe", "main", "spawn"]
+__all__ = ["ForkedProcess", "Zygote", "can_fork_here", "describe", "spawn"]
 
 log = logging.getLogger(__name__)
 
 #: How long a requester keeps trying to reach a zygote that is still starting.
 CONNECT_WITHIN = 60.0
-
-#: Errors building the data that are the scenario's (a bad value, a missing
-#: file): raised again as the same type where the data was asked for.
-_USER_ERRORS: dict[str, type[Exception]] = {
-    "ValueError": ValueError, "FileNotFoundError": FileNotFoundError,
-    "PermissionError": PermissionError, "NotADirectoryError": NotADirectoryError,
-}
-
-
-def _unix_address(name: str) -> str:
-    """The abstract-namespace address of a zygote called ``name``."""
-    return "\0" + name
 
 
 async def _connect(name: str, within: float) -> tuple[asyncio.StreamReader,
@@ -83,7 +67,7 @@ async def _connect(name: str, within: float) -> tuple[asyncio.StreamReader,
         # so a blocking one is fine; uvloop takes no abstract address itself.
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.connect(_unix_address(name))
+            sock.connect(unix_address(name))
             sock.setblocking(False)
             return await asyncio.open_unix_connection(sock=sock)
         except (ConnectionRefusedError, FileNotFoundError):
@@ -105,7 +89,7 @@ async def _ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     if "error" in reply:
         # A scenario the zygote could not build from (a bad data path, say)
         # is the user's error, as it would be in this process.
-        raise _USER_ERRORS.get(str(reply.get("kind")), RuntimeError)(reply["error"])
+        raise USER_ERRORS.get(str(reply.get("kind")), RuntimeError)(reply["error"])
     return reply
 
 
@@ -235,28 +219,16 @@ class Zygote:
         (:func:`can_fork_here`); the zygote warms torch up while this
         process goes on.
         """
-        listener = _listen(name)
+        listener = listen(name)
         pid = os.fork()
         if pid == 0:  # the zygote
-            code = 1
-            try:
-                _proc.die_with_parent()
+            def zygote() -> int:
                 _proc.set_process_name("fedsim-zygote")
-                _proc.ignore_sigint()
-                signal.signal(signal.SIGTERM, _proc.terminated)
-                _proc.configure_child_logging(f"zygote-{os.getpid()}")
-                broken = _warm(sc, data)
+                broken = warm(sc, data)
                 _proc.freeze_heap()  # the workers inherit it: their collections skip it
-                listener.setblocking(False)
-                _Server(sc, data, listener, broken).serve()
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                with contextlib.suppress(Exception):
-                    sys.stderr.flush()
-                os._exit(code)
+                return serve(sc, data, listener, broken)
+
+            forked(f"zygote-{os.getpid()}", zygote)
         listener.close()
         return cls(name, _Child(pid))
 
@@ -266,7 +238,7 @@ class Zygote:
         from fedsim.plugins import child_env
 
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fedsim.actors.zygote", "--scenario", scenario_file,
+            [sys.executable, "-m", "fedsim.actors._zygote_server", "--scenario", scenario_file,
              "--address", name, "--parent", str(os.getpid())],
             stdin=subprocess.DEVNULL, env=child_env())
         return cls(name, proc)
@@ -291,246 +263,3 @@ class Zygote:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-# --- the zygote process ------------------------------------------------------
-
-
-class _Server:
-    """The zygote's loop: accept requests, fork workers, report their exits."""
-
-    def __init__(self, sc: Any, data: Any, listener: socket.socket,
-                 broken: tuple[str, str] | None = None) -> None:
-        self.sc, self.data, self.listener = sc, data, listener
-        #: (kind, message) of the error that kept the zygote from building the
-        #: data: every request is answered with it
-        self.broken = broken
-        self.sel = selectors.DefaultSelector()
-        self.buffers: dict[socket.socket, bytes] = {}
-        self.children: dict[int, socket.socket] = {}
-        self.by_conn: dict[socket.socket, int] = {}
-        rfd, self.wakeup = os.pipe()
-        os.set_blocking(rfd, False)
-        os.set_blocking(self.wakeup, False)
-        self.rfd = rfd
-
-    def describe(self) -> dict[str, Any]:
-        return {"input_shape": list(self.data.input_shape),
-                "num_classes": int(self.data.num_classes), "stats": self.data.stats()}
-
-    def serve(self) -> None:
-        signal.set_wakeup_fd(self.wakeup)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        self.sel.register(self.listener, selectors.EVENT_READ, "accept")
-        self.sel.register(self.rfd, selectors.EVENT_READ, "child")
-        self._reap()  # a child that ended before the handler was set
-        while True:
-            for key, _ in self.sel.select():
-                if key.data == "accept":
-                    with contextlib.suppress(BlockingIOError, InterruptedError):
-                        conn, _ = self.listener.accept()
-                        conn.setblocking(False)
-                        self.buffers[conn] = b""
-                        self.sel.register(conn, selectors.EVENT_READ, "conn")
-                elif key.data == "child":
-                    with contextlib.suppress(BlockingIOError):
-                        while os.read(self.rfd, 512):
-                            pass
-                    self._reap()
-                else:
-                    assert isinstance(key.fileobj, socket.socket)
-                    self._read(key.fileobj)
-
-    def _read(self, conn: socket.socket) -> None:
-        try:
-            chunk = conn.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._drop(conn)
-            return
-        self.buffers[conn] += chunk
-        while b"\n" in self.buffers.get(conn, b""):
-            line, self.buffers[conn] = self.buffers[conn].split(b"\n", 1)
-            try:
-                request = json.loads(line)
-                if self.broken is not None:
-                    reply = {"kind": self.broken[0], "error": self.broken[1]}
-                else:
-                    reply = self._answer(conn, request)
-            except Exception as exc:  # a bad request is answered, the zygote goes on
-                reply = {"error": f"{type(exc).__name__}: {exc}"}
-            self._send(conn, reply)
-
-    def _answer(self, conn: socket.socket, request: dict[str, Any]) -> dict[str, Any]:
-        op = request.get("op")
-        if op == "describe":
-            return self.describe()
-        if op != "spawn":
-            raise ValueError(f"unknown op {op!r} (describe, spawn)")
-        if conn in self.by_conn:
-            raise ValueError("one worker per connection")
-        role = request["role"]
-        if role not in ("trainer", "evaluator"):
-            raise ValueError(f"role {role!r} is not trainer or evaluator")
-        clients = [int(c) for c in request.get("clients", [])]
-        pid = os.fork()
-        if pid == 0:
-            self._child(role, str(request["endpoint"]), clients, request.get("state"))
-        self.children[pid] = conn
-        self.by_conn[conn] = pid
-        return {"pid": pid}
-
-    def _child(self, role: str, endpoint: str, clients: list[int], state: str | None) -> None:
-        """In the forked worker: drop the zygote's sockets and serve; never returns."""
-        code = 1
-        try:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, _proc.terminated)
-            self.sel.close()
-            for s in (self.listener, *self.buffers):
-                s.close()
-            os.close(self.rfd)
-            os.close(self.wakeup)
-            _proc.die_with_parent()
-            _proc.set_process_name(f"fedsim-{role}")
-            _proc.configure_child_logging(f"worker-{role}-{os.getpid()}")
-            from fedsim.actors.worker import run
-
-            code = run(self.sc, endpoint, clients, state, data=self.data)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
-
-    def _send(self, conn: socket.socket, reply: dict[str, Any]) -> None:
-        # Replies are one short line: the blocking send cannot stall on a live
-        # requester; a dead one fails and is dropped.
-        try:
-            conn.setblocking(True)
-            conn.sendall(json.dumps(reply).encode() + b"\n")
-            conn.setblocking(False)
-        except OSError:
-            self._drop(conn)
-
-    def _drop(self, conn: socket.socket) -> None:
-        """A requester closed its connection: its worker (if running) is killed."""
-        pid = self.by_conn.pop(conn, None)
-        if pid is not None and pid in self.children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.buffers.pop(conn, None)
-        with contextlib.suppress(KeyError, ValueError):
-            self.sel.unregister(conn)
-        conn.close()
-
-    def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            conn = self.children.pop(pid, None)
-            if conn is None:
-                continue
-            code = os.waitstatus_to_exitcode(status)
-            if conn in self.by_conn:
-                self.by_conn.pop(conn)
-                self._send(conn, {"exit": code})
-                if conn in self.buffers:
-                    self._drop(conn)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the zygote process."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--scenario", required=True, help="resolved scenario JSON file")
-    ap.add_argument("--address", required=True, help="abstract Unix socket name")
-    ap.add_argument("--parent", type=int, default=None)
-    args = ap.parse_args(argv)
-    if not _proc.become_child(args.parent, f"zygote-{os.getpid()}"):
-        return 0
-    # Listen first: requesters that come while torch is importing wait in the backlog.
-    try:
-        listener = _listen(args.address)
-    except OSError as exc:
-        log.error("cannot listen at @%s: %s", args.address, exc)
-        return 2 if exc.errno == errno.EADDRINUSE else 1
-
-    built: dict[str, Any] = {}
-
-    def build() -> None:
-        import torch
-
-        from fedsim.actors._setup import build_data
-        from fedsim.scenario import parse
-
-        torch.set_num_threads(1)
-        with open(args.scenario) as fh:
-            built["sc"] = parse(json.load(fh), args.scenario)
-        built["data"] = build_data(built["sc"])
-
-    broken = _guard(build)
-    sc, data = built.get("sc"), built.get("data")
-    if broken is None:
-        broken = _warm(sc, data)
-    listener.setblocking(False)
-    _Server(sc, data, listener, broken).serve()
-    return 0
-
-
-def _listen(name: str) -> socket.socket:
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(_unix_address(name))
-        listener.listen(256)
-    except OSError:
-        listener.close()
-        raise
-    return listener
-
-
-def _guard(step: Any) -> tuple[str, str] | None:
-    """Run ``step()``; the error that keeps the zygote from serving, as (kind, message)."""
-    try:
-        step()
-    except (ValueError, FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-        # the scenario's data cannot be built: every asker is told why
-        return (type(exc).__name__ if type(exc).__name__ in _USER_ERRORS else "ValueError",
-                str(exc))
-    except Exception as exc:
-        log.exception("the zygote could not build the data and model")
-        return ("RuntimeError", f"the zygote could not build the data and model: "
-                                f"{type(exc).__name__}: {exc}")
-    return None
-
-
-def _warm(sc: Any, data: Any) -> tuple[str, str] | None:
-    """Import what the workers use and run a step and an evaluation once, so
-    none of torch's lazy start-up is left to the forked workers."""
-    import torch
-
-    torch.set_num_threads(1)
-
-    def warm() -> None:
-        from fedsim.actors.worker import Worker
-
-        Worker(sc, [0] if len(data.clients) else [], data=data).warm_up()
-        Worker(sc, [], data=data).warm_up()
-
-    return _guard(warm)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
