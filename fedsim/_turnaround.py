@@ -8,7 +8,7 @@ burst until every message has come back as an update: the sender encodes
 each task, the echo decodes it and encodes an update from it, the sender
 decodes that. It is the work a synchronous round's tasks cost between the
 server's loop and a client host's, plus the wake-ups of a second process,
-at the machine's load of the moment; :func:`fedsim.runner.calibrate_dilation`
+at the machine's load of the moment; :func:`fedsim.dilation.calibrate_dilation`
 sizes the dilation for links too short to hide it.
 """
 
