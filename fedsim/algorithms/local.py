@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import flatten
+from fedsim.algorithms._sgd import SGD
 from fedsim.algorithms.optim import OptimizerConfig, make_optimizer
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ class _MinibatchObjective:
         self,
         model: nn.Module,
         loss_fn: nn.Module,
-        opt: torch.optim.Optimizer,
+        opt: torch.optim.Optimizer | SGD,
         params: Sequence[torch.Tensor],
         anchor: list[torch.Tensor] | None,
         mu: float,

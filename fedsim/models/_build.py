@@ -127,7 +127,7 @@ def build_from(
         raise ValueError(f"Invalid model {name!r}: it holds buffers ({', '.join(buffers[:3])}); "
                          "a fedsim model is its trainable parameters only (no BatchNorm: use "
                          "GroupNorm or LayerNorm)")
-    model = model.to_empty(device="cpu")
+    _materialize(model)
     try:
         init_parameters(model, seed)
     except TypeError as exc:
@@ -142,6 +142,30 @@ def build_from(
         sum(p.numel() for p in model.parameters()),
     )
     return model
+
+
+def _materialize(model: nn.Module) -> None:
+    """Give every ``meta`` parameter uninitialized CPU memory, as ``to_empty`` would.
+
+    ``Module.to_empty`` costs 0.24 s the first time in a process (it imports
+    torch's symbolic-shape machinery, and sympy with it) on this kind of
+    machine; this takes microseconds and is on every worker's start-up path.
+    A parameter shared by several modules stays shared. Assigning through
+    ``setattr`` keeps modules that index their parameters (RNN's flat weights)
+    in step.
+    """
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for pname, p in list(module._parameters.items()):
+            if p is None or p.device.type != "meta":
+                continue
+            new = made.get(id(p))
+            if new is None:
+                data = torch.empty_strided(p.size(), p.stride(), dtype=p.dtype, device="cpu")
+                new = made[id(p)] = nn.Parameter(data, requires_grad=p.requires_grad)
+            setattr(module, pname, new)
+        if isinstance(module, nn.RNNBase):
+            module._init_flat_weights()
 
 
 def param_spec(model: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
