@@ -206,8 +206,11 @@ def test_weights_equal_torchs_to_empty_path(name, shape, classes, opts) -> None:
     ours = build_model(name, shape, classes, seed=4, **opts)
     assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
     for (n, a), (_, b) in zip(ours.named_parameters(), ref.named_parameters(), strict=True):
-        assert a.device.type == "cpu" and a.requires_grad, n
-        assert a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b), n
+        assert a.device.type == "cpu", n
+        assert a.requires_grad, n
+        assert a.shape == b.shape, n
+        assert a.stride() == b.stride(), n
+        assert torch.equal(a, b), n
     x = _batch(name, shape)
     ours.eval()
     ref.eval()

@@ -8,7 +8,13 @@ in every process. Contestants, each a fresh process tree launched from
 here, in turn for ``--reps`` repetitions so machine noise hits all alike:
 
 * ``plain``: one Python process, a loop over rounds and clients (the
-  data saved from fedsim's builder beforehand, loaded from an ``.npz``);
+  data saved from fedsim's builder beforehand, loaded from an ``.npz``),
+  stepping ``torch.optim.SGD`` as a training loop usually does;
+* ``plain-lean``: the same loop doing the same update directly
+  (``p.add_(p.grad, alpha=-lr)``), as fedsim's own SGD does: it pays
+  neither ``torch.optim``'s 0.8 s first-use import of ``torch._dynamo``
+  nor its per-step dispatch, so fedsim's ratios to it are what fedsim
+  itself adds, apart from that choice of SGD;
 * ``fedsim-1host``: ``fedsim run`` with one client host (one core trains;
   the "per core used" comparison), device step time 0, dilation 1;
 * ``fedsim``: ``fedsim run`` as shipped (one client host per core);
@@ -109,10 +115,23 @@ def put(m, ws):
         for p, w in zip(m.parameters(), ws):
             p.copy_(torch.as_tensor(w))
 
+LEAN = len(sys.argv) > 3 and sys.argv[3] == "lean"
+
 def local_epoch(m, c, gen):
     x, y = SHARDS[c]
-    opt = torch.optim.SGD(m.parameters(), lr=0.05)
     order = torch.randperm(len(y), generator=gen)
+    if LEAN:  # the same update, stepped directly (as fedsim's SGD does), not by torch.optim
+        ps = list(m.parameters())
+        for i in range(0, len(y), 32):
+            b = order[i:i + 32]
+            for p in ps:
+                p.grad = None
+            torch.nn.functional.cross_entropy(m(x[b]), y[b]).backward()
+            with torch.no_grad():
+                for p in ps:
+                    p.add_(p.grad, alpha=-0.05)
+        return len(y)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
     for i in range(0, len(y), 32):
         b = order[i:i + 32]
         opt.zero_grad()
@@ -243,8 +262,8 @@ def save_data(path: Path) -> list[int]:
 
 
 def run_script(python: str, script: Path, data: Path, rounds: int,
-               per_round: float) -> dict[str, float]:
-    t0, out, sampler, _ = _launch([python, str(script), str(data), str(rounds)])
+               per_round: float, *extra: str) -> dict[str, float]:
+    t0, out, sampler, _ = _launch([python, str(script), str(data), str(rounds), *extra])
     got = json.loads(out.strip().splitlines()[-1])
     return _figures(t0, got["ends"], got["samples"], per_round, sampler)
 
@@ -304,12 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         (work / "flower.py").write_text(FLOWER)
         runs: dict[str, list[dict[str, float]]] = {}
         for rep in range(args.reps):
-            order = ["plain", "fedsim-1host", "fedsim", "fedsim-spawn",
+            order = ["plain", "plain-lean", "fedsim-1host", "fedsim", "fedsim-spawn",
                      *(["flower"] if flower else [])]
             for name in order if rep % 2 == 0 else order[::-1]:
-                if name == "plain":
+                if name in ("plain", "plain-lean"):
                     fig = run_script(sys.executable, work / "plain.py", work / "data.npz",
-                                     args.rounds, per_round)
+                                     args.rounds, per_round,
+                                     *(["lean"] if name == "plain-lean" else []))
                 elif name == "flower":
                     assert flower is not None
                     fig = run_script(flower, work / "flower.py", work / "data.npz",
@@ -339,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
           "  [<= 1]")
     print(f"  fedsim-1host s/round / plain loop's   {f1['s_per_round'] / p['s_per_round']:.2f}"
           "  [<= 1.1]")
+    pl = med["plain-lean"]
+    print(f"  the same two against the lean loop     {f['first_round_s'] / pl['first_round_s']:.2f}"
+          f", {f1['s_per_round'] / pl['s_per_round']:.2f}  (what fedsim adds beside its SGD)")
     print(f"  fedsim summed PSS                     {f['pss_gb']:.2f} GB  [<= 0.6]")
     sp = med["fedsim-spawn"]
     print(f"  start-up (launch to t = 0): forked workers {f['startup_s']:.2f} s, spawned "

@@ -1,4 +1,4 @@
-"""fedsim's SGD against torch.optim.SGD itself: the same parameters, bit for bit, step after step."""
+"""fedsim's SGD against torch.optim.SGD itself: the same parameters, bit for bit, every step."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _run(opt_factory, *, closure: bool, set_to_none: bool, steps: int = 25,
         if lr_change and step == 10:
             opt.param_groups[0]["lr"] = 0.01
 
-        def objective() -> float:
+        def objective(idx: torch.Tensor = idx) -> float:
             opt.zero_grad(set_to_none=set_to_none)
             loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
             loss.backward()
@@ -80,7 +80,8 @@ def test_zero_grad_keeps_or_drops_the_tensors() -> None:
     (p * 3).sum().backward()
     g = p.grad
     opt.zero_grad(set_to_none=False)
-    assert p.grad is g and torch.equal(g, torch.zeros(2))
+    assert p.grad is g
+    assert torch.equal(g, torch.zeros(2))
     opt.zero_grad()
     assert p.grad is None
 
