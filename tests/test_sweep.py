@@ -292,21 +292,86 @@ def test_auto_concurrency_follows_the_measured_load() -> None:
     sched = _Scheduler("auto", max_jobs=8)
     sched.cores = 2
     assert sched.allowed() == 1            # nothing measured yet
-    sched.finished(0.2, "pass")             # a run that mostly waits
-    assert sched.allowed() == 7
+    sched.finished(0.2, "pass")             # a run that mostly waits: half the cores' worth
+    assert sched.allowed() == 5
     sched.finished(1.5, "pass")             # a heavy one
     assert sched.allowed() == 1
     sched = _Scheduler("auto", max_jobs=8)
     sched.cores = 2
     sched.finished(0.1, "pass")
     assert sched.allowed() == 8
-    sched.finished(0.1, "fail")             # an unfaithful run halves the ceiling
+    sched.finished(0.1, "fail", at=8)       # an unfaithful run beside others halves it
     assert sched.allowed() == 4
     sched.finished(0.1, "pass")             # and a faithful one lets it grow by one
     assert sched.allowed() == 5
     sched.finished(0.1, "fail", shared=False)   # alone on the machine: the point's own need
     assert sched.allowed() == 5
+    for _ in range(5):                      # never again as high as where it failed
+        sched.finished(0.1, "pass")
+    assert sched.allowed() == 7
+    sched.finished(0.1, "fail", at=6)
+    assert sched.allowed() == 3
+    for _ in range(5):
+        sched.finished(0.1, "pass")
+    assert sched.allowed() == 5
     assert _Scheduler(3, max_jobs=8).allowed() == 3
+
+
+# A run that fails its verdict whenever another run ran at the same time (as
+# trainers starved by a crowded machine do), asking for four times its dilation.
+CROWD_RUN = r'''
+import json, os, sys, time
+args = sys.argv[1:]
+out = args[args.index("--out") + 1]
+dil = float(args[args.index("--dilation") + 1]) if "--dilation" in args else 1.0
+crowd = os.environ["CROWD_DIR"]
+me = os.path.join(crowd, str(os.getpid()))
+open(me, "w").close()
+json.dump({"format": 2}, open(os.path.join(out, "fedsim-run.json"), "w"))
+seen = set()
+for _ in range(8):
+    seen |= set(os.listdir(crowd)) - {str(os.getpid())}
+    time.sleep(0.05)
+os.remove(me)
+with open(os.path.join(out, "calls.log"), "a") as fh:
+    fh.write(f"{dil}\n")
+json.dump({"run": {"dilation": dil}}, open(os.path.join(out, "scenario.json"), "w"))
+json.dump({"status": "completed", "final_accuracy": 0.5, "emulated_seconds": 1.0,
+           "fidelity": {"verdict": "fail" if seen else "pass",
+                        "suggested_dilation": 4 * dil if seen else None}},
+          open(os.path.join(out, "summary.json"), "w"))
+'''
+
+
+def test_a_run_that_failed_beside_others_goes_again_at_its_dilation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crowded machine is not the point's fault: no more dilation, no attempt lost."""
+    script = tmp_path / "crowd-python"
+    script.write_text(f"#!{sys.executable}\n{CROWD_RUN}")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "crowd").mkdir()
+    monkeypatch.setenv("CROWD_DIR", str(tmp_path / "crowd"))
+    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1,0.2"], seeds=2)
+    lines: list[str] = []
+    res = sw.run_sweep(s, tmp_path / "out", python=str(script), max_attempts=2,
+                       report=lines.append)
+    assert all(r.counts for r in res.points), [(r.point.key, r.verdict) for r in res.points]
+    assert any("beside other runs" in x for x in lines)   # some did fail beside others
+    for r in res.points:   # ... and went again at the dilation they had
+        assert set((r.run_dir / "calls.log").read_text().split()) == {"1.0"}
+        assert r.dilation in (None, 1.0)
+
+
+def test_a_rerun_beside_others_keeps_its_dilation() -> None:
+    from fedsim.sweep.execute import _next_dilation
+
+    p = sw.Point(variant="", grid=(), seed=1, overrides=())
+    res = sw.PointResult(point=p, run_dir=Path("x"), status="completed", verdict="fail",
+                         attempts=1, dilation=0.5, cores=None,
+                         summary={"status": "completed",
+                                  "fidelity": {"verdict": "fail", "suggested_dilation": 20.0}})
+    assert _next_dilation(res, shared=True) == 0.5
+    assert _next_dilation(res) == 2.0
 
 
 def test_cli_dry_run_and_errors(tmp_path: Path) -> None:

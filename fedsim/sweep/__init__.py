@@ -34,12 +34,17 @@ normal priority) would starve its neighbours' trainers (``SCHED_IDLE``) of
 CPU and make them overrun. With
 ``jobs = "auto"`` the sweep starts with one run, measures how many cores a
 finished run really used (its process tree's CPU time over its real time,
-from ``wait4``), and admits as many concurrent runs as fit in 75 % of the
+from ``wait4``), and admits as many concurrent runs as fit in 50 % of the
 cores by that measure (a run that mostly waits on emulated latency uses a
-fraction of a core), never more than ``max_jobs`` nor more than memory
-allows. A failed verdict of a run that shared the machine with another
-halves the concurrency (one that ran alone only asks its point for more
-dilation); each passing one lets it grow by one run again.
+fraction of a core; the other half is room for bursts, which coincide),
+never more than ``max_jobs`` nor more than memory allows. A failed verdict
+of a run that shared the machine with another halves the concurrency, and
+the sweep never again runs as many at once as when it failed; each passing
+run lets it grow by one up to there. Such a run says the machine was
+crowded, not that its point needs more dilation: it goes again at the same
+dilation and does not count against the point's ``max_attempts`` (up to four
+such attempts do not). One that
+ran alone asks its point for more dilation.
 
 A half-finished sweep resumes: run the same command again (or ``fedsim
 sweep OUT_DIR``) and finished points are kept; a point whose run was

@@ -39,6 +39,11 @@ class SweepResult:
 class _Scheduler:
     """How many runs may go at once (see the :mod:`fedsim.sweep` docstring)."""
 
+    #: Share of the cores the measured mean load of the runs at once may fill.
+    #: A run's CPU comes in bursts (a round's local training on every core it
+    #: has), and bursts of runs side by side coincide; the mean leaves room.
+    HEADROOM = 0.5
+
     def __init__(self, jobs: int | str, max_jobs: int) -> None:
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
@@ -46,26 +51,32 @@ class _Scheduler:
         self.max_jobs = max(1, max_jobs)
         self.load: float | None = None    # cores one run uses (the largest seen recently)
         self.ceiling = self.max_jobs
+        self.cap = self.max_jobs          # below the least concurrency that broke a verdict
 
     def allowed(self) -> int:
         if self.fixed is not None:
             return self.fixed
         if self.load is None:
             return 1
-        fit = int(0.75 * self.cores / max(self.load, 0.05))
-        return max(1, min(fit, self.ceiling, self.max_jobs))
+        fit = int(self.HEADROOM * self.cores / max(self.load, 0.05))
+        return max(1, min(fit, self.ceiling, self.cap, self.max_jobs))
 
-    def finished(self, cores: float | None, verdict: str | None, shared: bool = True) -> None:
-        """A run ended; ``shared``: another run was running at some moment of it.
+    def finished(self, cores: float | None, verdict: str | None, shared: bool = True,
+                 at: int | None = None) -> None:
+        """A run ended; ``shared``: another run was running at some moment of it;
+        ``at``: how many runs were allowed at once when it started.
 
         An unfaithful run that had the machine to itself says its point needs
         more dilation, not that the sweep runs too many at once: it leaves
-        the concurrency alone.
+        the concurrency alone. One that shared it halves the concurrency, and
+        the sweep never again goes as high as where it failed.
         """
         if cores is not None:
             self.load = cores if self.load is None else max(cores, 0.7 * self.load)
         if verdict == "fail" and shared:   # back off at once, come back one run at a time
-            self.ceiling = max(1, self.allowed() // 2)
+            level = at if at is not None else self.allowed()
+            self.cap = max(1, min(self.cap, level - 1))
+            self.ceiling = max(1, level // 2)
         elif verdict == "pass":
             self.ceiling = min(self.max_jobs, self.ceiling + 1)
 
@@ -99,12 +110,24 @@ def _done(res: PointResult, max_attempts: int) -> bool:
 MAX_STEP = 4.0
 
 
-def _next_dilation(res: PointResult) -> float:
-    """The failed attempt's suggestion, at least 1.5x and at most 4x its dilation."""
+def _next_dilation(res: PointResult, shared: bool = False) -> float:
+    """The failed attempt's suggestion, at least 1.5x and at most 4x its dilation.
+
+    An attempt that failed while it ``shared`` the machine with another run
+    says the sweep ran too many at once, not that its point needs more
+    dilation: it goes again at the same dilation, with fewer runs beside it.
+    """
     current = res.dilation or 1.0
+    if shared:
+        return round(current, 3)
     suggested = ((res.summary or {}).get("fidelity") or {}).get("suggested_dilation")
     want = float(suggested or 0.0)
     return round(min(max(want, 1.5 * current), MAX_STEP * current), 3)
+
+
+#: Attempts a point may lose to a crowded machine before they count against it
+#: (halving from ``max_jobs = 8`` reaches one run at a time in three).
+CROWDED_RETRIES = 4
 
 
 #: Real seconds after which a run that has not reached t = 0 no longer holds
@@ -159,11 +182,13 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     say(f"sweep {sweep.name}: {len(points)} points"
         + (f", {kept} already finished" if kept else "") + f"; results in {out}")
     sched = _Scheduler(jobs, max_jobs)
-    running: dict[int, tuple[Point, Any, float, float]] = {}
+    running: dict[int, tuple[Point, Any, float, int]] = {}
     python = python or sys.executable
     t0 = time.monotonic()
     finished = 0
     shared: set[int] = set()       # runs that had company at some moment
+    crowded: dict[str, int] = {}   # per point: attempts that failed while sharing the machine
+    crowded_last: set[str] = set()  # points whose last attempt failed while sharing it
     try:
         while todo or running:
             starting = any(_starting(runs / q.key, st) for q, _, st, _ in running.values())
@@ -171,13 +196,15 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                    and (not running or _mem_available_gb() > 3.0)):
                 p = todo.pop(0)
                 prev = results[p.key]
-                dilation = _next_dilation(prev) if prev.verdict == "fail" else None
+                dilation = (_next_dilation(prev, shared=p.key in crowded_last)
+                            if prev.verdict == "fail" else None)
                 running_proc = _start(p, sweep, runs / p.key, python, dilation, run_plots,
                                       prev.attempts + 1)
                 if running:            # every run under way now shares the machine
                     shared.update(running)
                     shared.add(running_proc.pid)
-                running[running_proc.pid] = (p, running_proc, time.monotonic(), dilation or 0.0)
+                running[running_proc.pid] = (p, running_proc, time.monotonic(),
+                                             sched.allowed())
                 starting = True
             # while one is starting and more wait, look again soon; else sleep until one ends
             pid, status, usage = os.wait4(-1, os.WNOHANG if starting and todo else 0)
@@ -186,7 +213,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                 continue
             if pid not in running:
                 continue
-            p, proc, started, _ = running.pop(pid)
+            p, proc, started, level = running.pop(pid)
             proc.returncode = os.waitstatus_to_exitcode(status)
             real = time.monotonic() - started
             cores = (usage.ru_utime + usage.ru_stime) / real if real > 0 else None
@@ -197,12 +224,21 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
             _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
             res = _result(p, run_dir)
             results[p.key] = res
-            sched.finished(cores, res.verdict, shared=pid in shared)
+            was_shared = pid in shared
+            sched.finished(cores, res.verdict, shared=was_shared, at=level)
             shared.discard(pid)
-            if res.status == "completed" and not _done(res, max_attempts):
+            crowded_last.discard(p.key)
+            if res.verdict == "fail" and was_shared and crowded.get(p.key, 0) < CROWDED_RETRIES:
+                # the machine was crowded: this attempt does not count against the point
+                crowded[p.key] = crowded.get(p.key, 0) + 1
+                crowded_last.add(p.key)
+            if res.status == "completed" and not _done(res, max_attempts
+                                                       + crowded.get(p.key, 0)):
                 todo.insert(0, p)      # an unfaithful run goes again, with more dilation
-                say(f"  rerun {p.key}: verdict {res.verdict} at dilation {res.dilation}; "
-                    f"next {_next_dilation(res)} (concurrency now {sched.allowed()})")
+                why = " beside other runs" if p.key in crowded_last else ""
+                say(f"  rerun {p.key}: verdict {res.verdict} at dilation {res.dilation}{why}; "
+                    f"next {_next_dilation(res, p.key in crowded_last)} "
+                    f"(concurrency now {sched.allowed()})")
                 continue
             finished += 1
             say(_progress_line(res, finished, len(todo) + len(running) + finished, kept,
