@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedsim._lazy import lazy_module
-from fedsim.algorithms._sgd import SGD
 from fedsim.algorithms._optcheck import (
     BATCH_MODES,
     FIRST_STEPS,
@@ -48,6 +47,7 @@ from fedsim.algorithms._optcheck import (
     check_nonnegative,
     check_positive,
 )
+from fedsim.algorithms._sgd import SGD
 
 if TYPE_CHECKING:
     import torch
