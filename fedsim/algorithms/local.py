@@ -130,7 +130,7 @@ class _MinibatchObjective:
         self.loss = 0.0
 
     def __call__(self) -> float:
-        self.opt.zero_grad(set_to_none=False)
+        self.opt.zero_grad()
         loss = self.loss_fn(self.model(self.inputs), self.targets)
         loss.backward()
         self.loss = float(loss.detach())
