@@ -37,10 +37,11 @@ finished run really used (its process tree's CPU time over its real time,
 from ``wait4``), and admits as many concurrent runs as fit in 50 % of the
 cores by that measure (a run that mostly waits on emulated latency uses a
 fraction of a core; the other half is room for bursts, which coincide),
-never more than ``max_jobs`` nor more than memory allows. A failed verdict
-of a run that shared the machine with another halves the concurrency, and
-the sweep never again runs as many at once as when it failed; each passing
-run lets it grow by one up to there. Such a run says the machine was
+never more than ``max_jobs`` nor more than memory allows, and climbs
+there one run at a time: each faithful run lets one more go at once. A
+failed verdict of a run that shared the machine with another halves the
+concurrency, and the sweep never again runs as many at once as when it
+failed. Such a run says the machine was
 crowded, not that its point needs more dilation: it goes again at the same
 dilation and does not count against the point's ``max_attempts`` (up to four
 such attempts do not). One that

@@ -50,7 +50,10 @@ class _Scheduler:
         self.fixed = None if jobs == "auto" else int(jobs)
         self.max_jobs = max(1, max_jobs)
         self.load: float | None = None    # cores one run uses (the largest seen recently)
-        self.ceiling = self.max_jobs
+        # Grown by one per faithful run (from one), halved by an unfaithful
+        # one beside others: the mean load says how many could fit, not
+        # whether their bursts collide, so the sweep finds out step by step.
+        self.ceiling = 1
         self.cap = self.max_jobs          # below the least concurrency that broke a verdict
 
     def allowed(self) -> int:
