@@ -148,6 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
            if r.get("verdict") != "pending"} if STATE.exists() else {}
     if args.pending_only:
         wanted = []
+    def record() -> None:
+        records = [old.get(c.id) or pending(c) for c in CLAIMS]
+        STATE.parent.mkdir(parents=True, exist_ok=True)
+        STATE.write_text(json.dumps(records, indent=2) + "\n")
+        write_docs(records)
+        write_readme(records)
+
     for cid in wanted:
         print(f"{cid}: {known[cid].claim}", flush=True)
         rec = run_claim(known[cid], args.out, args.jobs, not args.no_run)
@@ -157,11 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         old[cid] = rec
         print(f"{cid}: {rec['number']} -> {rec['verdict']} ({rec['real_seconds'] / 60:.1f} min)",
               flush=True)
-    records = [old.get(c.id) or pending(c) for c in CLAIMS]
-    STATE.parent.mkdir(parents=True, exist_ok=True)
-    STATE.write_text(json.dumps(records, indent=2) + "\n")
-    write_docs(records)
-    write_readme(records)
+        record()    # an interrupted regeneration keeps every claim it finished
+    record()
     print("wrote docs/claims.md, docs/claims/, README.md")
     return 0
 
