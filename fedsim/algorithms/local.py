@@ -18,7 +18,7 @@ sees the objective's value including ``(mu / 2) ||y - x_anchor||^2``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,19 @@ else:
     torch = lazy_module("torch")
     nn = lazy_module("torch.nn")
 
-__all__ = ["LocalConfig", "load_vector", "local_train"]
+__all__ = ["LocalConfig", "between_steps", "load_vector", "local_train"]
+
+#: Called after every local step of :func:`local_train` when set (a trainer
+#: process sets it to let a more urgent run go first: see
+#: :mod:`fedsim.actors.worker`). Whatever it does, it must leave the model's
+#: parameters as it found them.
+_between_steps: Callable[[], None] | None = None
+
+
+def between_steps(hook: Callable[[], None] | None) -> None:
+    """Set (or clear, with None) the function :func:`local_train` calls after every step."""
+    global _between_steps
+    _between_steps = hook
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,12 +191,14 @@ def local_train(
     batches = _batches(n, cfg.batch_size, generator)
     total = 0.0
     seen = 0
-    for _ in range(steps):
+    for step in range(steps):
         idx = next(batches)
         objective.inputs, objective.targets = data_x[idx], data_y[idx]
         opt.step(objective)
         total += objective.loss * len(idx)
         seen += len(idx)
+        if _between_steps is not None and step + 1 < steps:
+            _between_steps()
     stats: dict[str, Any] = {"steps": steps, "loss": total / seen, "samples": seen}
     if isinstance(opt, AdaptiveStepOptimizer):
         stats.update(step_size_stats(opt.step_sizes))
