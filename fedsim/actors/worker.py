@@ -301,7 +301,7 @@ class Preemption:
     emulated time: answered one after another, a client's two-step run
     that arrives while another's hundred-step run trains waits for all of
     it and misses its compute deadline, at any dilation that the machine
-    could otherwise keep (measured: AsyncFedED with 5 clients per trainer
+    could otherwise keep (measured: an asynchronous algorithm with 5 clients per trainer
     overran 2 % of its runs at dilation 1 while using a fifth of a core).
     Earliest deadline first *with preemption* is the order that meets every
     deadline whenever any order on one machine can. So after every local
