@@ -102,7 +102,8 @@ def test_an_urgent_run_goes_first_and_the_interrupted_one_ends_as_if_alone(train
         ref = alone[got.request_id]
         assert got.steps == ref.steps
         assert got.loss == ref.loss
-        assert got.upload is not None and ref.upload is not None
+        assert got.upload is not None
+        assert ref.upload is not None
         assert np.array_equal(got.upload.flat(), ref.upload.flat())
 
 
