@@ -18,7 +18,6 @@ Run as ``python -m fedsim.actors.worker --scenario FILE --endpoint ADDR
 from __future__ import annotations
 
 import argparse
-import heapq
 import itertools
 import json
 import logging
@@ -27,7 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +34,7 @@ import zmq
 
 from fedsim._ids import parse_id_list
 from fedsim.actors import _proc
+from fedsim.actors._requests import Preemption, Requests
 from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
 from fedsim.actors._tensors import to_model, to_tensor
 from fedsim.algorithms import get, local_train
@@ -253,124 +253,6 @@ class InlineWorker:
 
     async def close(self) -> None:
         self.worker.save_state(force=True)
-
-
-class Requests:
-    """Requests waiting for the worker, earliest ``due`` first (then in arrival order).
-
-    A host's clients often start their local work at the same emulated
-    instant (a synchronous round): taken first in, first out, a two-step run
-    waits behind a hundred-step one and misses its compute deadline at any
-    dilation. Earliest due first is the order that meets every deadline
-    whenever any order can (one machine, no preemption, all released
-    together). Requests without a due time (and Shutdown) go first.
-    """
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Message]] = []
-        self._seq = itertools.count()
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def push(self, msg: Message) -> None:
-        due = getattr(msg, "due", None)
-        heapq.heappush(self._heap, (-math.inf if due is None else float(due),
-                                    next(self._seq), msg))
-
-    def pop(self) -> Message:
-        return heapq.heappop(self._heap)[2]
-
-    def first_due(self) -> float:
-        """The earliest due time waiting (-inf for one without; +inf when none waits)."""
-        return self._heap[0][0] if self._heap else math.inf
-
-    def first(self) -> Message:
-        return self._heap[0][2]
-
-
-def _due(msg: Message) -> float:
-    due = getattr(msg, "due", None)
-    return -math.inf if due is None else float(due)
-
-
-class Preemption:
-    """Let a more urgent request go first, in the middle of a local run.
-
-    A trainer serves several clients, and their local runs overlap in
-    emulated time: answered one after another, a client's two-step run
-    that arrives while another's hundred-step run trains waits for all of
-    it and misses its compute deadline, at any dilation that the machine
-    could otherwise keep (measured: an asynchronous algorithm with 5 clients per trainer
-    overran 2 % of its runs at dilation 1 while using a fifth of a core).
-    Earliest deadline first *with preemption* is the order that meets every
-    deadline whenever any order on one machine can. So after every local
-    step :func:`~fedsim.algorithms.local.local_train` calls this: it reads
-    what waits on the socket and, while a request is due strictly earlier
-    than the one training (and is for another client), saves the model's
-    parameters, answers that request at once (which may itself let a still
-    more urgent one go first), and puts the parameters back. Each run's
-    result depends only on its own model, data, optimizer and random
-    stream, so it is the same, bit for bit, whether it was interrupted or
-    not; its ``compute_s`` leaves out the time spent on the others.
-
-    Only for client algorithms that train with ``local_train`` and keep no
-    state of their own between steps (:class:`~fedsim.algorithms.sgdclient.LocalSGDClient`).
-    """
-
-    def __init__(self, sock: zmq.Socket[Any], worker: Worker, waiting: Requests) -> None:
-        self.sock = sock
-        self.worker = worker
-        self.waiting = waiting
-        self.running: list[tuple[float, int]] = []   # (due, client) of the runs under way
-        self._looked = -math.inf
-
-    def answer(self, msg: Message) -> Message:
-        """Answer ``msg`` (the outermost request, or one let in by :meth:`__call__`)."""
-        self.running.append((_due(msg), getattr(msg, "client", -1)))
-        try:
-            return self.worker.handle(msg)
-        finally:
-            self.running.pop()
-
-    def read(self) -> None:
-        """Take every request waiting on the socket."""
-        sock = self.sock
-        while cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:
-            try:
-                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            self.waiting.push(decode(frames, check_finite=False)[0])
-
-    #: Real seconds between looks at the socket in the middle of a run (a look
-    #: costs about 3 % of a small model's step; a run lets another in at most
-    #: this much plus a step late).
-    LOOK_EVERY = 0.0005
-
-    def __call__(self) -> None:
-        now = time.perf_counter()
-        if now - self._looked < self.LOOK_EVERY:
-            return
-        self._looked = now
-        self.read()
-        waiting = self.waiting
-        while self.running and waiting.first_due() < self.running[-1][0]:
-            nxt = waiting.first()
-            if isinstance(nxt, Shutdown) or getattr(nxt, "client", None) in {
-                    c for _, c in self.running}:
-                return
-            waiting.pop()
-            params = [p for p in self.worker.model.parameters() if p.requires_grad]
-            saved = [p.detach().clone() for p in params]
-            began = time.perf_counter()
-            reply = self.answer(nxt)
-            self.sock.send_multipart(encode(reply), copy=False)
-            with torch.no_grad():
-                for p, v in zip(params, saved, strict=True):
-                    p.copy_(v)
-            self.worker.nested[-1] += time.perf_counter() - began
-            self.read()
 
 
 def serve(sock: zmq.Socket[Any], worker: Worker) -> None:

@@ -18,18 +18,20 @@ sees the objective's value including ``(mu / 2) ||y - x_anchor||^2``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import flatten
-from fedsim.algorithms._sgd import SGD
 from fedsim.algorithms.optim import OptimizerConfig, make_optimizer
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+    from fedsim.algorithms._sgd import SGD
 else:
     torch = lazy_module("torch")
     nn = lazy_module("torch.nn")
@@ -38,7 +40,7 @@ __all__ = ["LocalConfig", "between_steps", "load_vector", "local_train"]
 
 #: Called after every local step of :func:`local_train` when set (a trainer
 #: process sets it to let a more urgent run go first: see
-#: :mod:`fedsim.actors.worker`). Whatever it does, it must leave the model's
+#: fedsim.actors._requests.Preemption). Whatever it does, it must leave the model's
 #: parameters as it found them.
 _between_steps: Callable[[], None] | None = None
 
@@ -105,15 +107,11 @@ def load_vector(model: nn.Module, vec: torch.Tensor) -> None:
             offset += n
 
 
-_CROSS_ENTROPY: list[nn.Module] = []
-
-
+@functools.cache
 def _cross_entropy() -> nn.Module:
     """One ``nn.CrossEntropyLoss()`` for every run (it holds no state; building it
     took 1.5 % of a trainer's time on short runs)."""
-    if not _CROSS_ENTROPY:
-        _CROSS_ENTROPY.append(nn.CrossEntropyLoss())
-    return _CROSS_ENTROPY[0]
+    return nn.CrossEntropyLoss()
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> Any:
