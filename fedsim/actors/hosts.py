@@ -195,9 +195,18 @@ class HostTable:
         return info
 
     def lose(self, name: str, why: str, t: float) -> list[int]:
-        """Mark a live host dead; return its clients (empty if it was not live)."""
+        """Mark a live host dead; return its clients (empty if it was not live).
+
+        A host that said goodbye and then ended is not lost: its process
+        exiting is how the run ends for it (whatever its exit code, its
+        measurements came with the goodbye).
+        """
         info = self.hosts.get(name)
         if info is None or not info.alive:
+            return []
+        if info.bye is not None:
+            info.alive = False
+            log.debug("client host %s ended after its goodbye (%s)", name, why)
             return []
         info.alive = False
         self.failures.append({"host": name, "reason": why, "t": t})

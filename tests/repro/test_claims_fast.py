@@ -45,7 +45,7 @@ REPRO = ROOT / "scenarios" / "repro"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-#: The largest dilation a retry may use (a run slower than this is a broken machine).
+#: The largest suggested dilation a retry follows; beyond it a retry doubles the dilation.
 MAX_DILATION = 20.0
 #: FA-1's and AF-1's first dilation: at 1 their short runs failed the verdict on
 #: a CI machine often enough that most started again at the suggested dilation,
@@ -80,7 +80,11 @@ def run(out: Path, scenario: str, sets: list[str], dilation: float) -> Run:
 
     A failed verdict is retried at the dilation the summary suggests (at least
     twice the last one): on a loaded machine a single late timer or a starved
-    torch worker in a short run fails it.
+    torch worker in a short run fails it. A suggestion beyond
+    :data:`MAX_DILATION` (a stall of the whole machine: a few deliveries a
+    quarter second late make the realised delay's spread look unfixable) is
+    retried at twice the dilation all the same: the stall is the machine's,
+    not the run's.
     """
     sc = load(REPRO / scenario, sets)
     for attempt in (1, 2, 3):
@@ -92,10 +96,10 @@ def run(out: Path, scenario: str, sets: list[str], dilation: float) -> Run:
               f"{summary['emulated_seconds']:.1f} emulated s, {summary['real_seconds']:.1f} real s")
         if fid["verdict"] == "pass":
             return Run(summary, list(res.metrics["loss"]), dilation)
-        suggested = fid.get("suggested_dilation") or 2 * dilation
-        if attempt == 3 or suggested > MAX_DILATION:
+        suggested = float(fid.get("suggested_dilation") or 2 * dilation)
+        if attempt == 3:
             break
-        dilation = max(float(suggested), 2 * dilation)
+        dilation = max(suggested, 2 * dilation) if suggested <= MAX_DILATION else 2 * dilation
     pytest.fail(f"{scenario} {sets}: fidelity verdict failed at dilation {dilation}: "
                 f"{fid['reasons']}")
 

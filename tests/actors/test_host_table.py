@@ -1,0 +1,38 @@
+"""The server's table of client hosts: a host that ends after its goodbye is not lost."""
+
+from __future__ import annotations
+
+from fedsim.actors.hosts import HostTable
+from fedsim.messages import HostBye, HostHello
+
+
+def _table() -> HostTable:
+    t = HostTable(num_clients=4, fedsim_version="v", scenario_hash="s")
+    for i, clients in enumerate(((0, 1), (2, 3))):
+        assert t.hello(f"p{i}".encode(), HostHello(
+            host=f"host-{i}", pid=100 + i, clients=clients, samples=(10, 10), boot_id="b",
+            fedsim_version="v", scenario_hash="s")) is None
+    return t
+
+
+def _bye(host: str) -> HostBye:
+    return HostBye(host=host, overruns=0, compute_deadlines=0, rejected=0, fidelity={})
+
+
+def test_a_host_that_exits_without_a_goodbye_is_lost_with_its_clients() -> None:
+    t = _table()
+    assert t.lose("host-1", "exit code 0", 3.0) == [2, 3]
+    assert t.failures == [{"host": "host-1", "reason": "exit code 0", "t": 3.0}]
+    assert t.owner(2) is None
+    assert t.owner(0) == b"p0"
+
+
+def test_a_host_that_exits_after_its_goodbye_is_not_a_failure() -> None:
+    # the end of a run: the host says goodbye and exits, possibly before the
+    # server's own run has returned (the process watcher reports it then)
+    t = _table()
+    assert t.goodbye(b"p1", _bye("host-1")) is not None
+    assert t.lose("host-1", "exit code 0", 9.0) == []
+    assert t.failures == []
+    assert [b.host for b in t.byes()] == ["host-1"]  # its measurements stay
+    assert t.waiting_for_bye() == ["host-0"]
