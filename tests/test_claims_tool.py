@@ -35,7 +35,15 @@ from claimslib.dga import _one_way_delay, eval_dg1, eval_dg2  # noqa: E402
 from claimslib.fedasync import eval_fa1, eval_fa2  # noqa: E402
 from claimslib.fedspeed import eval_fs1, eval_fs2  # noqa: E402
 from claimslib.runs import setting  # noqa: E402
-from claimslib.verdict import NOT_SEEN, SHOWN, WITHIN_NOISE, Check, judge, side  # noqa: E402
+from claimslib.verdict import (  # noqa: E402
+    NOT_SEEN,
+    SHOWN,
+    WITHIN_NOISE,
+    Check,
+    judge,
+    pct,
+    side,
+)
 
 
 def _tool() -> Any:
@@ -117,6 +125,13 @@ def _jitter(seed: int, scale: float = 0.002) -> float:
 
 
 # -- the verdict rule --------------------------------------------------------------
+
+def test_an_accuracy_interval_stays_within_0_and_100_percent() -> None:
+    # AF-1a's three AsyncFedED seeds: a Student-t interval of 52.0 to 116.6 %
+    assert pct([0.911, 0.925, 0.693]) == "84.3 % (95 % CI 52.0 to 100.0)"
+    assert pct([0.02, 0.01, 0.4]) == "14.3 % (95 % CI 0.0 to 69.6)"
+    assert pct([0.8]) == "80.0 % (1 seed)"
+
 
 def test_side_shown_within_noise_and_not_seen() -> None:
     assert side([1.0, 1.1, 0.9], 0.0) == SHOWN

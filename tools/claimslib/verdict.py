@@ -128,19 +128,24 @@ def diffs(a: dict[int, float], b: dict[int, float]) -> list[float]:
     return [a[s] - b[s] for s in sorted(set(a) & set(b))]
 
 
-def fmt(m: float | None, ci: float | None, spec: str = ".2f", unit: str = "") -> str:
-    """``m unit (95 % CI lo-hi)``."""
+def fmt(m: float | None, ci: float | None, spec: str = ".2f", unit: str = "",
+        bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
+    """``m unit (95 % CI lo-hi)``, the interval cut to ``bounds`` (what the
+    figure can be at all: a Student-t interval over 3 seeds of an accuracy
+    can reach past 100 %)."""
     if m is None:
         return "no faithful runs"
     if ci is None:
         return f"{m:{spec}}{unit} (1 seed)"
-    return f"{m:{spec}}{unit} (95 % CI {m - ci:{spec}} to {m + ci:{spec}})"
+    lo, hi = max(bounds[0], m - ci), min(bounds[1], m + ci)
+    return f"{m:{spec}}{unit} (95 % CI {lo:{spec}} to {hi:{spec}})"
 
 
 def pct(xs: Iterable[float]) -> str:
-    """Accuracies (fractions) as percent: mean and 95 % CI."""
+    """Accuracies (fractions) as percent: mean and 95 % CI (within 0 to 100 %)."""
     m, ci = mean_ci(xs)
-    return fmt(None if m is None else 100 * m, None if ci is None else 100 * ci, ".1f", " %")
+    return fmt(None if m is None else 100 * m, None if ci is None else 100 * ci, ".1f", " %",
+               bounds=(0.0, 100.0))
 
 
 def pts(xs: Iterable[float]) -> str:
