@@ -40,6 +40,7 @@ from claimslib.verdict import (  # noqa: E402
     SHOWN,
     WITHIN_NOISE,
     Check,
+    fmt,
     judge,
     pct,
     side,
@@ -126,11 +127,14 @@ def _jitter(seed: int, scale: float = 0.002) -> float:
 
 # -- the verdict rule --------------------------------------------------------------
 
-def test_an_accuracy_interval_stays_within_0_and_100_percent() -> None:
+def test_an_interval_stays_within_what_its_figure_can_be() -> None:
     # AF-1a's three AsyncFedED seeds: a Student-t interval of 52.0 to 116.6 %
     assert pct([0.911, 0.925, 0.693]) == "84.3 % (95 % CI 52.0 to 100.0)"
     assert pct([0.02, 0.01, 0.4]) == "14.3 % (95 % CI 0.0 to 69.6)"
     assert pct([0.8]) == "80.0 % (1 seed)"
+    # FA-1's Const/Poly ratio of loss spreads: -4.78 to 11.40 before
+    assert fmt(3.31, 8.09, unit="x") == "3.31x (95 % CI 0.00 to 11.40)"
+    assert fmt(-1.0, 0.5) == "-1.00 (95 % CI -1.50 to -0.50)"
 
 
 def test_side_shown_within_noise_and_not_seen() -> None:

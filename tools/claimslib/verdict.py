@@ -132,7 +132,10 @@ def fmt(m: float | None, ci: float | None, spec: str = ".2f", unit: str = "",
         bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
     """``m unit (95 % CI lo-hi)``, the interval cut to ``bounds`` (what the
     figure can be at all: a Student-t interval over 3 seeds of an accuracy
-    can reach past 100 %)."""
+    can reach past 100 %). A ratio (unit ``x``) or a duration (`` s``) is
+    never below 0."""
+    if unit in ("x", " s"):
+        bounds = (max(0.0, bounds[0]), bounds[1])
     if m is None:
         return "no faithful runs"
     if ci is None:
