@@ -158,8 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for cid in wanted:
         print(f"{cid}: {known[cid].claim}", flush=True)
         rec = run_claim(known[cid], args.out, args.jobs, not args.no_run)
-        if args.no_run and cid in old:      # re-evaluated: the time measured when it ran
-            rec["real_seconds"] = old[cid]["real_seconds"]
+        if args.no_run and cid in old:      # re-evaluated: when and at what it was measured
+            for k in ("real_seconds", "measured", "commit"):
+                rec[k] = old[cid][k]
             rec["resumed"] = old[cid].get("resumed", False)
         old[cid] = rec
         print(f"{cid}: {rec['number']} -> {rec['verdict']} ({rec['real_seconds'] / 60:.1f} min)",

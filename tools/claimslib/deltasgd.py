@@ -123,6 +123,23 @@ def client_step_spread(r: sw.PointResult) -> float | None:
     return max(means) / min(means) if len(means) >= 2 else None
 
 
+def diverged_keys(acc: dict[float, dict[int, float]]) -> set[tuple[float, int]]:
+    """(delta, seed) of runs that ended below half the seed's best final accuracy over delta."""
+    seeds = set.intersection(*(set(a) for a in acc.values()))
+    return {(d, s) for d in acc for s in seeds if acc[d][s] < 0.5 * max(a[s] for a in acc.values())}
+
+
+def _spread_without(acc: dict[float, dict[int, float]], out: set[tuple[float, int]]) -> float:
+    """The largest per-seed spread of final accuracy over delta, leaving ``out``'s runs out."""
+    seeds = set.intersection(*(set(a) for a in acc.values()))
+    spreads = []
+    for s in seeds:
+        xs = [acc[d][s] for d in acc if (d, s) not in out]
+        if len(xs) >= 2:
+            spreads.append(max(xs) - min(xs))
+    return max(spreads, default=0.0)
+
+
 def eval_ds2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     """Delta-SGD's delta barely matters, while each client's step size follows its own
     local smoothness.
@@ -149,9 +166,19 @@ def eval_ds2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
               Check("clients' step sizes differ (largest client's mean over the smallest's "
                     "above 1.2)", side(all_steps, 1.2))]
     verdict, summary = judge(checks)
-    reason = ("with one local epoch of few minibatch steps a round's step size spends much "
-              "of it growing at the rate delta sets" if checks[0].state != SHOWN else
-              "the clients' local smoothness is alike on this task")
+    best = {d: values(runs[d], "best_accuracy") for d in deltas}
+    out = diverged_keys(acc)
+    if out:
+        reason = ("runs diverged: " + "; ".join(
+            f"delta = {d:g}, seed {s} (final {100 * acc[d][s]:.1f} %, best "
+            f"{100 * best[d].get(s, math.nan):.1f} %)" for d, s in sorted(out))
+            + f"; over the other runs the final accuracy moved by at most "
+            f"{100 * _spread_without(acc, out):.1f} points")
+    elif checks[0].state != SHOWN:
+        reason = ("with one local epoch of few minibatch steps a round's step size spends much "
+                  "of it growing at the rate delta sets")
+    else:
+        reason = "the clients' local smoothness is alike on this task"
     number = (f"spread of final accuracy over delta {pts(spread)}; clients' mean step sizes "
               f"differ {fmt(*mean_ci(all_steps), '.1f', 'x')} (largest / smallest)")
     rows = [[f"{d:g}", pct(acc[d].values()), fmt(*mean_ci(steps[d].values()), ".2f", "x"),

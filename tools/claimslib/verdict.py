@@ -141,6 +141,8 @@ def fmt(m: float | None, ci: float | None, spec: str = ".2f", unit: str = "",
     if ci is None:
         return f"{m:{spec}}{unit} (1 seed)"
     lo, hi = max(bounds[0], m - ci), min(bounds[1], m + ci)
+    if max(abs(m), abs(lo), abs(hi)) >= 1e6:  # e.g. a ratio to a step size near 0
+        spec = ".2e"
     return f"{m:{spec}}{unit} (95 % CI {lo:{spec}} to {hi:{spec}})"
 
 
