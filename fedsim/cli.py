@@ -650,6 +650,10 @@ def slurm(scenario: str, hosts: int, run_dir: str, out_file: str | None, port: i
               help="Runs at once; 'auto' admits as many as keep every verdict passing.")
 @click.option("--max-jobs", type=click.IntRange(min=1), default=8, show_default=True,
               help="The most runs at once under --jobs auto.")
+@click.option("--max-scale", type=click.FloatRange(min=1), default=4.0, show_default=True,
+              help="Under --jobs auto, when runs side by side fail their verdicts but the "
+              "cores have room, every later run goes at up to this multiple of its dilation "
+              "so that more fit at once (1: never).")
 @click.option("--attempts", type=click.IntRange(min=1), default=3, show_default=True,
               help="Runs per point before an unfaithful point is flagged.")
 @click.option("--run-plots", is_flag=True,
@@ -657,8 +661,8 @@ def slurm(scenario: str, hosts: int, run_dir: str, out_file: str | None, port: i
               "fedsim plot OUT/runs/POINT draws a run's later).")
 @click.option("--dry-run", is_flag=True, help="List the points and exit.")
 def sweep(source: str, grids: tuple[str, ...], seeds: int | None, sets: tuple[str, ...],
-          target: float | None, out: str | None, jobs: str, max_jobs: int, attempts: int,
-          run_plots: bool, dry_run: bool) -> None:
+          target: float | None, out: str | None, jobs: str, max_jobs: int, max_scale: float,
+          attempts: int, run_plots: bool, dry_run: bool) -> None:
     """Run SOURCE over a grid of overrides and seeds; tabulate and plot the results.
 
     SOURCE is a scenario (give --grid), a sweep file (a TOML file with a
@@ -701,7 +705,7 @@ def sweep(source: str, grids: tuple[str, ...], seeds: int | None, sets: tuple[st
             return
         result = sw.run_sweep(spec, out_dir, jobs=jobs if jobs == "auto" else int(jobs),
                               max_jobs=max_jobs, max_attempts=attempts, report=click.echo,
-                              run_plots=run_plots)
+                              run_plots=run_plots, max_scale=max_scale)
     for f in result.files:
         click.echo(str(f))
     if result.flagged:

@@ -289,7 +289,7 @@ def test_a_half_finished_sweep_resumes_without_redoing_finished_points(
 
 
 def test_auto_concurrency_follows_the_measured_load() -> None:
-    sched = _Scheduler("auto", max_jobs=8)
+    sched = _Scheduler("auto", max_jobs=8, max_scale=1.0)
     sched.cores = 2
     assert sched.allowed() == 1            # nothing measured yet
     sched.finished(0.2, "pass")             # a run that mostly waits: half the cores' worth
@@ -299,7 +299,7 @@ def test_auto_concurrency_follows_the_measured_load() -> None:
         assert sched.allowed() == want
     sched.finished(1.5, "pass")             # a heavy one
     assert sched.allowed() == 1
-    sched = _Scheduler("auto", max_jobs=8)
+    sched = _Scheduler("auto", max_jobs=8, max_scale=1.0)   # never scaled: see below
     sched.cores = 2
     for _ in range(8):
         sched.finished(0.1, "pass")
@@ -319,6 +319,74 @@ def test_auto_concurrency_follows_the_measured_load() -> None:
         sched.finished(0.1, "pass")
     assert sched.allowed() == 5
     assert _Scheduler(3, max_jobs=8).allowed() == 3
+
+
+def test_crowded_runs_with_room_on_the_cores_go_at_twice_the_dilation() -> None:
+    sched = _Scheduler("auto", max_jobs=8)
+    sched.cores = 2
+    for _ in range(3):
+        sched.finished(0.2, "pass")          # a fifth of a core: 5 would fit
+    assert (sched.allowed(), sched.scale) == (4, 1.0)
+    sched.finished(0.2, "fail", at=2)        # yet 2 at once crowd each other
+    assert sched.scale == 2.0                # twice the dilation, 3 (= 2 x 2 - 1) at most
+    assert sched.allowed() == 2
+    sched.finished(0.1, "pass", scale=2.0)   # a run at scale 2 uses half the CPU
+    assert sched.load == pytest.approx(0.2)  # ... measured as at scale 1
+    assert sched.allowed() == 3
+    for _ in range(5):
+        sched.finished(0.1, "pass", scale=2.0)
+    assert sched.allowed() == 3              # never as much load as where it failed
+    sched.finished(0.2, "fail", at=2, scale=1.0)   # started before the doubling: answered
+    assert (sched.scale, sched.allowed()) == (2.0, 3)
+    sched.finished(0.1, "fail", at=3, scale=2.0)   # crowded again: 4x, 5 at most
+    assert sched.scale == 4.0
+    assert sched.allowed() == 3
+    for _ in range(5):
+        sched.finished(0.05, "pass", scale=4.0)
+    assert sched.allowed() == 5
+    sched.finished(0.05, "fail", at=5, scale=4.0)  # at max_scale: the concurrency halves
+    assert (sched.scale, sched.allowed()) == (4.0, 2)
+
+
+def test_no_doubling_without_room_or_when_disabled() -> None:
+    sched = _Scheduler("auto", max_jobs=8)
+    sched.cores = 2
+    sched.finished(0.45, "pass")
+    sched.finished(0.45, "pass")             # 2 fit; at twice the dilation 4 would, not 3+
+    sched.finished(0.9, "fail", at=2)        # a heavy run: at scale 2, fit = 2 < 3
+    assert (sched.scale, sched.allowed()) == (1.0, 1)
+    off = _Scheduler("auto", max_jobs=8, max_scale=1.0)
+    off.cores = 2
+    for _ in range(3):
+        off.finished(0.2, "pass")
+    off.finished(0.2, "fail", at=2)
+    assert (off.scale, off.allowed()) == (1.0, 1)
+    fixed = _Scheduler(3, max_jobs=8)
+    fixed.finished(0.2, "fail", at=3)
+    assert (fixed.scale, fixed.allowed()) == (1.0, 3)
+
+
+def test_a_sweep_scaled_up_runs_its_points_at_a_multiple_of_their_own_dilation() -> None:
+    from fedsim.sweep.execute import _dilation_for
+
+    p = sw.Point(variant="", grid=(), seed=1, overrides=())
+
+    def result(verdict: str, dilation: float) -> sw.PointResult:
+        summary = {"status": "completed",
+                   "fidelity": {"verdict": verdict, "suggested_dilation": 3 * dilation}}
+        return sw.PointResult(point=p, run_dir=Path("x"), status="completed" if verdict
+                              else "pending", verdict=verdict or None, attempts=1,
+                              dilation=dilation, summary=summary, cores=None)
+
+    fresh = result("", 0.5)
+    assert _dilation_for(fresh, 0.5, 1.0, False) is None      # its scenario's own
+    assert _dilation_for(fresh, 0.5, 2.0, False) == 1.0
+    assert _dilation_for(fresh, None, 2.0, False) is None     # "auto": not scaled
+    crowded = result("fail", 1.0)
+    assert _dilation_for(crowded, 0.5, 1.0, True) == 1.0      # same dilation
+    assert _dilation_for(crowded, 0.5, 4.0, True) == 2.0      # ... or the new scale's
+    alone = result("fail", 1.0)
+    assert _dilation_for(alone, 0.5, 2.0, False) == 3.0       # its own need wins
 
 
 # A run that fails its verdict whenever another run ran at the same time (as
@@ -358,12 +426,35 @@ def test_a_run_that_failed_beside_others_goes_again_at_its_dilation(
     s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1,0.2"], seeds=2)
     lines: list[str] = []
     res = sw.run_sweep(s, tmp_path / "out", python=str(script), max_attempts=2,
-                       report=lines.append)
+                       report=lines.append, max_scale=1.0)
     assert all(r.counts for r in res.points), [(r.point.key, r.verdict) for r in res.points]
     assert any("beside other runs" in x for x in lines)   # some did fail beside others
     for r in res.points:   # ... and went again at the dilation they had
         assert set((r.run_dir / "calls.log").read_text().split()) == {"1.0"}
         assert r.dilation in (None, 1.0)
+
+
+def test_crowded_runs_go_again_at_twice_the_dilation_and_more_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs that crowd each other at their own dilation (2, the quickstart's) but
+    not at twice it: the sweep doubles every later run's dilation and overlaps them."""
+    script = tmp_path / "crowd-python"
+    script.write_text(f"#!{sys.executable}\n"
+                      + CROWD_RUN.replace('"fail" if seen else "pass"',
+                                          '"fail" if seen and dil < 4.0 else "pass"')
+                                 .replace("4 * dil if seen", "4 * dil if seen and dil < 4.0")
+                                 .replace("else 1.0", "else 2.0"))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "crowd").mkdir()
+    monkeypatch.setenv("CROWD_DIR", str(tmp_path / "crowd"))
+    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1,0.2,0.3"], seeds=2)
+    lines: list[str] = []
+    res = sw.run_sweep(s, tmp_path / "out", python=str(script), max_attempts=2,
+                       report=lines.append)
+    assert all(r.counts for r in res.points), [(r.point.key, r.verdict) for r in res.points]
+    assert any("every run at 2x its dilation" in x for x in lines), lines
+    assert {r.dilation for r in res.points} <= {None, 2.0, 4.0}
+    assert any(r.dilation == 4.0 for r in res.points)
 
 
 def test_a_rerun_beside_others_keeps_its_dilation() -> None:

@@ -39,13 +39,21 @@ cores by that measure (a run that mostly waits on emulated latency uses a
 fraction of a core; the other half is room for bursts, which coincide),
 never more than ``max_jobs`` nor more than memory allows, and climbs
 there one run at a time: each faithful run lets one more go at once. A
-failed verdict of a run that shared the machine with another halves the
-concurrency, and the sweep never again runs as many at once as when it
-failed. Such a run says the machine was
-crowded, not that its point needs more dilation: it goes again at the same
-dilation and does not count against the point's ``max_attempts`` (up to four
-such attempts do not). One that
-ran alone asks its point for more dilation.
+failed verdict of a run that shared the machine with another says the runs
+at once crowded each other (their event loops waited for a core, their
+trainers overran), not that its point needs more dilation: it goes again
+and does not count against the point's ``max_attempts`` (up to four such
+attempts do not). Then, if the cores have room for more runs by the
+measured load, the sweep doubles the dilation of every later run (up to
+``max_scale``, 4 by default) and lets up to twice as many go at once,
+minus one: each run then needs half the CPU per real second and has
+twice the timing margin, so the runs finish sooner together than one at a
+time (at 2 runs crowded, 3 at twice the dilation do 1.5 runs' work per
+unit of time). Otherwise the concurrency halves, and the sweep never again
+runs as many at once as when it failed. A run that failed alone asks its
+point for more dilation. A dilation changes how long a run takes, not
+what it computes: a faithful run's emulated-time results are the same at
+any dilation.
 
 A half-finished sweep resumes: run the same command again (or ``fedsim
 sweep OUT_DIR``) and finished points are kept; a point whose run was

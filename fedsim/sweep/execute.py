@@ -37,47 +37,72 @@ class SweepResult:
 
 
 class _Scheduler:
-    """How many runs may go at once (see the :mod:`fedsim.sweep` docstring)."""
+    """How many runs may go at once, and at what multiple of their dilation
+    (see the :mod:`fedsim.sweep` docstring)."""
 
     #: Share of the cores the measured mean load of the runs at once may fill.
     #: A run's CPU comes in bursts (a round's local training on every core it
     #: has), and bursts of runs side by side coincide; the mean leaves room.
     HEADROOM = 0.5
 
-    def __init__(self, jobs: int | str, max_jobs: int) -> None:
+    def __init__(self, jobs: int | str, max_jobs: int, max_scale: float = 4.0) -> None:
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
         self.fixed = None if jobs == "auto" else int(jobs)
         self.max_jobs = max(1, max_jobs)
-        self.load: float | None = None    # cores one run uses (the largest seen recently)
+        self.max_scale = 1.0 if self.fixed is not None else max(1.0, max_scale)
+        #: cores one run uses at scale 1 (the largest seen recently): a run
+        #: at ``scale`` times its dilation spreads the same work over that
+        #: much more time
+        self.load: float | None = None
         # Grown by one per faithful run (from one), halved by an unfaithful
         # one beside others: the mean load says how many could fit, not
         # whether their bursts collide, so the sweep finds out step by step.
         self.ceiling = 1
         self.cap = self.max_jobs          # below the least concurrency that broke a verdict
+        #: every run's own dilation is multiplied by this (1, 2, 4, ...)
+        self.scale = 1.0
+
+    def _fit(self, scale: float) -> int:
+        assert self.load is not None
+        return int(self.HEADROOM * self.cores * scale / max(self.load, 0.05))
 
     def allowed(self) -> int:
         if self.fixed is not None:
             return self.fixed
         if self.load is None:
             return 1
-        fit = int(self.HEADROOM * self.cores / max(self.load, 0.05))
-        return max(1, min(fit, self.ceiling, self.cap, self.max_jobs))
+        return max(1, min(self._fit(self.scale), self.ceiling, self.cap, self.max_jobs))
 
     def finished(self, cores: float | None, verdict: str | None, shared: bool = True,
-                 at: int | None = None) -> None:
+                 at: int | None = None, scale: float = 1.0) -> None:
         """A run ended; ``shared``: another run was running at some moment of it;
-        ``at``: how many runs were allowed at once when it started.
+        ``at``: how many runs were allowed at once when it started; ``scale``:
+        the multiple of its dilation it ran at.
 
         An unfaithful run that had the machine to itself says its point needs
         more dilation, not that the sweep runs too many at once: it leaves
-        the concurrency alone. One that shared it halves the concurrency, and
-        the sweep never again goes as high as where it failed.
+        the concurrency alone. One that shared it says the runs at once
+        crowded each other. If the cores had room for more runs than that,
+        the sweep doubles every later run's dilation (up to ``max_scale``)
+        and runs up to twice as many at once, minus one: each then uses
+        half the CPU and has twice the timing margin, so it finishes its
+        work sooner overall than one run at a time. Otherwise it halves the
+        concurrency, and never again goes as high as where it failed.
         """
         if cores is not None:
-            self.load = cores if self.load is None else max(cores, 0.7 * self.load)
-        if verdict == "fail" and shared:   # back off at once, come back one run at a time
+            at_one = cores * scale
+            self.load = at_one if self.load is None else max(at_one, 0.7 * self.load)
+        if verdict == "fail" and shared:
+            if scale < self.scale:         # it ran before the last doubling: already answered
+                return
             level = at if at is not None else self.allowed()
+            if (self.scale * 2 <= self.max_scale and self.load is not None
+                    and self._fit(2 * self.scale) >= 2 * level - 1 > max(1, level - 1)):
+                self.scale *= 2
+                self.cap = min(self.max_jobs, 2 * level - 1)
+                self.ceiling = max(1, level)
+                return
             self.cap = max(1, min(self.cap, level - 1))
             self.ceiling = max(1, level // 2)
         elif verdict == "pass":
@@ -128,6 +153,20 @@ def _next_dilation(res: PointResult, shared: bool = False) -> float:
     return round(min(max(want, 1.5 * current), MAX_STEP * current), 3)
 
 
+def _dilation_for(prev: PointResult, base: float | None, scale: float,
+                  shared: bool) -> float | None:
+    """The dilation of a point's next attempt (None: its scenario's own).
+
+    A first attempt runs at its own dilation ``base`` times the sweep's
+    ``scale``; a rerun at what :func:`_next_dilation` says, and at least that.
+    A point whose scenario picks its dilation itself (``"auto"``) is not scaled.
+    """
+    want = _next_dilation(prev, shared=shared) if prev.verdict == "fail" else None
+    if base is not None and scale > 1:
+        want = round(max(want or 0.0, base * scale), 3)
+    return want
+
+
 #: Attempts a point may lose to a crowded machine before they count against it
 #: (halving from ``max_jobs = 8`` reaches one run at a time in three).
 CROWDED_RETRIES = 4
@@ -154,17 +193,19 @@ def _starting(run_dir: Path, started: float) -> bool:
 def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jobs: int = 8,
               max_attempts: int = 3, python: str | None = None,
               report: Callable[[str], None] | None = None,
-              run_plots: bool = False) -> SweepResult:
+              run_plots: bool = False, max_scale: float = 4.0) -> SweepResult:
     """Run every point not yet finished in ``out``; write the tables and figures.
 
     ``out`` may hold an earlier run of the same sweep (it resumes) but not of
     a different one (:class:`SweepError`). Each run draws its own PNGs only
     with ``run_plots`` (``fedsim plot RUN`` draws them later; skipping them
-    saves a few seconds of a core per run).
+    saves a few seconds of a core per run). With ``jobs = "auto"`` the
+    sweep may run points at up to ``max_scale`` times their own dilation to
+    run more of them at once (1: never).
     """
     out = Path(out)
     say = report or (lambda _: None)
-    sweep.check()
+    bases = sweep.check()
     out.mkdir(parents=True, exist_ok=True)
     spec_file = out / "sweep.json"
     spec = sweep.to_json()
@@ -184,8 +225,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     kept = len(points) - len(todo)
     say(f"sweep {sweep.name}: {len(points)} points"
         + (f", {kept} already finished" if kept else "") + f"; results in {out}")
-    sched = _Scheduler(jobs, max_jobs)
-    running: dict[int, tuple[Point, Any, float, int]] = {}
+    sched = _Scheduler(jobs, max_jobs, max_scale)
+    running: dict[int, tuple[Point, Any, float, int, float]] = {}
     python = python or sys.executable
     t0 = time.monotonic()
     finished = 0
@@ -194,20 +235,20 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     crowded_last: set[str] = set()  # points whose last attempt failed while sharing it
     try:
         while todo or running:
-            starting = any(_starting(runs / q.key, st) for q, _, st, _ in running.values())
+            starting = any(_starting(runs / q.key, st) for q, _, st, _, _ in running.values())
             while (todo and len(running) < sched.allowed() and not starting
                    and (not running or _mem_available_gb() > 3.0)):
                 p = todo.pop(0)
                 prev = results[p.key]
-                dilation = (_next_dilation(prev, shared=p.key in crowded_last)
-                            if prev.verdict == "fail" else None)
+                dilation = _dilation_for(prev, bases.get(p.key), sched.scale,
+                                         p.key in crowded_last)
                 running_proc = _start(p, sweep, runs / p.key, python, dilation, run_plots,
                                       prev.attempts + 1)
                 if running:            # every run under way now shares the machine
                     shared.update(running)
                     shared.add(running_proc.pid)
                 running[running_proc.pid] = (p, running_proc, time.monotonic(),
-                                             sched.allowed())
+                                             sched.allowed(), sched.scale)
                 starting = True
             # while one is starting and more wait, look again soon; else sleep until one ends
             pid, status, usage = os.wait4(-1, os.WNOHANG if starting and todo else 0)
@@ -216,7 +257,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                 continue
             if pid not in running:
                 continue
-            p, proc, started, level = running.pop(pid)
+            p, proc, started, level, scale = running.pop(pid)
             proc.returncode = os.waitstatus_to_exitcode(status)
             real = time.monotonic() - started
             cores = (usage.ru_utime + usage.ru_stime) / real if real > 0 else None
@@ -228,7 +269,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
             res = _result(p, run_dir)
             results[p.key] = res
             was_shared = pid in shared
-            sched.finished(cores, res.verdict, shared=was_shared, at=level)
+            sched.finished(cores, res.verdict, shared=was_shared, at=level, scale=scale)
             shared.discard(pid)
             crowded_last.discard(p.key)
             if res.verdict == "fail" and was_shared and crowded.get(p.key, 0) < CROWDED_RETRIES:
@@ -239,17 +280,18 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                                                        + crowded.get(p.key, 0)):
                 todo.insert(0, p)      # an unfaithful run goes again, with more dilation
                 why = " beside other runs" if p.key in crowded_last else ""
+                nxt = _dilation_for(res, bases.get(p.key), sched.scale, p.key in crowded_last)
                 say(f"  rerun {p.key}: verdict {res.verdict} at dilation {res.dilation}{why}; "
-                    f"next {_next_dilation(res, p.key in crowded_last)} "
-                    f"(concurrency now {sched.allowed()})")
+                    f"next {nxt or 'its own'} "
+                    f"(concurrency now {sched.allowed()}{_scaled(sched.scale)})")
                 continue
             finished += 1
             say(_progress_line(res, finished, len(todo) + len(running) + finished, kept,
-                               time.monotonic() - t0, sched.allowed()))
+                               time.monotonic() - t0, sched.allowed(), sched.scale))
     except KeyboardInterrupt:
-        for _, proc, _, _ in running.values():
+        for _, proc, _, _, _ in running.values():
             proc.send_signal(2)
-        for _, proc, _, _ in running.values():
+        for _, proc, _, _, _ in running.values():
             proc.wait()
         raise
     final = [results[p.key] for p in points]
@@ -284,8 +326,12 @@ def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float |
         log.close()
 
 
+def _scaled(scale: float) -> str:
+    return f", every run at {scale:g}x its dilation" if scale > 1 else ""
+
+
 def _progress_line(res: PointResult, done: int, total: int, kept: int, elapsed: float,
-                   jobs: int) -> str:
+                   jobs: int, scale: float = 1.0) -> str:
     s = res.summary or {}
     acc = figure(s, "final_accuracy")
     emu = figure(s, "emulated_seconds")
@@ -298,7 +344,7 @@ def _progress_line(res: PointResult, done: int, total: int, kept: int, elapsed: 
             f"{'-' if emu is None else f'{emu:.1f}'} emulated s in "
             f"{'-' if real is None else f'{real:.1f}'} real s, "
             f"{'-' if res.cores is None else f'{res.cores:.2f}'} cores; "
-            f"{jobs} at once, about {eta / 60:.0f} min left{flag}")
+            f"{jobs} at once{_scaled(scale)}, about {eta / 60:.0f} min left{flag}")
 
 
 def _atomic_write(path: Path, text: str) -> None:

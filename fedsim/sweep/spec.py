@@ -132,8 +132,13 @@ class Sweep:
                    target_accuracy=data.get("target_accuracy"), plot=dict(data.get("plot") or {}),
                    name=data.get("name"), with_=dict(data.get("with") or {}))
 
-    def check(self) -> None:
-        """Validate every point's scenario before anything runs (all errors at once)."""
+    def check(self) -> dict[str, float | None]:
+        """Validate every point's scenario before anything runs (all errors at once).
+
+        Returns each point's own dilation (its scenario's ``run.dilation``
+        with the point's overrides; None for ``"auto"``), by point key.
+        """
+        dilations: dict[str, float | None] = {}
         if not self.scenario.is_file():
             raise SweepError(f"sweep.scenario: no such scenario file {self.scenario}")
         problems: list[str] = []
@@ -145,7 +150,8 @@ class Sweep:
                                  "different labels")
             seen.add(p.key)
             try:
-                load(self.scenario, p.set_args())
+                d = load(self.scenario, p.set_args()).run.dilation
+                dilations[p.key] = None if d == "auto" else float(d)
             except ScenarioError as exc:
                 text = str(exc).split("\n", 1)[-1].strip()
                 where = ", ".join([f"variant {p.variant!r}"] * bool(p.variant)
@@ -157,6 +163,7 @@ class Sweep:
                     break
         if problems:
             raise SweepError("invalid sweep\n  " + "\n  ".join(problems))
+        return dilations
 
 
 # -- building a sweep ---------------------------------------------------------
