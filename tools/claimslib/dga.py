@@ -10,6 +10,7 @@ from claimslib.charts import Chart, Panel
 from claimslib.runs import grid_or_setting, group, num, scenario_value, setting, values
 from claimslib.verdict import (
     INCONCLUSIVE,
+    NON_NEGATIVE,
     PARTLY,
     REPRODUCED,
     Check,
@@ -112,8 +113,8 @@ def eval_dg1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
         dga_rel = mean_ci(paired(dga.get(d, {}), base))
         extra = [fmt(*mean_ci(paired(fed.get(d, {}), times.get(m, {}).get(d, {}))), unit="x")
                  for m in others]
-        rows.append([f"{d * 1e3:g} ms", fmt(*fed_rel), fmt(*dga_rel),
-                     fmt(*speedups[d], unit="x"), *extra])
+        rows.append([f"{d * 1e3:g} ms", fmt(*fed_rel, bounds=NON_NEGATIVE),
+                     fmt(*dga_rel, bounds=NON_NEGATIVE), fmt(*speedups[d], unit="x"), *extra])
         for m in [DG1_FEDAVG, *others, DG1_DGA]:
             lines.setdefault(m, []).append(
                 (d * 1e3, *mean_ci(paired(times.get(m, {}).get(d, {}), base))))

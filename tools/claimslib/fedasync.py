@@ -22,6 +22,7 @@ from claimslib.runs import (
     variant_label,
 )
 from claimslib.verdict import (
+    NON_NEGATIVE,
     NOT_SEEN,
     SHOWN,
     WITHIN_NOISE,
@@ -100,8 +101,9 @@ def eval_fa1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
         s, lm = std[k], per_seed(rs, late_loss_mean)
         div = sum(math.isinf(v) for v in s.values())
         note = f" ({div} diverged)" if div else ""
-        rows.append([point_label(rs) + note, fmt(*mean_ci(s.values()), ".3f"),
-                     fmt(*mean_ci(lm.values()), ".3f"),
+        rows.append([point_label(rs) + note,
+                     fmt(*mean_ci(s.values()), ".3f", bounds=NON_NEGATIVE),
+                     fmt(*mean_ci(lm.values()), ".3f", bounds=NON_NEGATIVE),
                      short_mean(values(rs, "staleness_mean").values()), str(len(s))])
         bars.setdefault(f"c = {k[2]}", []).append((variant_label(rs) + note, *mean_ci(s.values())))
         bars_loss.setdefault(f"c = {k[2]}", []).append((variant_label(rs) + note,
@@ -195,7 +197,7 @@ def eval_fa2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     for k in order:
         m, ci = mean_ci(grads[k].values())
         mark = ">= " if short[k] else ""
-        rows.append([variant_label(runs[k]), mark + fmt(m, ci, ",.0f"),
+        rows.append([variant_label(runs[k]), mark + fmt(m, ci, ",.0f", bounds=NON_NEGATIVE),
                      f"{len(grads[k]) - short[k]} of {len(grads[k])}",
                      short_mean(values(runs[k], "staleness_mean").values())])
         bars.append((variant_label(runs[k]) + (" (>=)" if short[k] else ""), m, ci))

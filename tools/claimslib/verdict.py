@@ -128,6 +128,10 @@ def diffs(a: dict[int, float], b: dict[int, float]) -> list[float]:
     return [a[s] - b[s] for s in sorted(set(a) & set(b))]
 
 
+#: ``bounds`` of a figure that cannot be negative (a spread, a loss, a count, a time)
+NON_NEGATIVE = (0.0, math.inf)
+
+
 def fmt(m: float | None, ci: float | None, spec: str = ".2f", unit: str = "",
         bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
     """``m unit (95 % CI lo-hi)``, the interval cut to ``bounds`` (what the
