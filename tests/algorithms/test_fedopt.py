@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import subprocess
+import sys
 
 import fedopt_reference as ref
 import pytest
@@ -468,3 +470,20 @@ def test_non_finite_update_raises_state_unchanged(optimizer, bad):
 def test_invalid_arguments_name_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
         FedOpt(**kwargs)
+
+
+def test_a_server_rule_imports_at_set_up_what_its_first_aggregation_needs() -> None:
+    """torch.optim's first optimizer imports torch._dynamo (0.8 s): an adaptive
+    rule pays it when built (before the emulated clock starts), not when it
+    first aggregates; plain FedAvg (FedAvgM at momentum 0, lr 1) never does."""
+    code = (
+        "import sys, torch\n"
+        "from fedsim.algorithms.fedopt import FedOpt\n"
+        "FedOpt('avgm', momentum=0.0, server_lr=1.0)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+        "FedOpt('adam')\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.split() == ["False", "True"], out.stderr
