@@ -344,8 +344,11 @@ def test_crowded_runs_with_room_on_the_cores_go_at_twice_the_dilation() -> None:
     for _ in range(5):
         sched.finished(0.05, "pass", scale=4.0)
     assert sched.allowed() == 5
-    sched.finished(0.05, "fail", at=5, scale=4.0)  # at max_scale: the concurrency halves
-    assert (sched.scale, sched.allowed()) == (4.0, 2)
+    sched.finished(0.05, "fail", at=5, scale=4.0)  # at max_scale: the concurrency halves,
+    # to 2 at 4x the dilation: half the work per unit of time of one run at its own
+    assert (sched.scale, sched.allowed()) == (1.0, 1)
+    sched.finished(0.2, "fail", at=2)
+    assert (sched.scale, sched.allowed()) == (1.0, 1)    # and it stays there
 
 
 def test_no_doubling_without_room_or_when_disabled() -> None:

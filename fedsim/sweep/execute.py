@@ -88,7 +88,10 @@ class _Scheduler:
         and runs up to twice as many at once, minus one: each then uses
         half the CPU and has twice the timing margin, so it finishes its
         work sooner overall than one run at a time. Otherwise it halves the
-        concurrency, and never again goes as high as where it failed.
+        concurrency, and never again goes as high as where it failed; once
+        the runs allowed at once are no more than the multiple of their
+        dilation, one run at a time at its own dilation does as much, and the
+        sweep goes back to that.
         """
         if cores is not None:
             at_one = cores * scale
@@ -105,6 +108,11 @@ class _Scheduler:
                 return
             self.cap = max(1, min(self.cap, level - 1))
             self.ceiling = max(1, level // 2)
+            if self.scale > 1 and self.cap <= self.scale:
+                # no more work per unit of time than one run at a time at its own
+                # dilation: go back to that, for the rest of the sweep
+                self.scale = self.max_scale = 1.0
+                self.cap = self.ceiling = 1
         elif verdict == "pass":
             self.ceiling = min(self.max_jobs, self.ceiling + 1)
 
