@@ -440,13 +440,13 @@ def test_ds2_not_reproduced_when_delta_moves_accuracy_and_clients_step_alike(
 
 # -- DG-2 --------------------------------------------------------------------------
 
-def _dg2(tmp_path: Path, gain: Callable[[int], float]) -> Any:
+def _dg2(tmp_path: Path, gain: Callable[[int], float], without: float = 0.8) -> Any:
     sweep = _sweep("dg2")
 
     def make(p: sw.Point) -> dict[str, Any]:
         d = dict(p.grid)["algorithm.delay"]
         with_ = _get(sweep, p, "algorithm.correction") == "full"
-        acc = 0.8 + (gain(d) if with_ else 0.0) + _jitter(p.seed) * (2 if with_ else 1)
+        acc = without + (gain(d) if with_ else 0.0) + _jitter(p.seed) * (2 if with_ else 1)
         return {"summary": {"final_accuracy": acc}}
 
     return eval_dg2(sweep, _runs(tmp_path, sweep, make))
@@ -462,6 +462,13 @@ def test_dg2_reproduced_when_the_gain_grows_with_d(tmp_path: Path) -> None:
 def test_dg2_not_reproduced_when_the_correction_changes_nothing(tmp_path: Path) -> None:
     f = _dg2(tmp_path, lambda d: 0.0)
     assert f.verdict == "not reproduced", f
+    assert "may tolerate stale averages" in f.why
+
+
+def test_dg2_says_so_when_no_run_without_the_correction_learned(tmp_path: Path) -> None:
+    f = _dg2(tmp_path, lambda d: 0.8, without=0.1)     # the gap saturates at every D
+    assert f.verdict == "partly", f
+    assert "without the correction no run learned at any D" in f.why
 
 
 # -- AF-1 and AF-1a ----------------------------------------------------------------

@@ -24,6 +24,7 @@ from claimslib.runs import (
     variant_label,
 )
 from claimslib.verdict import (
+    NON_NEGATIVE,
     NOT_SEEN,
     Check,
     Finding,
@@ -270,7 +271,8 @@ def eval_af2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     order = [adaptive, *consts]
     rows = [[variant_label(runs[k]), pct(acc[k].values()),
              pct(values(runs[k], "best_accuracy").values()),
-             fmt(*mean_ci(drops[k].values()), ".1f"), fmt(*mean_ci(dev[k].values()), ".2f")]
+             fmt(*mean_ci(drops[k].values()), ".1f", bounds=NON_NEGATIVE),
+             fmt(*mean_ci(dev[k].values()), ".2f", bounds=NON_NEGATIVE)]
             for k in order]
     chart = Chart("AF-2: adaptive K against constant K (mean, 95 % CI over seeds)",
                   [Panel("test accuracy averaged over the run (%)",
