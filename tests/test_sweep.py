@@ -385,11 +385,14 @@ def test_a_sweep_scaled_up_runs_its_points_at_a_multiple_of_their_own_dilation()
     assert _dilation_for(fresh, 0.5, 1.0, False) is None      # its scenario's own
     assert _dilation_for(fresh, 0.5, 2.0, False) == 1.0
     assert _dilation_for(fresh, None, 2.0, False) is None     # "auto": not scaled
-    crowded = result("fail", 1.0)
-    assert _dilation_for(crowded, 0.5, 1.0, True) == 1.0      # same dilation
-    assert _dilation_for(crowded, 0.5, 4.0, True) == 2.0      # ... or the new scale's
+    crowded = result("fail", 2.0)                             # at 4x, then back to 1x
+    assert _dilation_for(crowded, 0.5, 1.0, True) is None     # as a first attempt
+    assert _dilation_for(crowded, 0.5, 4.0, True) == 2.0      # ... at the scale of now
+    assert _dilation_for(crowded, 0.5, 1.0, True, need=1.5) == 1.5   # or its own need
     alone = result("fail", 1.0)
     assert _dilation_for(alone, 0.5, 2.0, False) == 3.0       # its own need wins
+    assert _dilation_for(alone, 0.5, 8.0, False) == 4.0       # ... unless the scale's is more
+    assert _dilation_for(alone, None, 2.0, False) == 3.0      # "auto": its suggestion
 
 
 # A run that fails its verdict whenever another run ran at the same time (as

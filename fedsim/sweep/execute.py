@@ -161,18 +161,25 @@ def _next_dilation(res: PointResult, shared: bool = False) -> float:
     return round(min(max(want, 1.5 * current), MAX_STEP * current), 3)
 
 
-def _dilation_for(prev: PointResult, base: float | None, scale: float,
-                  shared: bool) -> float | None:
+def _dilation_for(prev: PointResult, base: float | None, scale: float, shared: bool,
+                  need: float | None = None) -> float | None:
     """The dilation of a point's next attempt (None: its scenario's own).
 
-    A first attempt runs at its own dilation ``base`` times the sweep's
-    ``scale``; a rerun at what :func:`_next_dilation` says, and at least that.
-    A point whose scenario picks its dilation itself (``"auto"``) is not scaled.
+    A point runs at its own dilation ``base`` times the sweep's ``scale``,
+    or at ``need`` (the dilation an attempt that failed alone asked for),
+    whichever is larger. An attempt that failed beside other runs says
+    nothing about the point: it goes again as a first attempt would, at the
+    scale the sweep has now. A point whose scenario picks its dilation
+    itself (``"auto"``) is not scaled: it goes again as
+    :func:`_next_dilation` says.
     """
-    want = _next_dilation(prev, shared=shared) if prev.verdict == "fail" else None
-    if base is not None and scale > 1:
-        want = round(max(want or 0.0, base * scale), 3)
-    return want
+    failed_alone = prev.verdict == "fail" and not shared
+    if base is None:
+        return _next_dilation(prev, shared=shared) if prev.verdict == "fail" else None
+    if failed_alone:
+        need = max(need or 0.0, _next_dilation(prev))
+    want = max(base * scale, need or 0.0)
+    return None if want == base and need is None else round(want, 3)
 
 
 #: Attempts a point may lose to a crowded machine before they count against it
@@ -241,6 +248,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     shared: set[int] = set()       # runs that had company at some moment
     crowded: dict[str, int] = {}   # per point: attempts that failed while sharing the machine
     crowded_last: set[str] = set()  # points whose last attempt failed while sharing it
+    need: dict[str, float] = {}     # per point: the dilation an attempt that failed alone asked for
     try:
         while todo or running:
             starting = any(_starting(runs / q.key, st) for q, _, st, _, _ in running.values())
@@ -249,7 +257,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                 p = todo.pop(0)
                 prev = results[p.key]
                 dilation = _dilation_for(prev, bases.get(p.key), sched.scale,
-                                         p.key in crowded_last)
+                                         p.key in crowded_last, need.get(p.key))
                 running_proc = _start(p, sweep, runs / p.key, python, dilation, run_plots,
                                       prev.attempts + 1)
                 if running:            # every run under way now shares the machine
@@ -280,6 +288,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
             sched.finished(cores, res.verdict, shared=was_shared, at=level, scale=scale)
             shared.discard(pid)
             crowded_last.discard(p.key)
+            if res.verdict == "fail" and not was_shared and res.status == "completed":
+                need[p.key] = max(need.get(p.key, 0.0), _next_dilation(res))
             if res.verdict == "fail" and was_shared and crowded.get(p.key, 0) < CROWDED_RETRIES:
                 # the machine was crowded: this attempt does not count against the point
                 crowded[p.key] = crowded.get(p.key, 0) + 1
@@ -288,7 +298,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                                                        + crowded.get(p.key, 0)):
                 todo.insert(0, p)      # an unfaithful run goes again, with more dilation
                 why = " beside other runs" if p.key in crowded_last else ""
-                nxt = _dilation_for(res, bases.get(p.key), sched.scale, p.key in crowded_last)
+                nxt = _dilation_for(res, bases.get(p.key), sched.scale, p.key in crowded_last,
+                                    need.get(p.key))
                 say(f"  rerun {p.key}: verdict {res.verdict} at dilation {res.dilation}{why}; "
                     f"next {nxt or 'its own'} "
                     f"(concurrency now {sched.allowed()}{_scaled(sched.scale)})")
