@@ -239,6 +239,7 @@ class ClientHost:
 
     async def _run(self, samples: dict[int, int]) -> int:
         """Register, wait for the start, run the clients, say goodbye (after the set-up)."""
+        _proc.to_foreground()   # the clock probes' round trips and the run keep time
         try:
             await self.sync_clock()
         except TimeoutError:

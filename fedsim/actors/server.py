@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from fedsim._ids import format_ids
-from fedsim.actors._proc import freeze_heap, process_age, thaw_heap
+from fedsim.actors._proc import freeze_heap, process_age, thaw_heap, to_foreground
 from fedsim.actors._server_hosts import HostSide
 from fedsim.actors._server_measure import Measurements
 from fedsim.actors._server_queue import (
@@ -187,6 +187,7 @@ class Server(HostSide, Checkpoints, Measurements):
     # -- the run -------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
         """Run the federation to its end; return the summary."""
+        to_foreground()   # from here on the loop answers clock probes and keeps time
         try:
             async with asyncio.TaskGroup() as tg:
                 reader = self._reader = tg.create_task(self._read(), name="server-reader")

@@ -219,3 +219,34 @@ def test_run_loop_on_the_real_uvloop_runs_the_coroutine_once() -> None:
         _proc.run_loop(work(), "uvloop")
     assert len(runs) == 1
     assert runs[0].startswith(uvloop.__name__)
+
+
+def _policies(env: dict[str, str]) -> list[str]:
+    import os
+    import subprocess
+
+    code = (
+        "import contextlib, os\n"
+        "with contextlib.suppress(OSError):  # as a run starts: in the normal class\n"
+        "    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))\n"
+        "from fedsim.actors import _proc\n"
+        "name = {os.SCHED_OTHER: 'other', os.SCHED_IDLE: 'idle'}\n"
+        "print(_proc.set_up_in_background(), name[os.sched_getscheduler(0)])\n"
+        "_proc.to_foreground()\n"
+        "print(name[os.sched_getscheduler(0)])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, **env}, check=True, timeout=60)
+    return out.stdout.split()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="Linux only")
+def test_a_sweeps_run_sets_up_in_the_idle_class_and_keeps_time_in_the_normal_one() -> None:
+    """Under FEDSIM_SETUP_IDLE=1 (a sweep's runs) the set-up runs under SCHED_IDLE,
+    so that neighbours' trainers are not starved, and the loops return to the normal
+    class; without it (or where the process could not return) nothing changes."""
+    if _proc._can_leave_idle():
+        assert _policies({_proc.SETUP_IDLE_ENV: "1"}) == ["True", "idle", "other"]
+    else:
+        assert _policies({_proc.SETUP_IDLE_ENV: "1"}) == ["False", "other", "other"]
+    assert _policies({_proc.SETUP_IDLE_ENV: "0"}) == ["False", "other", "other"]
