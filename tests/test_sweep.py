@@ -330,6 +330,8 @@ def test_crowded_runs_with_room_on_the_cores_go_at_twice_the_dilation() -> None:
     sched.finished(0.2, "fail", at=2)        # yet 2 at once crowd each other
     assert sched.scale == 2.0                # twice the dilation, 3 (= 2 x 2 - 1) at most
     assert sched.allowed() == 2
+    assert sched.scale_for(5) == 2.0
+    assert sched.scale_for(1) == 1.0         # the last run goes at its own dilation
     sched.finished(0.1, "pass", scale=2.0)   # a run at scale 2 uses half the CPU
     assert sched.load == pytest.approx(0.2)  # ... measured as at scale 1
     assert sched.allowed() == 3
@@ -347,6 +349,7 @@ def test_crowded_runs_with_room_on_the_cores_go_at_twice_the_dilation() -> None:
     sched.finished(0.05, "fail", at=5, scale=4.0)  # at max_scale: the concurrency halves,
     # to 2 at 4x the dilation: half the work per unit of time of one run at its own
     assert (sched.scale, sched.allowed()) == (1.0, 1)
+    assert sched.scale_for(9) == 1.0
     sched.finished(0.2, "fail", at=2)
     assert (sched.scale, sched.allowed()) == (1.0, 1)    # and it stays there
 

@@ -63,6 +63,16 @@ class _Scheduler:
         self.cap = self.max_jobs          # below the least concurrency that broke a verdict
         #: every run's own dilation is multiplied by this (1, 2, 4, ...)
         self.scale = 1.0
+        #: how many runs at their own dilation went at once without trouble
+        #: (known when the sweep first doubled the dilation)
+        self.cap_at_one = self.max_jobs
+
+    def scale_for(self, remaining: int) -> float:
+        """The multiple of its dilation the next run goes at, with ``remaining``
+        runs left to finish (this one and those under way included): at the end
+        of a sweep, once no more are left than could go at their own dilation,
+        they do (a last long run at 4x its dilation would be the sweep's tail)."""
+        return 1.0 if remaining <= self.cap_at_one else self.scale
 
     def _fit(self, scale: float) -> int:
         assert self.load is not None
@@ -103,6 +113,8 @@ class _Scheduler:
             level = at if at is not None else self.allowed()
             if (self.scale * 2 <= self.max_scale and self.load is not None
                     and self._fit(2 * self.scale) >= 2 * level - 1 > max(1, level - 1)):
+                if self.scale == 1.0:
+                    self.cap_at_one = max(1, level - 1)
                 self.scale *= 2
                 self.cap = min(self.max_jobs, 2 * level - 1)
                 self.ceiling = max(1, level)
@@ -113,7 +125,7 @@ class _Scheduler:
                 # no more work per unit of time than one run at a time at its own
                 # dilation: go back to that, for the rest of the sweep
                 self.scale = self.max_scale = 1.0
-                self.cap = self.ceiling = 1
+                self.cap = self.ceiling = self.cap_at_one = 1
         elif verdict == "pass":
             self.ceiling = min(self.max_jobs, self.ceiling + 1)
 
@@ -255,9 +267,10 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
             starting = any(_starting(runs / q.key, st) for q, _, st, _, _ in running.values())
             while (todo and len(running) < sched.allowed() and not starting
                    and (not running or _mem_available_gb() > 3.0)):
+                scale = sched.scale_for(len(todo) + len(running))
                 p = todo.pop(0)
                 prev = results[p.key]
-                dilation = _dilation_for(prev, bases.get(p.key), sched.scale,
+                dilation = _dilation_for(prev, bases.get(p.key), scale,
                                          p.key in crowded_last, need.get(p.key))
                 running_proc = _start(p, sweep, runs / p.key, python, dilation, run_plots,
                                       prev.attempts + 1)
@@ -265,7 +278,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                     shared.update(running)
                     shared.add(running_proc.pid)
                 running[running_proc.pid] = (p, running_proc, time.monotonic(),
-                                             sched.allowed(), sched.scale)
+                                             sched.allowed(), scale)
                 starting = True
             # while one is starting and more wait, look again soon; else sleep until one ends
             pid, status, usage = os.wait4(-1, os.WNOHANG if starting and todo else 0)

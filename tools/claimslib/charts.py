@@ -22,6 +22,9 @@ class Panel:
     ``series`` maps a series name to its points ``(x, mean, ci95)``; for
     bars ``x`` is a category label (series sharing categories are grouped),
     for lines a number. A mean of None (no faithful runs) is marked, not drawn.
+    An error bar stops at ``bounds`` (default: 0 to 100 for a panel whose
+    value is in ``(%)``, none otherwise): a Student-t interval over three
+    seeds can reach past what the figure can be.
     """
 
     value: str                                   # what the bars' length / the lines' y measure
@@ -31,6 +34,21 @@ class Panel:
     logx: bool = False
     #: lines only: the y axis spans at least this much (a small change stays small)
     min_span: float | None = None
+    bounds: tuple[float, float] | None = None
+    logy: bool = False                           # lines only
+
+
+def _bounds(panel: Panel) -> tuple[float, float]:
+    if panel.bounds is not None:
+        return panel.bounds
+    return (0.0, 100.0) if "(%)" in panel.value else (-math.inf, math.inf)
+
+
+def _errors(panel: Panel, means: list[float], cis: list[float]) -> list[list[float]]:
+    """Asymmetric error bars ``[below, above]``, each interval cut at the panel's bounds."""
+    lo, hi = _bounds(panel)
+    return [[m - max(lo, m - c) for m, c in zip(means, cis, strict=True)],
+            [min(hi, m + c) - m for m, c in zip(means, cis, strict=True)]]
 
 
 @dataclass
@@ -84,8 +102,11 @@ def _draw_bars(ax: Any, panel: Panel) -> None:
         ys = [j - 0.4 + h * (i + 0.5) for j in range(len(cats))]
         means = [at.get(c, (None, None))[0] for c in cats]
         errs = [at.get(c, (None, None))[1] or 0.0 for c in cats]
-        ax.barh(ys, [m or 0.0 for m in means], height=h * 0.9, xerr=errs, capsize=3,
+        bars = _errors(panel, [m or 0.0 for m in means], errs)
+        ax.barh(ys, [m or 0.0 for m in means], height=h * 0.9, xerr=bars, capsize=3,
                 color=PALETTE[i % len(PALETTE)], label=name if k > 1 else None)
+        errs = [b if m is not None and m < 0 else a
+                for m, b, a in zip(means, bars[0], bars[1], strict=True)]
         for y, m, e in zip(ys, means, errs, strict=True):
             if m is None:
                 ax.text(0, y, "  no faithful runs", va="center", fontsize=7, color="0.4")
@@ -112,11 +133,14 @@ def _draw_lines(ax: Any, panel: Panel) -> None:
         got = sorted((float(x), m, ci or 0.0) for x, m, ci in pts_ if m is not None)
         if not got:
             continue
-        ax.errorbar([p[0] for p in got], [p[1] for p in got], yerr=[p[2] for p in got],
+        ax.errorbar([p[0] for p in got], [p[1] for p in got],
+                    yerr=_errors(panel, [p[1] for p in got], [p[2] for p in got]),
                     marker="o", ms=4, capsize=3, lw=1.3, color=PALETTE[i % len(PALETTE)],
                     label=name)
     if panel.logx:
         ax.set_xscale("log")
+    if panel.logy:
+        ax.set_yscale("log", nonpositive="clip")
     xs = sorted({float(x) for pts_ in panel.series.values() for x, m, _ in pts_ if m is not None})
     if xs:      # ticks at the measured values, written as they are, none on top of another
         pos = [math.log10(x) if panel.logx and x > 0 else x for x in xs]

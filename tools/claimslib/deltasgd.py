@@ -10,6 +10,7 @@ from typing import Any
 from claimslib.charts import Chart, Panel
 from claimslib.runs import events, grid_or_setting, group, num, per_seed, setting, values
 from claimslib.verdict import (
+    NON_NEGATIVE,
     SHOWN,
     Check,
     Finding,
@@ -89,14 +90,15 @@ def eval_ds1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
         reason = ("the three small tasks differ far less in smoothness than the paper's "
                   "(an MNIST CNN to a CIFAR-100 ResNet-50), so a step size tuned on task 1 "
                   "carries over")
-    number = (f"largest gap to the best: Delta-SGD {pts(worst['deltasgd'].values())}; "
+    ours = pts(worst["deltasgd"].values(), NON_NEGATIVE)
+    number = (f"largest gap to the best: Delta-SGD {ours}; "
               + ", ".join(f"{OPTIMIZERS.get(o, o)} {short_mean(worst[o].values(), scale=100)}"
                           for o in opts if o != "deltasgd") + " points")
     rows = []
     for o in opts:
         cells = [f"{short_mean(acc.get((t, o), {}).values(), scale=100)} % "
                  f"({short_mean(gap.get((t, o), {}).values(), scale=100)})" for t in tasks]
-        rows.append([OPTIMIZERS.get(o, o), *cells, pts(worst[o].values())])
+        rows.append([OPTIMIZERS.get(o, o), *cells, pts(worst[o].values(), NON_NEGATIVE)])
     chart = Chart("DS-1: step sizes tuned on task 1 only, Delta-SGD untuned (mean, 95 % CI)",
                   [Panel("final test accuracy (%)",
                          {OPTIMIZERS.get(o, o): [(names[t], *scaled(acc.get((t, o), {}).values(),
@@ -179,8 +181,8 @@ def eval_ds2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
                   "of it growing at the rate delta sets")
     else:
         reason = "the clients' local smoothness is alike on this task"
-    number = (f"spread of final accuracy over delta {pts(spread)}; clients' mean step sizes "
-              f"differ {fmt(*mean_ci(all_steps), '.1f', 'x')} (largest / smallest)")
+    number = (f"spread of final accuracy over delta {pts(spread, NON_NEGATIVE)}; clients' mean "
+              f"step sizes differ {fmt(*mean_ci(all_steps), '.1f', 'x')} (largest / smallest)")
     rows = [[f"{d:g}", pct(acc[d].values()), fmt(*mean_ci(steps[d].values()), ".2f", "x"),
              str(len(acc[d]))] for d in deltas]
     chart = Chart("DS-2: Delta-SGD's delta (mean, 95 % CI over seeds)",
@@ -189,7 +191,8 @@ def eval_ds2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
                          kind="lines", xlabel="delta", logx=True, min_span=8.0),
                    Panel("clients' mean step size, largest / smallest",
                          {"Delta-SGD": [(d, *mean_ci(steps[d].values())) for d in deltas]},
-                         kind="lines", xlabel="delta", logx=True)])
+                         kind="lines", xlabel="delta", logx=True, logy=True,
+                         bounds=NON_NEGATIVE)])
     return Finding(number, verdict, explain(verdict, summary, reason),
                    md_table(["delta", "final accuracy", "client step sizes (largest / smallest)",
                              "seeds"], rows), chart)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from claimslib.charts import Chart, Panel
 from claimslib.runs import group, num, setting, values, variant_label
 from claimslib.verdict import (
+    NON_NEGATIVE,
     Check,
     Finding,
     diffs,
@@ -67,11 +68,11 @@ def eval_fs1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
                   f"(1/lambda = 0.1) and ascent radius (0.1) are the paper's CIFAR-10 values, "
                   f"not tuned for this task")
     number = (f"final-accuracy spread over E = {', '.join(f'{e:g}' for e in es)}: FedSpeed "
-              f"{pts(spread['fedspeed'].values())}; "
+              f"{pts(spread['fedspeed'].values(), NON_NEGATIVE)}; "
               + ", ".join(f"{ALGORITHMS.get(a, a)} {short_mean(spread[a].values(), scale=100)}"
                           for a in algs if a != "fedspeed") + " points")
     rows = [[ALGORITHMS.get(a, a), *(pct(acc.get((a, e), {}).values()) for e in es),
-             pts(spread[a].values())] for a in algs]
+             pts(spread[a].values(), NON_NEGATIVE)] for a in algs]
     chart = Chart("FS-1: final test accuracy as E grows with T x E fixed (mean, 95 % CI)",
                   [Panel("final test accuracy (%)",
                          {ALGORITHMS.get(a, a): [(e, *scaled(acc.get((a, e), {}).values(), 100))

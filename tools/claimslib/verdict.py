@@ -157,11 +157,12 @@ def pct(xs: Iterable[float]) -> str:
                bounds=(0.0, 100.0))
 
 
-def pts(xs: Iterable[float]) -> str:
-    """Accuracy differences (fractions) as percentage points: mean and 95 % CI."""
+def pts(xs: Iterable[float], bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
+    """Accuracy differences (fractions) as percentage points: mean and 95 % CI
+    (``bounds``: :data:`NON_NEGATIVE` for a gap or a spread)."""
     m, ci = mean_ci(xs)
     return fmt(None if m is None else 100 * m, None if ci is None else 100 * ci, ".1f",
-               " points")
+               " points", bounds=bounds)
 
 
 def scaled(xs: Iterable[float], scale: float = 1.0) -> tuple[float | None, float | None]:
