@@ -15,6 +15,7 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -424,18 +425,25 @@ json.dump({"status": "completed", "final_accuracy": 0.5, "emulated_seconds": 1.0
 '''
 
 
-def test_a_run_that_failed_beside_others_goes_again_at_its_dilation(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A crowded machine is not the point's fault: no more dilation, no attempt lost."""
+def _crowd_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: str, delays: str,
+                 **kwargs: Any) -> tuple[sw.SweepResult, list[str]]:
+    """A sweep over ``delays`` whose every point runs the fake ``run`` (a CROWD_RUN)."""
     script = tmp_path / "crowd-python"
-    script.write_text(f"#!{sys.executable}\n{CROWD_RUN}")
+    script.write_text(f"#!{sys.executable}\n{run}")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     (tmp_path / "crowd").mkdir()
     monkeypatch.setenv("CROWD_DIR", str(tmp_path / "crowd"))
-    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1,0.2"], seeds=2)
+    s = sw.sweep_from_scenario(QUICK, grid=[f"network.up.delay={delays}"], seeds=2)
     lines: list[str] = []
     res = sw.run_sweep(s, tmp_path / "out", python=str(script), max_attempts=2,
-                       report=lines.append, max_scale=1.0)
+                       report=lines.append, **kwargs)
+    return res, lines
+
+
+def test_a_run_that_failed_beside_others_goes_again_at_its_dilation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crowded machine is not the point's fault: no more dilation, no attempt lost."""
+    res, lines = _crowd_sweep(tmp_path, monkeypatch, CROWD_RUN, "0.0,0.1,0.2", max_scale=1.0)
     assert all(r.counts for r in res.points), [(r.point.key, r.verdict) for r in res.points]
     assert any("beside other runs" in x for x in lines)   # some did fail beside others
     for r in res.points:   # ... and went again at the dilation they had
@@ -447,19 +455,11 @@ def test_crowded_runs_go_again_at_twice_the_dilation_and_more_at_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs that crowd each other at their own dilation (2, the quickstart's) but
     not at twice it: the sweep doubles every later run's dilation and overlaps them."""
-    script = tmp_path / "crowd-python"
-    script.write_text(f"#!{sys.executable}\n"
-                      + CROWD_RUN.replace('"fail" if seen else "pass"',
-                                          '"fail" if seen and dil < 4.0 else "pass"')
-                                 .replace("4 * dil if seen", "4 * dil if seen and dil < 4.0")
-                                 .replace("else 1.0", "else 2.0"))
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "crowd").mkdir()
-    monkeypatch.setenv("CROWD_DIR", str(tmp_path / "crowd"))
-    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1,0.2,0.3"], seeds=2)
-    lines: list[str] = []
-    res = sw.run_sweep(s, tmp_path / "out", python=str(script), max_attempts=2,
-                       report=lines.append)
+    run = (CROWD_RUN.replace('"fail" if seen else "pass"',
+                             '"fail" if seen and dil < 4.0 else "pass"')
+           .replace("4 * dil if seen", "4 * dil if seen and dil < 4.0")
+           .replace("else 1.0", "else 2.0"))
+    res, lines = _crowd_sweep(tmp_path, monkeypatch, run, "0.0,0.1,0.2,0.3")
     assert all(r.counts for r in res.points), [(r.point.key, r.verdict) for r in res.points]
     assert any("every run at 2x its dilation" in x for x in lines), lines
     assert {r.dilation for r in res.points} <= {None, 2.0, 4.0}

@@ -5,12 +5,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import subprocess
-import sys
 
 import fedopt_reference as ref
 import pytest
 import torch
+from _fresh import fresh_python
 
 from fedsim.algorithms import ClientResult, NonFiniteUpdate
 from fedsim.algorithms.fedavg import fedavg_aggregate
@@ -484,6 +483,4 @@ def test_a_server_rule_imports_at_set_up_what_its_first_aggregation_needs() -> N
         "FedOpt('adam')\n"
         "print('torch._dynamo' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
-    assert out.stdout.split() == ["False", "True"], out.stderr
+    assert fresh_python(code) == ["False", "True"]

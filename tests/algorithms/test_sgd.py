@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
+from _fresh import fresh_python
 
 from fedsim.algorithms._sgd import SGD
 from fedsim.algorithms.local import LocalConfig, local_train
@@ -123,6 +121,4 @@ def test_training_with_sgd_does_not_import_dynamo() -> None:
         "                torch.Generator().manual_seed(0))\n"
         "print('torch._dynamo' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
-    assert out.stdout.strip() == "False", out.stderr
+    assert fresh_python(code) == ["False"]
