@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fedsim.actors._proc import SETUP_IDLE_ENV
 from fedsim.metrics import FORMAT_FILE
@@ -128,6 +128,17 @@ class _Scheduler:
                 self.cap = self.ceiling = self.cap_at_one = 1
         elif verdict == "pass":
             self.ceiling = min(self.max_jobs, self.ceiling + 1)
+
+
+class _Running(NamedTuple):
+    """A point's run under way: its process, when it started, how many runs were
+    allowed at once then, and the multiple of its dilation it goes at."""
+
+    point: Point
+    proc: Any
+    started: float
+    level: int
+    scale: float
 
 
 def _mem_available_gb() -> float:
@@ -254,7 +265,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     say(f"sweep {sweep.name}: {len(points)} points"
         + (f", {kept} already finished" if kept else "") + f"; results in {out}")
     sched = _Scheduler(jobs, max_jobs, max_scale)
-    running: dict[int, tuple[Point, Any, float, int, float]] = {}
+    running: dict[int, _Running] = {}
     python = python or sys.executable
     t0 = time.monotonic()
     finished = 0
@@ -264,7 +275,7 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     need: dict[str, float] = {}     # per point: the dilation an attempt that failed alone asked for
     try:
         while todo or running:
-            starting = any(_starting(runs / q.key, st) for q, _, st, _, _ in running.values())
+            starting = any(_starting(runs / r.point.key, r.started) for r in running.values())
             while (todo and len(running) < sched.allowed() and not starting
                    and (not running or _mem_available_gb() > 3.0)):
                 scale = sched.scale_for(len(todo) + len(running))
@@ -277,8 +288,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                 if running:            # every run under way now shares the machine
                     shared.update(running)
                     shared.add(running_proc.pid)
-                running[running_proc.pid] = (p, running_proc, time.monotonic(),
-                                             sched.allowed(), scale)
+                running[running_proc.pid] = _Running(p, running_proc, time.monotonic(),
+                                                     sched.allowed(), scale)
                 starting = True
             # while one is starting and more wait, look again soon; else sleep until one ends
             pid, status, usage = os.wait4(-1, os.WNOHANG if starting and todo else 0)
@@ -322,10 +333,10 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
             say(_progress_line(res, finished, len(todo) + len(running) + finished, kept,
                                time.monotonic() - t0, sched.allowed(), sched.scale))
     except KeyboardInterrupt:
-        for _, proc, _, _, _ in running.values():
-            proc.send_signal(2)
-        for _, proc, _, _, _ in running.values():
-            proc.wait()
+        for r in running.values():
+            r.proc.send_signal(2)
+        for r in running.values():
+            r.proc.wait()
         raise
     final = [results[p.key] for p in points]
     files = write_tables(sweep, out, final)
