@@ -36,6 +36,7 @@ from claimslib.fedasync import eval_fa1, eval_fa2  # noqa: E402
 from claimslib.fedspeed import eval_fs1, eval_fs2  # noqa: E402
 from claimslib.runs import setting  # noqa: E402
 from claimslib.verdict import (  # noqa: E402
+    NON_NEGATIVE,
     NOT_SEEN,
     SHOWN,
     WITHIN_NOISE,
@@ -43,6 +44,7 @@ from claimslib.verdict import (  # noqa: E402
     fmt,
     judge,
     pct,
+    pts,
     side,
 )
 
@@ -135,6 +137,9 @@ def test_an_interval_stays_within_what_its_figure_can_be() -> None:
     # FA-1's Const/Poly ratio of loss spreads: -4.78 to 11.40 before
     assert fmt(3.31, 8.09, unit="x") == "3.31x (95 % CI 0.00 to 11.40)"
     assert fmt(-1.0, 0.5) == "-1.00 (95 % CI -1.50 to -0.50)"
+    # DS-2's spread of final accuracy over delta: 0.0 to 155.2 points before
+    assert pts([0.007, 0.007, 0.922], NON_NEGATIVE) == "31.2 points (95 % CI 0.0 to 100.0)"
+    assert pts([-0.9, -0.95, 0.1]) == "-58.3 points (95 % CI -100.0 to 88.8)"
 
 
 def test_side_shown_within_noise_and_not_seen() -> None:

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from fedsim._lazy import lazy_module
 from fedsim._schema import NonNeg, Pos
-from fedsim.algorithms._kernels import pack_tensor, pseudo_gradient, unpack_tensor
+from fedsim.algorithms._kernels import all_finite, pack_tensor, pseudo_gradient, unpack_tensor
 from fedsim.algorithms.api import (
     AlgorithmConfig,
     Applied,
@@ -414,7 +414,7 @@ class RoundsFlow(ServerAlgorithm):
         for r in self.results:
             if r.client not in used:
                 continue
-            if not bool(torch.isfinite(r.params).all()):
+            if not all_finite(r.params):
                 step.discarded.append(Discarded(r.client, "non-finite update"))
             else:
                 good.append(r)

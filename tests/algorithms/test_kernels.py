@@ -72,3 +72,21 @@ def test_lerp_is_a_new_tensor():
     out = lerp(x, y, 0.25)
     assert torch.allclose(out, torch.full((3,), 0.25))
     assert torch.equal(x, torch.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_all_finite_finds_one_bad_value_in_any_layout(dtype, bad):
+    from fedsim.algorithms._kernels import all_finite
+
+    vec = torch.linspace(-3.0, 3.0, 1000).to(dtype)
+    assert all_finite(vec)
+    assert all_finite(torch.empty(0, dtype=dtype))
+    vec[617] = bad
+    assert not all_finite(vec)
+    grid = vec.reshape(10, 100)
+    assert not all_finite(grid.t())          # a strided view: the same values
+    assert all_finite(grid[:6].t())          # ... and one that leaves the bad row out
+    assert not all_finite(vec.clone().requires_grad_(dtype.is_floating_point))
+    # a huge but finite vector is finite (no shortcut through an overflowing sum)
+    assert all_finite(torch.full((100,), torch.finfo(dtype).max, dtype=dtype))

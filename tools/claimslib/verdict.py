@@ -159,10 +159,11 @@ def pct(xs: Iterable[float]) -> str:
 
 def pts(xs: Iterable[float], bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
     """Accuracy differences (fractions) as percentage points: mean and 95 % CI
-    (``bounds``: :data:`NON_NEGATIVE` for a gap or a spread)."""
+    (``bounds``: :data:`NON_NEGATIVE` for a gap or a spread), the interval
+    cut at +-100 points, as far as two accuracies can be apart."""
     m, ci = mean_ci(xs)
     return fmt(None if m is None else 100 * m, None if ci is None else 100 * ci, ".1f",
-               " points", bounds=bounds)
+               " points", bounds=(max(bounds[0], -100.0), min(bounds[1], 100.0)))
 
 
 def scaled(xs: Iterable[float], scale: float = 1.0) -> tuple[float | None, float | None]:
