@@ -197,6 +197,12 @@ class DeployConfig(SchemaModel):
     # them from one zygote process that imported torch and built the data
     # once (fast start, pages shared), or "spawn" each as a fresh process
     workers: Literal["fork", "spawn"] = "fork"
+    # `fedsim run` only: give each client host's trainer a CPU of its own and
+    # keep every other process of the run (server, host loops, evaluator) on
+    # the rest; needs more usable CPUs than client hosts. For one run on an
+    # otherwise idle machine (a benchmark): runs side by side would all put
+    # their trainers on the same CPUs
+    pin_trainers: bool = False
     max_message_mb: Pos = 512.0
     # real seconds to wait for client hosts to register before the federation
     # starts with those present (the missing ones are named)

@@ -121,7 +121,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
                 local_hosts: list[list[int]] | None = None, resume: bool = False,
                 on_progress: Callable[[Progress], None] | None = None,
                 control: RunControl | None = None, zygote: Zygote | None = None,
-                fed: Any = None) -> dict[str, Any]:
+                fed: Any = None, trainer_cpus: list[int] | None = None) -> dict[str, Any]:
     """Run the server of one federation; return its summary.
 
     ``bind`` is the address client hosts connect to (default: a local one).
@@ -131,7 +131,8 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     admits only the keys on ``allowed``'s allow-list. With ``resume`` the run
     continues from ``run_dir``'s checkpoint. SIGINT and SIGTERM (on the main
     thread) and ``control`` end the run with status ``interrupted`` (a second
-    one aborts).
+    one aborts). ``trainer_cpus`` gives local host ``h``'s trainer the CPU
+    ``trainer_cpus[h]`` (``deploy.pin_trainers``).
     """
     from fedsim._ids import format_id_list
     from fedsim.actors._proc import fedsim_version
@@ -169,6 +170,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
             "--host-id", str(h), "--clients", format_id_list(clients),
             "--scenario", scenario_file, "--run-id", run_id, "--parent", str(os.getpid()),
             *(("--zygote", zygote.name) if zygote is not None else ()),
+            *(("--trainer-cpu", str(trainer_cpus[h])) if trainer_cpus else ()),
             stdin=asyncio.subprocess.DEVNULL, env=child_env())
     write_json_atomic(run_dir / "endpoints.json", {
         "server": endpoint.address, "run_id": run_id, "pid": os.getpid(),
@@ -339,16 +341,44 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
     skips drawing the run's PNGs at the end (``fedsim plot RUN`` draws them
     later; a sweep of many runs saves a few seconds per run).
     """
-    from fedsim.actors._proc import freeze_heap, run_loop, thaw_heap
-    from fedsim.actors.zygote import Zygote, can_fork_here
+    from fedsim.actors._proc import cpu_placement
 
     if resume is not None:
         sc, run_dir, choice, data = prepare_resume(resume)
         hosts = plan_hosts(sc)
+        placement = cpu_placement(len(hosts)) if sc.deploy.pin_trainers else None
     else:
         assert sc is not None
         hosts = plan_hosts(sc)
+        placement = cpu_placement(len(hosts)) if sc.deploy.pin_trainers else None
         sc, run_dir, choice, data = prepare(sc, out, dilation, len(hosts))
+    trainer_cpus, own_cpus = None, None
+    if placement is not None:
+        # this thread, and every process and thread it starts (the zygote,
+        # the hosts, the evaluator), stays off the trainers' CPUs
+        rest, trainer_cpus = placement
+        own_cpus = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, rest)
+        log.info("trainers on CPUs %s, the rest of the run on %s", trainer_cpus, sorted(rest))
+    try:
+        summary = _run_here(sc, run_dir, choice, data, hosts, resume is not None,
+                            on_progress, control, trainer_cpus)
+    finally:
+        if own_cpus is not None:
+            os.sched_setaffinity(0, own_cpus)
+    if plots:
+        finish(run_dir)
+    return RunResult.of(run_dir, summary)
+
+
+def _run_here(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
+              hosts: list[list[int]], resume: bool,
+              on_progress: Callable[[Progress], None] | None, control: RunControl | None,
+              trainer_cpus: list[int] | None) -> dict[str, Any]:
+    """The federation of :func:`run_scenario` (a zygote, the server's loop); its summary."""
+    from fedsim.actors._proc import freeze_heap, run_loop, thaw_heap
+    from fedsim.actors.zygote import Zygote, can_fork_here
+
     zygote, fed = None, None
     name = f"fedsim-{os.getpid()}-{time.monotonic_ns()}-zygote"
     if sc.deploy.workers == "fork" and not can_fork_here():
@@ -368,14 +398,11 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
         freeze_heap()  # torch and the data: the zygote's and this process's collections skip them
         zygote = Zygote.fork(name, sc, fed)
     try:
-        summary = run_loop(serve(sc, run_dir, choice, data, local_hosts=hosts,
-                                 resume=resume is not None, on_progress=on_progress,
-                                 control=control, zygote=zygote, fed=fed),
-                           sc.deploy.loop)
+        return run_loop(serve(sc, run_dir, choice, data, local_hosts=hosts, resume=resume,
+                              on_progress=on_progress, control=control, zygote=zygote,
+                              fed=fed, trainer_cpus=trainer_cpus),
+                        sc.deploy.loop)
     finally:
         thaw_heap()
         if zygote is not None:
             zygote.close()
-    if plots:
-        finish(run_dir)
-    return RunResult.of(run_dir, summary)

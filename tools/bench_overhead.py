@@ -17,6 +17,8 @@ here, in turn for ``--reps`` repetitions so machine noise hits all alike:
   itself adds, apart from that choice of SGD;
 * ``fedsim-1host``: ``fedsim run`` with one client host (one core trains;
   the "per core used" comparison), device step time 0, dilation 1;
+* ``fedsim-1host-pin``: the same with ``deploy.pin_trainers``: the
+  trainer alone on one CPU, the server, host loop and evaluator on the other;
 * ``fedsim``: ``fedsim run`` as shipped (one client host per core);
 * ``fedsim-spawn``: the same with ``deploy.workers = "spawn"`` (every torch
   worker a fresh process that imports torch and builds the data: how
@@ -269,7 +271,7 @@ def run_script(python: str, script: Path, data: Path, rounds: int,
 
 
 def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float,
-               spawn: bool = False) -> dict[str, float]:
+               spawn: bool = False, pin: bool = False) -> dict[str, float]:
     out_dir = work / f"run-{hosts}-{time.monotonic_ns()}"
     fedsim = str(Path(sys.executable).with_name("fedsim"))
     cmd = [fedsim, "run", str(work / "overhead.toml"), "--out", str(out_dir), "--no-plots",
@@ -278,6 +280,8 @@ def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float,
         cmd += ["--set", f"deploy.hosts={hosts}"]
     if spawn:
         cmd += ["--set", "deploy.workers=spawn"]
+    if pin:
+        cmd += ["--set", "deploy.pin_trainers=true"]
     t0, _, sampler, _ = _launch(cmd)
     events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()]
     wall0 = next(e["wall"] for e in events if e["ev"] == "start")
@@ -323,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         (work / "flower.py").write_text(FLOWER)
         runs: dict[str, list[dict[str, float]]] = {}
         for rep in range(args.reps):
-            order = ["plain", "plain-lean", "fedsim-1host", "fedsim", "fedsim-spawn",
-                     *(["flower"] if flower else [])]
+            order = ["plain", "plain-lean", "fedsim-1host", "fedsim-1host-pin", "fedsim",
+                     "fedsim-spawn", *(["flower"] if flower else [])]
             for name in order if rep % 2 == 0 else order[::-1]:
                 if name in ("plain", "plain-lean"):
                     fig = run_script(sys.executable, work / "plain.py", work / "data.npz",
@@ -335,10 +339,11 @@ def main(argv: list[str] | None = None) -> int:
                     fig = run_script(flower, work / "flower.py", work / "data.npz",
                                      args.rounds, per_round)
                 else:
-                    fig = run_fedsim(work, 1 if name == "fedsim-1host" else 0, sizes,
-                                     per_round, spawn=name == "fedsim-spawn")
+                    fig = run_fedsim(work, 1 if name.startswith("fedsim-1host") else 0,
+                                     sizes, per_round, spawn=name == "fedsim-spawn",
+                                     pin=name == "fedsim-1host-pin")
                 runs.setdefault(name, []).append(fig)
-                print(f"  rep {rep + 1} {name:13s} first round {fig['first_round_s']:.2f} s, "
+                print(f"  rep {rep + 1} {name:16s} first round {fig['first_round_s']:.2f} s, "
                       f"{fig['s_per_round'] * 1e3:.1f} ms/round, PSS {fig['pss_gb']:.2f} GB",
                       flush=True)
     finally:
@@ -348,10 +353,10 @@ def main(argv: list[str] | None = None) -> int:
            for name, figs in runs.items()}
     print(f"\nFedAvg, 100 clients, 10 per round, MLP 60-200-10, Synthetic(1,1), "
           f"{args.rounds} rounds; median of {args.reps} ({os.cpu_count()} cores)\n")
-    print(f"{'':14s}{'first round':>13s}{'s/round':>10s}{'PSS (GB)':>10s}{'RSS (GB)':>10s}"
+    print(f"{'':17s}{'first round':>13s}{'s/round':>10s}{'PSS (GB)':>10s}{'RSS (GB)':>10s}"
           f"{'processes':>11s}")
     for name, m in med.items():
-        print(f"{name:14s}{m['first_round_s']:>11.2f} s{m['s_per_round']:>10.4f}"
+        print(f"{name:17s}{m['first_round_s']:>11.2f} s{m['s_per_round']:>10.4f}"
               f"{m['pss_gb']:>10.2f}{m['rss_gb']:>10.2f}{m['processes']:>11.0f}")
     p, f1, f = med["plain"], med["fedsim-1host"], med["fedsim"]
     print("\nratios (the issue's targets in brackets):")
@@ -359,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
           "  [<= 1]")
     print(f"  fedsim-1host s/round / plain loop's   {f1['s_per_round'] / p['s_per_round']:.2f}"
           "  [<= 1.1]")
+    fp = med["fedsim-1host-pin"]
+    print(f"  the same, its trainer on a CPU of its own (deploy.pin_trainers)   "
+          f"{fp['s_per_round'] / p['s_per_round']:.2f}")
     pl = med["plain-lean"]
     print(f"  the same two against the lean loop     {f['first_round_s'] / pl['first_round_s']:.2f}"
           f", {f1['s_per_round'] / pl['s_per_round']:.2f}  (what fedsim adds beside its SGD)")
@@ -372,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
               "  [several]")
         print(f"  Flower first round / fedsim's         "
               f"{fl['first_round_s'] / f['first_round_s']:.2f}")
-    verdicts = sorted({str(fig.get("verdict")) for n in ("fedsim", "fedsim-1host")
+    verdicts = sorted({str(fig.get("verdict")) for n in ("fedsim", "fedsim-1host",
+                                                           "fedsim-1host-pin")
                        for fig in runs[n]})
     print(f"  fedsim fidelity verdicts at dilation 1: {', '.join(verdicts)}")
     if args.json:

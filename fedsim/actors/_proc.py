@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -199,6 +200,33 @@ def to_foreground() -> None:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     except OSError as exc:   # _can_leave_idle said it could: say so loudly
         log.error("could not leave SCHED_IDLE after the set-up (%s): timing will suffer", exc)
+
+
+def cpu_placement(hosts: int) -> tuple[set[int], list[int]]:
+    """``deploy.pin_trainers``: (the CPUs for everything but the trainers, one CPU
+    per client host's trainer), from this process's usable CPUs.
+
+    The trainers take the last ``hosts`` CPUs. Raises :class:`~fedsim.errors.DeployError`
+    unless at least one CPU is left for the rest.
+    """
+    from fedsim.errors import DeployError
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) <= hosts:
+        raise DeployError(
+            f"deploy.pin_trainers: {hosts} client host(s) need {hosts + 1} usable CPUs "
+            f"(a trainer's each, one for the rest); this process may use {len(cpus)} "
+            f"({', '.join(map(str, cpus))}): set deploy.hosts below {len(cpus)} or "
+            "deploy.pin_trainers = false")
+    return set(cpus[:len(cpus) - hosts]), cpus[len(cpus) - hosts:]
+
+
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Restrict every thread of process ``pid`` (its ZeroMQ I/O thread too, which
+    carries each of its messages) to ``cpus``; threads it starts later inherit it."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):   # a thread that just ended
+            os.sched_setaffinity(int(tid), cpus)
 
 
 def process_age() -> float | None:

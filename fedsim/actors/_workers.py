@@ -50,12 +50,16 @@ class WorkerHandle:
     zygote
         The name of a :mod:`~fedsim.actors.zygote` to fork the worker from
         (None: start a fresh Python process).
+    cpus
+        CPUs to keep the worker's every thread on once it is ready (None: where
+        it was started; ``deploy.pin_trainers``).
     """
 
     def __init__(self, zmq_ctx: ZmqContext, endpoint: str, scenario_file: str, role: str,
                  clients: list[int] | None = None, state_path: str | None = None,
-                 zygote: str | None = None) -> None:
+                 zygote: str | None = None, cpus: set[int] | None = None) -> None:
         self.zygote = zygote
+        self.cpus = cpus
         self.state_path = state_path
         self.endpoint = endpoint
         self.scenario_file = scenario_file
@@ -104,6 +108,10 @@ class WorkerHandle:
         msg, _ = decode(hello.result(), check_finite=False)
         if not isinstance(msg, WorkerReady):
             raise WorkerDied(f"{self.role} worker sent {type(msg).__name__} instead of ready")
+        if self.cpus is not None and self.proc is not None:
+            from fedsim.actors._proc import pin_process
+
+            pin_process(self.proc.pid, self.cpus)
         self._tasks.append(asyncio.create_task(self._read()))
         return msg
 

@@ -398,14 +398,15 @@ class ClientHost:
 async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, connect: str,
                      name: str, clients: list[int], run_id: str,
                      keys: ClientKeys | None = None, state_dir: str | None = None,
-                     zygote: str | None = None) -> int:
+                     zygote: str | None = None, trainer_cpu: int | None = None) -> int:
     """Run one client host against the server at ``connect``; its exit code.
 
     ``scenario_file`` holds the resolved scenario ``raw`` (the torch worker
     reads it); ``keys`` make the connection a CURVE client; with
     ``state_dir`` the clients' algorithm state survives a restart of the host.
     With ``zygote`` the trainer is forked from that zygote
-    (:mod:`fedsim.actors.zygote`) instead of started from scratch.
+    (:mod:`fedsim.actors.zygote`) instead of started from scratch; with
+    ``trainer_cpu`` the trainer runs on that CPU alone (``deploy.pin_trainers``).
     """
     from fedsim.actors._workers import WorkerHandle
     from fedsim.scenario import scenario_hash
@@ -418,7 +419,8 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
         os.makedirs(state_dir, exist_ok=True)
         state = os.path.join(state_dir, f"{name}-clients.pt")
     trainer = WorkerHandle(zmq_ctx, ipc_address(run_id, f"{name}-trainer"),
-                           scenario_file, "trainer", clients, state, zygote=zygote)
+                           scenario_file, "trainer", clients, state, zygote=zygote,
+                           cpus=None if trainer_cpu is None else {trainer_cpu})
     host = ClientHost(sc, name, clients, conn, trainer,
                       fedsim_version=_proc.fedsim_version(),
                       scenario_hash=scenario_hash(raw))
@@ -441,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-id", default=str(os.getpid()))
     ap.add_argument("--parent", type=int, default=None)
     ap.add_argument("--zygote", default=None, help="zygote to fork the trainer from")
+    ap.add_argument("--trainer-cpu", type=int, default=None, help="the trainer's own CPU")
     args = ap.parse_args(argv)
     name = f"host-{args.host_id}"
     if not _proc.become_child(args.parent, name):
@@ -451,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     clients = parse_id_list(args.clients)
     return _proc.run_loop(serve_host(sc, args.scenario, raw, connect=args.connect, name=name,
                                      clients=clients, run_id=args.run_id,
-                                     zygote=args.zygote), sc.deploy.loop)
+                                     zygote=args.zygote, trainer_cpu=args.trainer_cpu),
+                             sc.deploy.loop)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,42 @@ every_updates = 8
     # a run under way when the hosts stopped was measured but logged no train_end
     assert len(runs) <= phases["compute"]["real"]["n"] <= len(runs) + s["clients"]
     assert phases["compute"]["budget"]["n"] == phases["compute"]["real"]["n"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+def test_pinned_trainers_have_a_cpu_of_their_own(tmp_path: Path) -> None:
+    """``deploy.pin_trainers``: the trainer (every thread of it) alone on the last
+    CPU, the rest of the run on the others; this process's CPUs given back after."""
+    import psutil
+
+    mine = os.sched_getaffinity(0)
+    cpus = sorted(mine)
+    seen: dict[int, set[frozenset[int]]] = {}
+
+    def look(_progress: object) -> None:
+        for p in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):  # one that just ended
+                seen[p.pid] = {frozenset(os.sched_getaffinity(t.id)) for t in p.threads()}
+
+    path = write_scenario(tmp_path, "pin_trainers = true\n")  # [deploy] is the last table
+    result = run_scenario(load(path), tmp_path / "run", on_progress=look)
+    assert result.summary["status"] == "completed"
+    assert os.sched_getaffinity(0) == mine
+    trainer, rest = frozenset(cpus[-1:]), frozenset(cpus[:-1])
+    assert len(seen) >= 4, seen   # zygote, host, trainer, evaluator
+    assert [pid for pid, a in seen.items() if a == {trainer}] != [], seen
+    assert sum(a == {trainer} for a in seen.values()) == 1, seen
+    assert all(a == {rest} for a in seen.values() if a != {trainer}), seen
+
+
+def test_pinning_more_trainers_than_cpus_is_refused_before_the_run(tmp_path: Path) -> None:
+    from fedsim.errors import DeployError
+
+    n = len(os.sched_getaffinity(0))
+    path = write_scenario(tmp_path, "pin_trainers = true\n")
+    sc = load(path)
+    sc = sc.model_copy(update={"deploy": sc.deploy.model_copy(update={"hosts": n}),
+                               "data": sc.data.model_copy(update={"num_clients": max(8, n)})})
+    with pytest.raises(DeployError, match=r"deploy.pin_trainers: .* need .* usable CPUs"):
+        run_scenario(sc, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
