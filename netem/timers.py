@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import heapq
 import itertools
 import logging
@@ -30,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from netem._libc import libc as load_libc
 from netem.clock import Clock
 
 __all__ = ["TimerHandle", "TimerHeap"]
@@ -52,8 +52,10 @@ class _Itimerspec(ctypes.Structure):
 
 
 def _load_timerfd() -> Any:
+    libc = load_libc()
+    if libc is None:
+        return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         libc.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
         libc.timerfd_settime.argtypes = [
             ctypes.c_int,

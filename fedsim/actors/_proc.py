@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import gc
 import logging
 import os
@@ -13,6 +12,8 @@ import signal
 import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
+
+from netem._libc import libc
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -43,11 +44,10 @@ def die_with_parent(parent_pid: int | None = None) -> bool:
     A crashed or killed parent then leaves no orphan behind. Returns False
     when the parent is already gone (the caller, a process's main, ends).
     """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    c = libc()
+    if c is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            c.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     return parent_pid is None or os.getppid() == parent_pid
 
 
@@ -60,11 +60,10 @@ def set_process_name(name: str) -> None:
     A worker forked from the zygote keeps the command line of the process
     it was forked from (``fedsim run ...``); its name says what it is.
     """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    c = libc()
+    if c is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            c.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def terminated(*_: object) -> NoReturn:
