@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +29,7 @@ from fedsim.results import RunResult
 from fedsim.scenario import Scenario, resolved, to_toml, unused_keys
 
 if TYPE_CHECKING:
+    from fedsim.actors._local_hosts import HostProcess
     from fedsim.actors.runstate import Progress
     from fedsim.actors.zygote import Zygote
     from fedsim.transport import ServerKeys
@@ -89,6 +89,11 @@ class RunControl:
                 loop.call_soon_threadsafe(task.cancel)
 
 
+def new_run_id() -> str:
+    """A run's id on this machine (its ipc addresses are named after it)."""
+    return f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+
+
 def plan_hosts(sc: Scenario) -> list[list[int]]:
     """Assign clients to client-host processes (round-robin)."""
     n = sc.deploy.hosts or len(os.sched_getaffinity(0))
@@ -121,7 +126,9 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
                 local_hosts: list[list[int]] | None = None, resume: bool = False,
                 on_progress: Callable[[Progress], None] | None = None,
                 control: RunControl | None = None, zygote: Zygote | None = None,
-                fed: Any = None, trainer_cpus: list[int] | None = None) -> dict[str, Any]:
+                fed: Any = None, trainer_cpus: list[int] | None = None,
+                run_id: str | None = None,
+                started: dict[str, HostProcess] | None = None) -> dict[str, Any]:
     """Run the server of one federation; return its summary.
 
     ``bind`` is the address client hosts connect to (default: a local one).
@@ -132,9 +139,11 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     continues from ``run_dir``'s checkpoint. SIGINT and SIGTERM (on the main
     thread) and ``control`` end the run with status ``interrupted`` (a second
     one aborts). ``trainer_cpus`` gives local host ``h``'s trainer the CPU
-    ``trainer_cpus[h]`` (``deploy.pin_trainers``).
+    ``trainer_cpus[h]`` (``deploy.pin_trainers``). ``started`` are the local
+    hosts already started (by :func:`run_scenario`, before it imported
+    torch) for ``run_id``'s ipc address.
     """
-    from fedsim._ids import format_id_list
+    from fedsim.actors._local_hosts import start_hosts
     from fedsim.actors._proc import fedsim_version
     from fedsim.actors._setup import build_data, build_model, model_shapes
     from fedsim.actors._workers import WorkerHandle
@@ -146,7 +155,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     from fedsim.scenario import scenario_hash
     from fedsim.transport import ZmqContext, ipc_address
 
-    run_id = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+    run_id = run_id or new_run_id()
     scenario_file = str((run_dir / "scenario.json").resolve())
     ckpt = None
     if resume:
@@ -159,19 +168,14 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
         bind = (ipc_address(run_id, "server") if sc.deploy.transport == "ipc"
                 else "tcp://127.0.0.1:0")
     endpoint = zmq_ctx.endpoint(bind, keys)
-    procs: dict[str, asyncio.subprocess.Process] = {}
     stopping = {"flag": False}
-    # The hosts start first: they import and connect while the data and the
-    # model are built (here, or in the zygote the trainers fork from).
-    for h, clients in enumerate(local_hosts or []):
-        name = f"host-{h}"
-        procs[name] = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fedsim.actors.host", "--connect", endpoint.address,
-            "--host-id", str(h), "--clients", format_id_list(clients),
-            "--scenario", scenario_file, "--run-id", run_id, "--parent", str(os.getpid()),
-            *(("--zygote", zygote.name) if zygote is not None else ()),
-            *(("--trainer-cpu", str(trainer_cpus[h])) if trainer_cpus else ()),
-            stdin=asyncio.subprocess.DEVNULL, env=child_env())
+    # The hosts start first (if not started yet): they import and connect
+    # while the data and the model are built (here, or in the zygote the
+    # trainers fork from).
+    procs = started if started is not None else start_hosts(
+        local_hosts or [], connect=endpoint.address, scenario_file=scenario_file,
+        run_id=run_id, zygote=None if zygote is None else zygote.name,
+        trainer_cpus=trainer_cpus, env=child_env())
     write_json_atomic(run_dir / "endpoints.json", {
         "server": endpoint.address, "run_id": run_id, "pid": os.getpid(),
         "node": socket.gethostname(), "authenticated": keys is not None,
@@ -208,7 +212,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
                     allowed=allowed, resume=ckpt)
     server.on_progress = on_progress
 
-    async def watch(name: str, proc: asyncio.subprocess.Process) -> None:
+    async def watch(name: str, proc: HostProcess) -> None:
         code = await proc.wait()
         if code != 0 or not stopping["flag"]:
             server.host_exited(name, f"exit code {code}")
@@ -375,12 +379,42 @@ def _run_here(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
               hosts: list[list[int]], resume: bool,
               on_progress: Callable[[Progress], None] | None, control: RunControl | None,
               trainer_cpus: list[int] | None) -> dict[str, Any]:
-    """The federation of :func:`run_scenario` (a zygote, the server's loop); its summary."""
+    """The federation of :func:`run_scenario` (local hosts, a zygote, the server's loop);
+    its summary."""
+    from fedsim.actors._local_hosts import start_hosts
+    from fedsim.plugins import child_env
+    from fedsim.transport import ipc_address
+
+    name = f"fedsim-{os.getpid()}-{time.monotonic_ns()}-zygote"
+    run_id, started = new_run_id(), None
+    if sc.deploy.transport == "ipc":
+        # The hosts start now, while this process imports torch and builds the
+        # data: they need only the server's address (an ipc name, known now)
+        # and the zygote's (they wait for both to appear).
+        started = start_hosts(hosts, connect=ipc_address(run_id, "server"),
+                              scenario_file=str((run_dir / "scenario.json").resolve()),
+                              run_id=run_id,
+                              zygote=name if sc.deploy.workers == "fork" else None,
+                              trainer_cpus=trainer_cpus, env=child_env(), background=True)
+    try:
+        return _federation(sc, run_dir, choice, data, hosts, resume, on_progress, control,
+                           trainer_cpus, name, run_id, started)
+    finally:
+        for p in (started or {}).values():   # a start that failed leaves none behind
+            if p.returncode is None:
+                p.kill()
+                p.popen.wait()
+
+
+def _federation(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
+                hosts: list[list[int]], resume: bool,
+                on_progress: Callable[[Progress], None] | None, control: RunControl | None,
+                trainer_cpus: list[int] | None, name: str, run_id: str,
+                started: dict[str, HostProcess] | None) -> dict[str, Any]:
     from fedsim.actors._proc import freeze_heap, run_loop, thaw_heap
     from fedsim.actors.zygote import Zygote, can_fork_here
 
     zygote, fed = None, None
-    name = f"fedsim-{os.getpid()}-{time.monotonic_ns()}-zygote"
     if sc.deploy.workers == "fork" and not can_fork_here():
         # a fresh zygote imports torch while this process does
         zygote = Zygote.start(name, str((run_dir / "scenario.json").resolve()))
@@ -400,7 +434,8 @@ def _run_here(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
     try:
         return run_loop(serve(sc, run_dir, choice, data, local_hosts=hosts, resume=resume,
                               on_progress=on_progress, control=control, zygote=zygote,
-                              fed=fed, trainer_cpus=trainer_cpus),
+                              fed=fed, trainer_cpus=trainer_cpus, run_id=run_id,
+                              started=started),
                         sc.deploy.loop)
     finally:
         thaw_heap()

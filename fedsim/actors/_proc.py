@@ -190,15 +190,26 @@ def set_up_in_background() -> bool:
 
 def to_foreground() -> None:
     """Leave the idle class :func:`set_up_in_background` entered (a no-op otherwise):
-    an event loop about to keep emulated time."""
+    an event loop about to keep emulated time.
+
+    Every thread of the process leaves it: a thread inherits its creator's
+    class, and the ZeroMQ I/O thread, which carries each message, is made
+    during the set-up.
+    """
     if not hasattr(os, "SCHED_IDLE") or os.sched_getscheduler(0) != os.SCHED_IDLE:
         return
     if os.environ.get(SETUP_IDLE_ENV) != "1":
         return
-    try:
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    except OSError as exc:   # _can_leave_idle said it could: say so loudly
-        log.error("could not leave SCHED_IDLE after the set-up (%s): timing will suffer", exc)
+    for tid in [0, *(int(t) for t in os.listdir("/proc/self/task") if int(t) != os.getpid())]:
+        try:
+            if tid == 0 or os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except ProcessLookupError:   # a thread that just ended
+            continue
+        except OSError as exc:   # _can_leave_idle said it could: say so loudly
+            log.error("could not leave SCHED_IDLE after the set-up (%s): timing will suffer",
+                      exc)
+            return
 
 
 def cpu_placement(hosts: int) -> tuple[set[int], list[int]]:

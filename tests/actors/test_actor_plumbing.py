@@ -232,8 +232,11 @@ def _policies(env: dict[str, str]) -> list[str]:
         "from fedsim.actors import _proc\n"
         "name = {os.SCHED_OTHER: 'other', os.SCHED_IDLE: 'idle'}\n"
         "print(_proc.set_up_in_background(), name[os.sched_getscheduler(0)])\n"
+        "import threading, time\n"
+        "t = threading.Thread(target=time.sleep, args=(5,), daemon=True)  # a ZeroMQ I/O thread\n"
+        "t.start()\n"
         "_proc.to_foreground()\n"
-        "print(name[os.sched_getscheduler(0)])\n"
+        "print(name[os.sched_getscheduler(0)], name[os.sched_getscheduler(t.native_id)])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, **env}, check=True, timeout=60)
@@ -246,7 +249,7 @@ def test_a_sweeps_run_sets_up_in_the_idle_class_and_keeps_time_in_the_normal_one
     so that neighbours' trainers are not starved, and the loops return to the normal
     class; without it (or where the process could not return) nothing changes."""
     if _proc._can_leave_idle():
-        assert _policies({_proc.SETUP_IDLE_ENV: "1"}) == ["True", "idle", "other"]
+        assert _policies({_proc.SETUP_IDLE_ENV: "1"}) == ["True", "idle", "other", "other"]
     else:
-        assert _policies({_proc.SETUP_IDLE_ENV: "1"}) == ["False", "other", "other"]
-    assert _policies({_proc.SETUP_IDLE_ENV: "0"}) == ["False", "other", "other"]
+        assert _policies({_proc.SETUP_IDLE_ENV: "1"}) == ["False", "other", "other", "other"]
+    assert _policies({_proc.SETUP_IDLE_ENV: "0"}) == ["False", "other", "other", "other"]
