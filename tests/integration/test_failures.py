@@ -48,3 +48,23 @@ def test_a_run_whose_every_client_fails_ends_failed_at_once(tmp_path: Path) -> N
     assert "every client failed" in summary["status"]
     assert summary["emulated_seconds"] < 10  # not the 600 s budget
     assert "injected training failure" in err
+
+
+def test_hosts_started_before_the_data_go_when_the_data_cannot_be_built(tmp_path: Path) -> None:
+    """``fedsim run`` starts its client hosts first, while it builds the data: a
+    dataset it cannot load ends the run with the reason, and no host outlives it."""
+    import psutil
+
+    path = write_scenario(tmp_path, "")
+    text = path.read_text().replace(
+        'dataset = "synthetic"',
+        f'dataset = "mnist"\npartition = "iid"\npath = "{tmp_path / "no-mnist"}"')
+    path.write_text(text)
+    proc = fedsim("run", str(path), "--out", str(tmp_path / "run"))
+    code, _, err = finish(proc)
+    assert code == 3, err
+    assert "no-mnist is not a directory" in err, err
+    hosts = [p for p in psutil.process_iter(["cmdline"])
+             if "fedsim.actors.host" in " ".join(p.info["cmdline"] or [])
+             and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert hosts == [], hosts
