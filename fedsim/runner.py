@@ -356,20 +356,15 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
         hosts = plan_hosts(sc)
         placement = cpu_placement(len(hosts)) if sc.deploy.pin_trainers else None
         sc, run_dir, choice, data = prepare(sc, out, dilation, len(hosts))
-    trainer_cpus, own_cpus = None, None
-    if placement is not None:
-        # this thread, and every process and thread it starts (the zygote,
-        # the hosts, the evaluator), stays off the trainers' CPUs
-        rest, trainer_cpus = placement
-        own_cpus = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, rest)
-        log.info("trainers on CPUs %s, the rest of the run on %s", trainer_cpus, sorted(rest))
+    own_cpus = os.sched_getaffinity(0)
     try:
         summary = _run_here(sc, run_dir, choice, data, hosts, resume is not None,
-                            on_progress, control, trainer_cpus)
+                            on_progress, control, placement)
     finally:
-        if own_cpus is not None:
-            os.sched_setaffinity(0, own_cpus)
+        if placement is not None:
+            from fedsim.actors._proc import pin_process
+
+            pin_process(os.getpid(), own_cpus)
     if plots:
         finish(run_dir)
     return RunResult.of(run_dir, summary)
@@ -378,15 +373,16 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
 def _run_here(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
               hosts: list[list[int]], resume: bool,
               on_progress: Callable[[Progress], None] | None, control: RunControl | None,
-              trainer_cpus: list[int] | None) -> dict[str, Any]:
+              placement: tuple[set[int], list[int]] | None) -> dict[str, Any]:
     """The federation of :func:`run_scenario` (local hosts, a zygote, the server's loop);
-    its summary."""
+    its summary. ``placement``: ``deploy.pin_trainers``' CPUs (the rest, the trainers')."""
     from fedsim.actors._local_hosts import start_hosts
     from fedsim.plugins import child_env
     from fedsim.transport import ipc_address
 
     name = f"fedsim-{os.getpid()}-{time.monotonic_ns()}-zygote"
     run_id, started = new_run_id(), None
+    rest, trainer_cpus = placement if placement is not None else (None, None)
     if sc.deploy.transport == "ipc":
         # The hosts start now, while this process imports torch and builds the
         # data: they need only the server's address (an ipc name, known now)
@@ -395,10 +391,11 @@ def _run_here(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
                               scenario_file=str((run_dir / "scenario.json").resolve()),
                               run_id=run_id,
                               zygote=name if sc.deploy.workers == "fork" else None,
-                              trainer_cpus=trainer_cpus, env=child_env(), background=True)
+                              trainer_cpus=trainer_cpus, env=child_env(), background=True,
+                              cpus=rest)
     try:
         return _federation(sc, run_dir, choice, data, hosts, resume, on_progress, control,
-                           trainer_cpus, name, run_id, started)
+                           placement, name, run_id, started)
     finally:
         for p in (started or {}).values():   # a start that failed leaves none behind
             if p.returncode is None:
@@ -409,11 +406,20 @@ def _run_here(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
 def _federation(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
                 hosts: list[list[int]], resume: bool,
                 on_progress: Callable[[Progress], None] | None, control: RunControl | None,
-                trainer_cpus: list[int] | None, name: str, run_id: str,
+                placement: tuple[set[int], list[int]] | None, name: str, run_id: str,
                 started: dict[str, HostProcess] | None) -> dict[str, Any]:
-    from fedsim.actors._proc import freeze_heap, run_loop, thaw_heap
+    from fedsim.actors._proc import freeze_heap, pin_process, run_loop, thaw_heap
     from fedsim.actors.zygote import Zygote, can_fork_here
 
+    trainer_cpus = None
+    if placement is not None:
+        # From here (the imports and data of the set-up done, or about to be
+        # in a zygote of their own) this process, and every process and thread
+        # it starts (the zygote, the evaluator, hosts not started yet), stays
+        # off the trainers' CPUs; hosts started already confine themselves.
+        rest, trainer_cpus = placement
+        pin_process(os.getpid(), rest)
+        log.info("trainers on CPUs %s, the rest of the run on %s", trainer_cpus, sorted(rest))
     zygote, fed = None, None
     if sc.deploy.workers == "fork" and not can_fork_here():
         # a fresh zygote imports torch while this process does

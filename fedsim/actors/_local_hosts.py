@@ -63,13 +63,16 @@ class HostProcess:
 
 def start_hosts(hosts: list[list[int]], *, connect: str, scenario_file: str, run_id: str,
                 zygote: str | None, trainer_cpus: list[int] | None,
-                env: dict[str, str] | None, background: bool = False) -> dict[str, HostProcess]:
+                env: dict[str, str] | None, background: bool = False,
+                cpus: set[int] | None = None) -> dict[str, HostProcess]:
     """Start one client-host process per client list: ``host-0``, ``host-1``, ...
 
     With ``background`` (hosts started while this process still sets up)
     they set up in the idle class, where the process may come back from it
     (:func:`~fedsim.actors._proc.set_up_in_background`): this process's
-    imports and data, the longer way to the start, keep a core.
+    imports and data, the longer way to the start, keep a core. With
+    ``cpus`` a host keeps to those CPUs once its imports are done
+    (``deploy.pin_trainers``: the CPUs that are not the trainers').
     """
     from fedsim.actors import _proc
 
@@ -83,7 +86,8 @@ def start_hosts(hosts: list[list[int]], *, connect: str, scenario_file: str, run
              "--host-id", str(h), "--clients", format_id_list(clients),
              "--scenario", scenario_file, "--run-id", run_id, "--parent", str(os.getpid()),
              *(("--zygote", zygote) if zygote is not None else ()),
-             *(("--trainer-cpu", str(trainer_cpus[h])) if trainer_cpus else ())],
+             *(("--trainer-cpu", str(trainer_cpus[h])) if trainer_cpus else ()),
+             *(("--cpus", ",".join(map(str, sorted(cpus)))) if cpus else ())],
             stdin=subprocess.DEVNULL, env=env))
         if idle:   # its interpreter's imports too; it leaves the class before its clock sync
             with contextlib.suppress(OSError):

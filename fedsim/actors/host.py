@@ -398,7 +398,8 @@ class ClientHost:
 async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, connect: str,
                      name: str, clients: list[int], run_id: str,
                      keys: ClientKeys | None = None, state_dir: str | None = None,
-                     zygote: str | None = None, trainer_cpu: int | None = None) -> int:
+                     zygote: str | None = None, trainer_cpu: int | None = None,
+                     cpus: set[int] | None = None) -> int:
     """Run one client host against the server at ``connect``; its exit code.
 
     ``scenario_file`` holds the resolved scenario ``raw`` (the torch worker
@@ -406,12 +407,15 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
     ``state_dir`` the clients' algorithm state survives a restart of the host.
     With ``zygote`` the trainer is forked from that zygote
     (:mod:`fedsim.actors.zygote`) instead of started from scratch; with
-    ``trainer_cpu`` the trainer runs on that CPU alone (``deploy.pin_trainers``).
+    ``trainer_cpu`` the trainer runs on that CPU alone, and with ``cpus`` the
+    host (every thread it makes from here) on those (``deploy.pin_trainers``).
     """
     from fedsim.actors._workers import WorkerHandle
     from fedsim.scenario import scenario_hash
     from fedsim.transport import ZmqContext, ipc_address
 
+    if cpus:
+        _proc.pin_process(os.getpid(), cpus)
     zmq_ctx = ZmqContext(max_message_bytes=int(sc.deploy.max_message_mb * 1e6))
     conn = zmq_ctx.connect(connect, name.encode(), keys)
     state = None
@@ -444,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parent", type=int, default=None)
     ap.add_argument("--zygote", default=None, help="zygote to fork the trainer from")
     ap.add_argument("--trainer-cpu", type=int, default=None, help="the trainer's own CPU")
+    ap.add_argument("--cpus", default=None, help="CPUs for this host (comma-separated)")
     args = ap.parse_args(argv)
     name = f"host-{args.host_id}"
     if not _proc.become_child(args.parent, name):
@@ -454,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     clients = parse_id_list(args.clients)
     return _proc.run_loop(serve_host(sc, args.scenario, raw, connect=args.connect, name=name,
                                      clients=clients, run_id=args.run_id,
-                                     zygote=args.zygote, trainer_cpu=args.trainer_cpu),
+                                     zygote=args.zygote, trainer_cpu=args.trainer_cpu,
+                                     cpus=None if args.cpus is None else
+                                     {int(c) for c in args.cpus.split(",")}),
                              sc.deploy.loop)
 
 
