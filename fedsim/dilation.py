@@ -5,7 +5,7 @@ picks the smallest power of two at which this host's real work (local
 steps, the longest task, a round's message turnaround) fits inside what the
 scenario emulates; :func:`measure_step_time` times a few real local steps
 of the scenario's model. ``fedsim run`` calls them from
-:func:`fedsim.runner.prepare`.
+:func:`fedsim.runprep.prepare`.
 """
 
 from __future__ import annotations

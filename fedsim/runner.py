@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as _dt
 import logging
 import os
 import signal
@@ -22,11 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsim.dilation import calibrate_dilation, measure_step_time
 from fedsim.errors import ResumeError
 from fedsim.metrics import write_json_atomic
 from fedsim.results import RunResult
-from fedsim.scenario import Scenario, resolved, to_toml, unused_keys
+from fedsim.runprep import finish, new_run_dir, prepare, prepare_resume
+from fedsim.scenario import Scenario
 
 if TYPE_CHECKING:
     from fedsim.actors._local_hosts import HostProcess
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
     from fedsim.actors.zygote import Zygote
     from fedsim.transport import ServerKeys
 
-__all__ = ["RunControl", "finish", "plan_hosts", "prepare",
+__all__ = ["RunControl", "finish", "new_run_dir", "plan_hosts", "prepare",
            "prepare_resume", "run_scenario", "serve"]
 
 log = logging.getLogger(__name__)
@@ -99,25 +98,6 @@ def plan_hosts(sc: Scenario) -> list[list[int]]:
     n = sc.deploy.hosts or len(os.sched_getaffinity(0))
     n = max(1, min(n, sc.data.num_clients))
     return [list(range(h, sc.data.num_clients, n)) for h in range(n)]
-
-
-def new_run_dir(sc: Scenario, out: str | Path | None) -> Path:
-    """``out`` if given, else ``runs/<name>-<timestamp>``; created empty."""
-    if out is None:
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        path = Path("runs") / f"{sc.name}-{stamp}"
-        i = 1
-        while path.exists():
-            i += 1
-            path = Path("runs") / f"{sc.name}-{stamp}-{i}"
-    else:
-        path = Path(out)
-    path.mkdir(parents=True, exist_ok=True)
-    for name in ("events.jsonl", "metrics.csv", "summary.json", "fedsim-run.json",
-                 "accuracy.png", "staleness.png", "timeline.png"):
-        with contextlib.suppress(FileNotFoundError):
-            (path / name).unlink()
-    return path
 
 
 async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, Any], *,
@@ -260,76 +240,6 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
     return summary
-
-
-def prepare(sc: Scenario, out: str | Path | None, dilation: float | str | None,
-            hosts: int) -> tuple[Scenario, Path, float, dict[str, Any]]:
-    """Settle a run's runtime values and write its resolved scenario.
-
-    Measures this machine's step time when the device model needs it,
-    resolves ``dilation`` (``"auto"`` calibrates for ``hosts`` client
-    hosts), and writes scenario.json, scenario.toml and heterogeneity.json
-    into a fresh run directory. Returns the scenario as run, the run
-    directory, the dilation and the resolved data.
-    """
-    from fedsim.network import NetPlan
-
-    run_dir = new_run_dir(sc, out)
-    real_step = None
-    if sc.devices.model == "speed_factor" and sc.devices.host_step_time is None:
-        real_step = measure_step_time(sc)
-        sc = sc.model_copy(update={"devices": sc.devices.model_copy(
-            update={"host_step_time": real_step})})
-    data = resolved(sc)
-    choice = dilation if dilation is not None else sc.run.dilation
-    if choice == "auto":
-        choice = calibrate_dilation(sc, hosts, real_step)
-        log.info("dilation auto: %s", choice)
-    data["run"]["dilation"] = choice
-    # one record per client: written on one line (start-up time at 10,000 clients)
-    write_json_atomic(run_dir / "heterogeneity.json",
-                      NetPlan(sc, host_step_time=sc.devices.host_step_time).record(),
-                      indent=None)
-    write_json_atomic(run_dir / "scenario.json", data)
-    (run_dir / "scenario.toml").write_text(
-        "# Resolved scenario: every default filled in (keys set to none are omitted).\n"
-        + to_toml(data, unused_keys(sc)))
-    return sc, run_dir, float(choice), data
-
-
-def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str, Any]]:
-    """The scenario, run directory, dilation and resolved data of a run to resume."""
-    import json
-
-    from fedsim.scenario import parse
-
-    path = Path(run_dir)
-    try:
-        data = json.loads((path / "scenario.json").read_text())
-    except FileNotFoundError:
-        raise ResumeError(f"{path} is not a run directory (no scenario.json)") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ResumeError(f"{path / 'scenario.json'}: {exc}") from None
-    sc = parse(data, str(path / "scenario.json"))
-    return sc, path, float(data["run"]["dilation"]), data
-
-
-def finish(run_dir: Path) -> None:
-    """Draw a finished (or stopped) run's plots; never lose the run for them.
-
-    The per-client timeline is drawn unless the run is large
-    (:func:`fedsim.plots.timeline_is_large`; then ``fedsim plot RUN --timeline``).
-    """
-    from fedsim.plots import plot_run, timeline_is_large
-
-    try:
-        plot_run(run_dir)
-    except Exception as exc:  # plots are a convenience
-        log.warning("plotting failed: %s", exc)
-        return
-    if timeline_is_large(run_dir):
-        log.warning("a large run: no timeline.png (fedsim plot %s --timeline draws it)",
-                    run_dir)
 
 
 def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
