@@ -259,12 +259,11 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
 
     if resume is not None:
         sc, run_dir, choice, data = prepare_resume(resume)
-        hosts = plan_hosts(sc)
-        placement = cpu_placement(len(hosts)) if sc.deploy.pin_trainers else None
-    else:
-        assert sc is not None
-        hosts = plan_hosts(sc)
-        placement = cpu_placement(len(hosts)) if sc.deploy.pin_trainers else None
+    assert sc is not None
+    hosts = plan_hosts(sc)
+    # refused before a run directory is made
+    placement = cpu_placement(len(hosts)) if sc.deploy.pin_trainers else None
+    if resume is None:
         sc, run_dir, choice, data = prepare(sc, out, dilation, len(hosts))
     own_cpus = os.sched_getaffinity(0)
     try:

@@ -200,9 +200,9 @@ def to_foreground() -> None:
         return
     if os.environ.get(SETUP_IDLE_ENV) != "1":
         return
-    for tid in [0, *(int(t) for t in os.listdir("/proc/self/task") if int(t) != os.getpid())]:
+    for tid in thread_ids(os.getpid()):
         try:
-            if tid == 0 or os.sched_getscheduler(tid) == os.SCHED_IDLE:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
                 os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         except ProcessLookupError:   # a thread that just ended
             continue
@@ -231,12 +231,18 @@ def cpu_placement(hosts: int) -> tuple[set[int], list[int]]:
     return set(cpus[:len(cpus) - hosts]), cpus[len(cpus) - hosts:]
 
 
+def thread_ids(pid: int) -> list[int]:
+    """The ids of process ``pid``'s threads (Linux ``/proc``), its main thread's
+    (``pid``) among them: a scheduling call on a pid changes only that thread."""
+    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+
+
 def pin_process(pid: int, cpus: set[int]) -> None:
     """Restrict every thread of process ``pid`` (its ZeroMQ I/O thread too, which
     carries each of its messages) to ``cpus``; threads it starts later inherit it."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    for tid in thread_ids(pid):
         with contextlib.suppress(ProcessLookupError):   # a thread that just ended
-            os.sched_setaffinity(int(tid), cpus)
+            os.sched_setaffinity(tid, cpus)
 
 
 def process_age() -> float | None:

@@ -290,14 +290,17 @@ def run(sc: Scenario, endpoint: str, clients: list[int], state: str | None = Non
         data: Any = None) -> int:
     """Build the worker (from ``data`` when given: a forked worker's) and serve ``endpoint``."""
     torch.set_num_threads(1)
-    if data is None:   # it builds the data: as much CPU as a set-up has, in the idle class
+    # A spawned worker builds the data (a long set-up): in the idle class from
+    # the start. A forked one's set-up is a few ms, done at normal priority (in
+    # the idle class the evaluator's waited 0.37 s behind the client hosts'
+    # imports, and the federation's start with it), and it enters the class
+    # after. Either way before its ZeroMQ I/O thread is made, which inherits it.
+    if data is None:
         _proc.yield_cpu_to_loops()
     worker = Worker(sc, clients, state, data=data)
     worker.warm_up()
-    # A forked worker's set-up is a few ms, done at normal priority: in the idle
-    # class the evaluator's waited 0.37 s behind the client hosts' imports, and
-    # the federation's start with it. Its ZeroMQ I/O thread, made below, is idle too.
-    _proc.yield_cpu_to_loops()
+    if data is not None:
+        _proc.yield_cpu_to_loops()
     _proc.freeze_heap()  # a full collection mid-run would be a compute overrun
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
