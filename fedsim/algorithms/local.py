@@ -19,22 +19,23 @@ sees the objective's value including ``(mu / 2) ||y - x_anchor||^2``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import flatten
+from fedsim.algorithms._sgd import SGD
 from fedsim.algorithms.optim import OptimizerConfig, make_optimizer
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-    from fedsim.algorithms._sgd import SGD
+    from torch.nn import functional
 else:
     torch = lazy_module("torch")
     nn = lazy_module("torch.nn")
+    functional = lazy_module("torch.nn.functional")
 
 __all__ = ["LocalConfig", "between_steps", "load_vector", "local_train"]
 
@@ -95,7 +96,10 @@ def load_vector(model: nn.Module, vec: torch.Tensor) -> None:
     The values are copied: the parameters never alias ``vec``, so training
     cannot change the caller's tensor.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    _copy_into([p for p in model.parameters() if p.requires_grad], vec)
+
+
+def _copy_into(params: Sequence[torch.Tensor], vec: torch.Tensor) -> None:
     total = sum(p.numel() for p in params)
     if vec.numel() != total:
         raise ValueError(f"Invalid vector length {vec.numel()}: the model has {total} parameters")
@@ -189,15 +193,31 @@ def local_train(
     n = int(data_x.shape[0])
     if n == 0:
         raise ValueError("Invalid client data: no samples")
-    loss_fn = loss_fn or _cross_entropy()
-    load_vector(model, x0)
-    model.train()
     params = [p for p in model.parameters() if p.requires_grad]
+    _copy_into(params, x0)
+    model.train()
     anchor = [p.detach().clone() for p in params] if cfg.prox_mu > 0 else None
     opt = make_optimizer(cfg.optimizer, params, buffers=list(model.buffers()))
-    objective = _MinibatchObjective(model, loss_fn, opt, params, anchor, cfg.prox_mu)
     steps = cfg.num_steps(n)
     batches = _batches(n, cfg.batch_size, generator)
+    if isinstance(opt, SGD):
+        total, seen = _sgd_steps(model, loss_fn or functional.cross_entropy, opt, params,
+                                 anchor, cfg.prox_mu, data_x, data_y, batches, steps)
+    else:
+        total, seen = _closure_steps(
+            _MinibatchObjective(model, loss_fn or _cross_entropy(), opt, params, anchor,
+                                cfg.prox_mu), data_x, data_y, batches, steps)
+    stats: dict[str, Any] = {"steps": steps, "loss": total / seen, "samples": seen}
+    if isinstance(opt, AdaptiveStepOptimizer):
+        stats.update(step_size_stats(opt.step_sizes))
+    return flatten(params), stats
+
+
+def _closure_steps(objective: _MinibatchObjective, data_x: torch.Tensor, data_y: torch.Tensor,
+                   batches: Iterator[torch.Tensor], steps: int) -> tuple[float, int]:
+    """Step an optimizer that evaluates the objective itself (adaptive step sizes, Adam):
+    the summed data loss over the steps' minibatches and their size."""
+    opt = objective.opt
     total = 0.0
     seen = 0
     for step in range(steps):
@@ -208,7 +228,39 @@ def local_train(
         seen += len(idx)
         if _between_steps is not None and step + 1 < steps:
             _between_steps()
-    stats: dict[str, Any] = {"steps": steps, "loss": total / seen, "samples": seen}
-    if isinstance(opt, AdaptiveStepOptimizer):
-        stats.update(step_size_stats(opt.step_sizes))
-    return flatten(params), stats
+    return total, seen
+
+
+def _sgd_steps(model: nn.Module, loss_fn: Callable[..., torch.Tensor], opt: SGD,
+               params: Sequence[torch.Tensor], anchor: list[torch.Tensor] | None, mu: float,
+               data_x: torch.Tensor, data_y: torch.Tensor, batches: Iterator[torch.Tensor],
+               steps: int) -> tuple[float, int]:
+    """The same steps for fedsim's own SGD, without the closure.
+
+    SGD needs only the gradient and the data loss, so a step here does what
+    :class:`_MinibatchObjective` and ``SGD.step(closure)`` do minus what only
+    the adaptive optimizers use: the closure's grad-mode switches, and the
+    value of the proximal term (a float64 reduction over every parameter).
+    The gradient, and so every iterate, is the same bit for bit
+    (``tests/algorithms/test_local.py`` holds both paths to it); on the
+    60-200-10 MLP a step costs 135 us here against 145 through the closure.
+    """
+    total = 0.0
+    seen = 0
+    with torch.enable_grad():
+        for step in range(steps):
+            idx = next(batches)
+            for p in params:
+                p.grad = None
+            loss = loss_fn(model(data_x.index_select(0, idx)), data_y.index_select(0, idx))
+            loss.backward()
+            if anchor is not None:
+                with torch.no_grad():
+                    for p, a in zip(params, anchor, strict=True):
+                        p.grad.add_(p - a, alpha=mu)  # type: ignore[union-attr,unused-ignore]
+            opt.step()
+            total += loss.item() * len(idx)
+            seen += len(idx)
+            if _between_steps is not None and step + 1 < steps:
+                _between_steps()
+    return total, seen

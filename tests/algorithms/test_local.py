@@ -237,3 +237,22 @@ def test_closure_stepping_is_bit_identical_to_the_plain_loop(opt_name, prox_mu):
     vec, stats = local_train(_model(), torch.tensor(W0), DATA_X, DATA_Y, cfg, _gen())
     assert torch.equal(vec, expected)
     assert stats == {"steps": 9, "loss": sum(losses) / 21, "samples": 21}
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "sgdm", "sgd-wd"])
+@pytest.mark.parametrize("prox_mu", [0.0, 0.5])
+def test_sgd_without_closure_is_bit_identical_to_the_closure_path(monkeypatch, opt_name,
+                                                                   prox_mu):
+    """fedsim's SGD is stepped without the closure (_sgd_steps); the closure
+    path, which every other optimizer takes, gives the same iterates and loss."""
+    from fedsim.algorithms import local
+
+    cfg = LocalConfig(steps=9, batch_size=BATCH, optimizer=OPTIMIZERS[opt_name], prox_mu=prox_mu)
+    fast, fast_stats = local_train(_model(), torch.tensor(W0), DATA_X, DATA_Y, cfg, _gen())
+    took = []
+    monkeypatch.setattr(local, "_sgd_steps", lambda *a: took.append(a) or 1 / 0)
+    monkeypatch.setattr(local, "SGD", type("NotFedsimSGD", (), {}))
+    slow, slow_stats = local_train(_model(), torch.tensor(W0), DATA_X, DATA_Y, cfg, _gen())
+    assert not took
+    assert torch.equal(fast, slow)
+    assert fast_stats == slow_stats
