@@ -116,6 +116,21 @@ def test_a_merge_weighs_each_source_by_its_count() -> None:
     assert server.summary()["p50"] == pytest.approx(4 / 3, abs=0.1)  # sd about 0.03
 
 
+def test_many_small_merges_into_a_full_sample_keep_it_uniform() -> None:
+    """A host's batch every 0.25 s: 400 merges of 10 values standing for 2,500
+    each, into a full sample of a million; the new half is half the sample."""
+    rng = random.Random(4)
+    d = Durations(capacity=1000, seed=5)
+    for _ in range(1_000_000):
+        d.add(rng.random())
+    for _ in range(400):
+        d.merge(2500, 2500 * 1.5, 2.0, [1 + rng.random() for _ in range(10)])
+    assert d.count == 2_000_000
+    assert len(d.values()) == 1000
+    above = sum(v >= 1 for v in d.values()) / 1000
+    assert above == pytest.approx(0.5, abs=0.06)
+
+
 def test_a_merge_that_fits_keeps_every_value_and_one_that_claims_much_stays_bounded() -> None:
     d = Durations(capacity=100)
     d.add(0.5)
