@@ -245,6 +245,25 @@ def pin_process(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(tid, cpus)
 
 
+def own_cpus(pid: int, cpus: set[int]) -> None:
+    """Give worker ``pid`` the ``cpus`` nothing else uses (``deploy.pin_trainers``):
+    every thread confined to them and, where this process may (root, or
+    RLIMIT_NICE), out of the idle class.
+
+    The idle class is how a worker yields to the event loops beside it
+    (:func:`yield_cpu_to_loops`); on a CPU of its own there are none, and
+    it would only cost: the kernel places a waking task preferably on a CPU
+    that runs nothing but idle-class work, which then preempts the trainer.
+    """
+    pin_process(pid, cpus)
+    if not hasattr(os, "SCHED_IDLE") or not _can_leave_idle():
+        return
+    for tid in thread_ids(pid):
+        with contextlib.suppress(ProcessLookupError):   # a thread that just ended
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+
+
 def process_age() -> float | None:
     """Real seconds since this process was started (Linux ``/proc``; 10 ms resolution).
 

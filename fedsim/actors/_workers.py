@@ -51,8 +51,9 @@ class WorkerHandle:
         The name of a :mod:`~fedsim.actors.zygote` to fork the worker from
         (None: start a fresh Python process).
     cpus
-        CPUs to keep the worker's every thread on once it is ready (None: where
-        it was started; ``deploy.pin_trainers``).
+        CPUs that only this worker uses (``deploy.pin_trainers``): once it is
+        ready, every thread of it is kept on them, at normal priority
+        (:func:`~fedsim.actors._proc.own_cpus`). None: where it was started.
     """
 
     def __init__(self, zmq_ctx: ZmqContext, endpoint: str, scenario_file: str, role: str,
@@ -109,9 +110,9 @@ class WorkerHandle:
         if not isinstance(msg, WorkerReady):
             raise WorkerDied(f"{self.role} worker sent {type(msg).__name__} instead of ready")
         if self.cpus is not None and self.proc is not None:
-            from fedsim.actors._proc import pin_process
+            from fedsim.actors._proc import own_cpus
 
-            pin_process(self.proc.pid, self.cpus)
+            own_cpus(self.proc.pid, self.cpus)
         self._tasks.append(asyncio.create_task(self._read()))
         return msg
 

@@ -94,17 +94,22 @@ every_updates = 8
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
 def test_pinned_trainers_have_a_cpu_of_their_own(tmp_path: Path) -> None:
     """``deploy.pin_trainers``: the trainer (every thread of it) alone on the last
-    CPU, the rest of the run on the others; this process's CPUs given back after."""
+    CPU and out of the idle class, the rest of the run on the others (the
+    evaluator still idle-class); this process's CPUs given back after."""
     import psutil
+
+    from fedsim.actors._proc import _can_leave_idle
 
     mine = os.sched_getaffinity(0)
     cpus = sorted(mine)
     seen: dict[int, set[frozenset[int]]] = {}
+    policies: dict[int, set[int]] = {}
 
     def look(_progress: object) -> None:
         for p in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error, ProcessLookupError):  # one that just ended
                 seen[p.pid] = {frozenset(os.sched_getaffinity(t.id)) for t in p.threads()}
+                policies[p.pid] = {os.sched_getscheduler(t.id) for t in p.threads()}
 
     path = write_scenario(tmp_path, "pin_trainers = true\n")  # [deploy] is the last table
     result = run_scenario(load(path), tmp_path / "run", on_progress=look)
@@ -115,6 +120,10 @@ def test_pinned_trainers_have_a_cpu_of_their_own(tmp_path: Path) -> None:
     assert [pid for pid, a in seen.items() if a == {trainer}] != [], seen
     assert sum(a == {trainer} for a in seen.values()) == 1, seen
     assert all(a == {rest} for a in seen.values() if a != {trainer}), seen
+    if _can_leave_idle():
+        pinned = next(pid for pid, a in seen.items() if a == {trainer})
+        assert policies[pinned] == {os.SCHED_OTHER}, policies
+        assert any(p == {os.SCHED_IDLE} for p in policies.values()), policies  # the evaluator
 
 
 def test_pinning_more_trainers_than_cpus_is_refused_before_the_run(tmp_path: Path) -> None:
