@@ -10,6 +10,7 @@ server, the client hosts and the torch workers apart.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -91,10 +92,8 @@ class Sampler(threading.Thread):
         # in the idle class. In the idle class itself, the sampler uses only
         # CPU time nobody measured wants.
         if self.idle and hasattr(os, "SCHED_IDLE"):
-            try:
+            with contextlib.suppress(OSError):
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            except OSError:
-                pass
         while not self.stop.is_set():
             pids = tree(self.root)
             pss = rss = 0
