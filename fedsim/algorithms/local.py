@@ -253,7 +253,7 @@ def _sgd_steps(model: nn.Module, loss_fn: Callable[..., torch.Tensor], opt: SGD,
             for p in params:
                 p.grad = None
             loss = loss_fn(model(data_x.index_select(0, idx)), data_y.index_select(0, idx))
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             if anchor is not None:
                 with torch.no_grad():
                     for p, a in zip(params, anchor, strict=True):
