@@ -357,11 +357,13 @@ class TensorSpec:
 
     entries: tuple[tuple[str, Shape], ...]
     # Derived (not compared): distinct dtypes in order of first appearance,
-    # elements per dtype, and (buffer index, offset, count) of each entry.
+    # elements per dtype, (buffer index, offset, count) of each entry, the
+    # wire form, and the total bytes.
     _dtypes: tuple[str, ...] = field(compare=False)
     _counts: tuple[int, ...] = field(compare=False)
     _layout: tuple[tuple[int, int, int], ...] = field(compare=False)
     _wire: list[list[Any]] = field(compare=False)
+    _nbytes: int = field(compare=False)
 
     def __init__(self, entries: Iterable[tuple[DTypeLike, Sequence[int]]]) -> None:
         self._set(self._normalize(entries, "bad_field", local=True))
@@ -418,6 +420,8 @@ class TensorSpec:
         setattr_(self, "_counts", tuple(counts))
         setattr_(self, "_layout", tuple(layout))
         setattr_(self, "_wire", [[name, list(shape)] for name, shape in entries])
+        setattr_(self, "_nbytes", sum(n * WIRE_DTYPES[name].itemsize
+                                      for name, n in zip(dtypes, counts, strict=True)))
 
     @classmethod
     def from_wire(cls, raw: object) -> TensorSpec:
@@ -463,10 +467,7 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         """Total bytes of the tensors described."""
-        return sum(
-            n * WIRE_DTYPES[name].itemsize
-            for name, n in zip(self._dtypes, self._counts, strict=True)
-        )
+        return self._nbytes
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -488,6 +489,8 @@ class TensorSpec:
             raise ValueError(f"TensorSpec.repeated: copies must be an int >= 0, got {copies!r}")
         if len(self.entries) * copies > MAX_TENSORS:
             raise WireError("bad_field", f"TensorSpec: more than MAX_TENSORS={MAX_TENSORS}")
+        if copies == 1:
+            return self   # immutable: a trainer asks this of every upload
         spec = object.__new__(TensorSpec)
         spec._set(self.entries * copies)
         return spec
