@@ -44,6 +44,13 @@ Figures per contestant (median over repetitions):
   sampled every 50 ms from ``/proc/PID/smaps_rollup``;
 * **processes**: the most processes the tree had at once.
 
+The two times are medians over ``--reps`` runs nobody samples; memory and
+processes come from one more run of each contestant, sampled: a sample of
+fedsim's 5-process tree costs about 6 ms of CPU (reading ``smaps_rollup``
+walks each process's page tables), 12 % of a core at that period, which
+the kernel took from whatever it preempted (measured: it made a one-host
+run's trainer, in the idle class, lose its CPU).
+
 Then the ratios the issue sets: fedsim's first round over the plain loop's
 (at most 1), fedsim-1host's s/round over the plain loop's (at most 1.1),
 Flower's s/round over fedsim's, and fedsim's summed PSS (at most 0.6 GB).
@@ -216,33 +223,36 @@ print(json.dumps({"ends": ends, "samples": samples}))
 '''.replace("import logging", "import logging, os")
 
 
-def _launch(cmd: list[str], env: dict[str, str] | None = None,
-            cwd: str | None = None) -> tuple[float, str, Sampler, int]:
+def _launch(cmd: list[str], sample: bool) -> tuple[float, str, Sampler | None]:
+    """Run ``cmd``; with ``sample``, its process tree's memory every 50 ms."""
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=cwd, text=True)
-    sampler = Sampler(proc.pid)
-    sampler.start()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = Sampler(proc.pid) if sample else None
+    if sampler is not None:
+        sampler.start()
     out, err = proc.communicate()
-    sampler.stop.set()
-    sampler.join()
+    if sampler is not None:
+        sampler.stop.set()
+        sampler.join()
     if proc.returncode != 0:
         sys.stderr.write(err[-3000:])
         raise SystemExit(f"{cmd[:3]} exited with {proc.returncode}")
-    return t0, out, sampler, proc.returncode
+    return t0, out, sampler
 
 
 def _figures(t0: float, ends: list[float], samples: list[int], per_round: float,
-             sampler: Sampler) -> dict[str, float]:
+             sampler: Sampler | None) -> dict[str, float]:
     """Each contestant samples its own clients, whose sizes differ a lot
     (Synthetic(1,1)'s are power-law): rounds 2..N's time is divided by the
     examples they trained and scaled to an average round (``per_round``
-    examples)."""
-    return {"first_round_s": ends[0] - t0,
-            "s_per_round": (ends[-1] - ends[0]) / sum(samples[1:]) * per_round
-            if len(ends) > 1 else float("nan"),
-            "pss_gb": sampler.pss / 1e9, "rss_gb": sampler.rss / 1e9,
-            "processes": sampler.procs}
+    examples). Memory only from a sampled run."""
+    fig = {"first_round_s": ends[0] - t0,
+           "s_per_round": (ends[-1] - ends[0]) / sum(samples[1:]) * per_round
+           if len(ends) > 1 else float("nan")}
+    if sampler is not None:
+        fig.update(pss_gb=sampler.pss / 1e9, rss_gb=sampler.rss / 1e9,
+                   processes=sampler.procs)
+    return fig
 
 
 def save_data(path: Path) -> list[int]:
@@ -264,14 +274,14 @@ def save_data(path: Path) -> list[int]:
 
 
 def run_script(python: str, script: Path, data: Path, rounds: int,
-               per_round: float, *extra: str) -> dict[str, float]:
-    t0, out, sampler, _ = _launch([python, str(script), str(data), str(rounds), *extra])
+               per_round: float, *extra: str, sample: bool = False) -> dict[str, float]:
+    t0, out, sampler = _launch([python, str(script), str(data), str(rounds), *extra], sample)
     got = json.loads(out.strip().splitlines()[-1])
     return _figures(t0, got["ends"], got["samples"], per_round, sampler)
 
 
 def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float,
-               spawn: bool = False, pin: bool = False) -> dict[str, float]:
+               spawn: bool = False, pin: bool = False, sample: bool = False) -> dict[str, float]:
     out_dir = work / f"run-{hosts}-{time.monotonic_ns()}"
     fedsim = str(Path(sys.executable).with_name("fedsim"))
     cmd = [fedsim, "run", str(work / "overhead.toml"), "--out", str(out_dir), "--no-plots",
@@ -282,7 +292,7 @@ def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float,
         cmd += ["--set", "deploy.workers=spawn"]
     if pin:
         cmd += ["--set", "deploy.pin_trainers=true"]
-    t0, _, sampler, _ = _launch(cmd)
+    t0, _, sampler = _launch(cmd, sample)
     events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()]
     wall0 = next(e["wall"] for e in events if e["ev"] == "start")
     aggs = sorted((e for e in events if e["ev"] == "aggregate"), key=lambda e: e["real"])
@@ -326,33 +336,44 @@ def main(argv: list[str] | None = None) -> int:
         (work / "plain.py").write_text(PLAIN)
         (work / "flower.py").write_text(FLOWER)
         runs: dict[str, list[dict[str, float]]] = {}
-        for rep in range(args.reps):
+        memory: dict[str, dict[str, float]] = {}
+        # Pass 0 measures memory, the others time: a sample of a 5-process
+        # tree costs about 6 ms of CPU (smaps_rollup walks every page table),
+        # 12 % of a core every 50 ms, and it holds each process's mmap lock.
+        for rep in range(args.reps + 1):
             order = ["plain", "plain-lean", "fedsim-1host", "fedsim-1host-pin", "fedsim",
                      "fedsim-spawn", *(["flower"] if flower else [])]
             for name in order if rep % 2 == 0 else order[::-1]:
+                sample = rep == 0
                 if name in ("plain", "plain-lean"):
                     fig = run_script(sys.executable, work / "plain.py", work / "data.npz",
                                      args.rounds, per_round,
-                                     *(["lean"] if name == "plain-lean" else []))
+                                     *(["lean"] if name == "plain-lean" else []), sample=sample)
                 elif name == "flower":
                     assert flower is not None
                     fig = run_script(flower, work / "flower.py", work / "data.npz",
-                                     args.rounds, per_round)
+                                     args.rounds, per_round, sample=sample)
                 else:
                     fig = run_fedsim(work, 1 if name.startswith("fedsim-1host") else 0,
                                      sizes, per_round, spawn=name == "fedsim-spawn",
-                                     pin=name == "fedsim-1host-pin")
+                                     pin=name == "fedsim-1host-pin", sample=sample)
+                if sample:
+                    memory[name] = fig
+                    print(f"  memory {name:16s} PSS {fig['pss_gb']:.2f} GB, RSS "
+                          f"{fig['rss_gb']:.2f} GB, {fig['processes']} processes", flush=True)
+                    continue
                 runs.setdefault(name, []).append(fig)
-                print(f"  rep {rep + 1} {name:16s} first round {fig['first_round_s']:.2f} s, "
-                      f"{fig['s_per_round'] * 1e3:.1f} ms/round, PSS {fig['pss_gb']:.2f} GB",
-                      flush=True)
+                print(f"  rep {rep} {name:16s} first round {fig['first_round_s']:.2f} s, "
+                      f"{fig['s_per_round'] * 1e3:.1f} ms/round", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    med = {name: {k: statistics.median(f[k] for f in figs)
-                  for k in figs[0] if isinstance(figs[0][k], float | int)}
-           for name, figs in runs.items()}
+    med = {name: {**{k: statistics.median(f[k] for f in figs)
+                     for k in figs[0] if isinstance(figs[0][k], float | int)},
+                  **{k: memory[name][k] for k in ("pss_gb", "rss_gb", "processes")}}
+           for name, figs in sorted(runs.items(), key=lambda kv: list(memory).index(kv[0]))}
     print(f"\nFedAvg, 100 clients, 10 per round, MLP 60-200-10, Synthetic(1,1), "
-          f"{args.rounds} rounds; median of {args.reps} ({os.cpu_count()} cores)\n")
+          f"{args.rounds} rounds; times: median of {args.reps} runs, memory: one more run, "
+          f"sampled ({os.cpu_count()} cores)\n")
     print(f"{'':17s}{'first round':>13s}{'s/round':>10s}{'PSS (GB)':>10s}{'RSS (GB)':>10s}"
           f"{'processes':>11s}")
     for name, m in med.items():
@@ -385,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                        for fig in runs[n]})
     print(f"  fedsim fidelity verdicts at dilation 1: {', '.join(verdicts)}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": runs, "median": med}, indent=1))
+        Path(args.json).write_text(json.dumps({"runs": runs, "memory": memory, "median": med},
+                                              indent=1))
     return 0
 
 

@@ -10,7 +10,6 @@ server, the client hosts and the torch workers apart.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 
@@ -72,28 +71,17 @@ def _cmdline(pid: int) -> str:
 class Sampler(threading.Thread):
     """Peak summed PSS and RSS of a process tree, every ``period`` seconds.
 
-    With ``idle`` (the default) the sampling thread runs in the idle class
-    (SCHED_IDLE), so it takes no CPU time from the processes it measures.
-
     ``per_process`` maps each pid seen to ``(command line, peak Pss, peak Rss)``.
     """
 
-    def __init__(self, root: int, period: float = 0.05, idle: bool = True) -> None:
+    def __init__(self, root: int, period: float = 0.05) -> None:
         super().__init__(daemon=True)
-        self.root, self.period, self.idle = root, period, idle
+        self.root, self.period = root, period
         self.pss = self.rss = self.procs = 0
         self.per_process: dict[int, tuple[str, int, int]] = {}
         self.stop = threading.Event()
 
     def run(self) -> None:
-        # A sample of a 5-process tree costs about 6 ms of CPU (smaps_rollup
-        # walks each process's page tables): 12 % of a core at the default
-        # period, taken from whatever the kernel preempts, usually a worker
-        # in the idle class. In the idle class itself, the sampler uses only
-        # CPU time nobody measured wants.
-        if self.idle and hasattr(os, "SCHED_IDLE"):
-            with contextlib.suppress(OSError):
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         while not self.stop.is_set():
             pids = tree(self.root)
             pss = rss = 0
