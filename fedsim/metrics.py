@@ -167,6 +167,10 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
+#: One encoder for every record (``json.dumps`` with options builds one per call).
+_LINE = json.JSONEncoder(separators=(",", ":"), default=_json_default)
+
+
 class EventLog:
     """Append-only JSON-lines event log, written in whole lines.
 
@@ -189,8 +193,7 @@ class EventLog:
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record."""
-        self._lines.append(json.dumps(record, separators=(",", ":"),
-                                      default=_json_default).encode() + b"\n")
+        self._lines.append(_LINE.encode(record).encode() + b"\n")
         self.count += 1
         if len(self._lines) >= self.flush_every:
             self.flush()
