@@ -1,8 +1,16 @@
 """Checkpoints of a federation: the server writes them, a resumed run reads one back.
 
-``checkpoint.pt`` (format 1) holds all a resumed run continues from: the
-global model and the algorithm's state, the run's counters and records, the
-event log's and metrics' lengths, the RNG states and the next task id.
+``checkpoint.pt`` holds all a resumed run continues from: the global model
+and the algorithm's state, the run's counters and records, the event log's
+and metrics' lengths, the RNG states and the next task id. Format 2 is one
+pickle (format 1, written by ``torch.save``, is still read).
+
+The server's loop only takes the snapshot and pickles it (0.1-0.2 ms for a
+small model's run); writing, ``fsync`` and the atomic rename happen on a
+writer thread, in order, and the run waits for the last one before it ends.
+``torch.save`` and ``fsync`` on the loop had stalled it 4-6 ms at every
+checkpoint: deliveries due meanwhile came that late, the largest lateness
+of the quickstart run.
 :class:`Checkpoints` is the part of :class:`~fedsim.actors.server.Server`
 that writes one every ``run.checkpoint_every`` aggregations (rounds closed
 or updates applied, by the algorithm's cadence) or, once one was applied,
@@ -16,8 +24,10 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import pickle
 import random
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +58,8 @@ class Checkpoints:
     clamped: int
     _aggregations_since_checkpoint: int
     _checkpoint_real: float
+    _writer: ThreadPoolExecutor | None = None
+    _written: Future[None] | None = None
 
     def checkpoint(self, now: float) -> Path:
         """Write ``checkpoint.pt`` atomically: all a resumed run continues from.
@@ -62,22 +74,28 @@ class Checkpoints:
         self.state.event(now, "checkpoint", version=self.strategy.version,
                          updates=self.state.updates, rounds=self.state.rounds)
         data = {
-            "format": 1, "t": now, "fedsim_version": self.fedsim_version,
+            "format": 2, "t": now, "fedsim_version": self.fedsim_version,
             "scenario_hash": self.scenario_hash, "version": self.strategy.version,
             "strategy": self.strategy.state_dict(), "run": self.state.checkpoint_state(),
             "next_task_id": next(self.task_ids), "clamped": self.clamped,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         }
+        payload = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
         path = self.run_dir / "checkpoint.pt"
-        tmp = path.with_suffix(".pt.tmp")
-        with open(tmp, "wb") as fh:
-            torch.save(data, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="fedsim-checkpoint")
+        self._written = self._writer.submit(_write_atomically, path, payload)
         self._aggregations_since_checkpoint = 0
         self._checkpoint_real = self.real_clock()
         return path
+
+    def wait_for_checkpoints(self) -> None:
+        """Block until every checkpoint taken is on disk (the run's end)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        if self._written is not None and self._written.exception() is not None:
+            log.error("the last checkpoint could not be written: %s", self._written.exception())
 
     def _maybe_checkpoint(self, now: float, step: Step) -> None:
         run = self.sc.run
@@ -107,6 +125,21 @@ class Checkpoints:
                     self.strategy.version, self.state.updates, self.state.rounds)
 
 
+def _write_atomically(path: Path, payload: bytes) -> None:
+    """``payload`` as ``path``, whole or not at all (a temporary file, fsync, rename);
+    a failure is logged, and the previous checkpoint stays."""
+    tmp = path.with_suffix(".pt.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.error("could not write the checkpoint %s: %s", path, exc)
+        raise
+
+
 def load_checkpoint(run_dir: Path, fedsim_version: str, scenario_hash: str) -> dict[str, Any]:
     """A run directory's checkpoint, its event log and metrics truncated back to it.
 
@@ -116,8 +149,11 @@ def load_checkpoint(run_dir: Path, fedsim_version: str, scenario_hash: str) -> d
     path = run_dir / "checkpoint.pt"
     if not path.exists():
         raise FileNotFoundError(f"{path}: the run wrote no checkpoint (nothing to resume)")
-    ckpt: dict[str, Any] = torch.load(path, weights_only=False)
-    if ckpt.get("format") != 1:
+    with open(path, "rb") as fh:
+        zipped = fh.read(4) == b"PK\x03\x04"   # format 1: a torch.save archive
+        fh.seek(0)
+        ckpt: dict[str, Any] = torch.load(fh, weights_only=False) if zipped else pickle.load(fh)
+    if ckpt.get("format") not in (1, 2):
         raise ValueError(f"{path}: unknown checkpoint format {ckpt.get('format')!r}")
     if ckpt["fedsim_version"] != fedsim_version:
         raise ValueError(f"{path} was written by fedsim {ckpt['fedsim_version']}, "

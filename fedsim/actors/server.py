@@ -208,6 +208,7 @@ class Server(HostSide, Checkpoints, Measurements):
                 raise
         finally:
             thaw_heap()
+            self.wait_for_checkpoints()
             if self.timers is not None:
                 self.timers.close()
             if self.state is None:
