@@ -116,7 +116,8 @@ class Durations:
         ``capacity`` slots, a share ``count / (self.count + count)`` (rounded
         at random) is drawn from ``values`` (with replacement if it has
         fewer), the rest kept at random from this sample. Costs
-        ``O(len(values))``, whatever ``count`` claims.
+        ``O(k + len(values))`` for the ``k`` slots it draws (at most
+        ``capacity``, whatever ``count`` claims).
         """
         vals = [float(v) for v in values if 0.0 <= v < _INF]
         if count <= 0 or not vals:

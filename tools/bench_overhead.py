@@ -55,7 +55,7 @@ Then the ratios the issue sets: fedsim's first round over the plain loop's
 (at most 1), one client host's s/round over the plain loop's (at most 1.1;
 with ``deploy.pin_trainers``, and without it beside),
 Flower's s/round over fedsim's, and fedsim's summed PSS (at most 0.6 GB).
-Run: ``python tools/bench_overhead.py`` (about a minute without Flower;
+Run: ``python tools/bench_overhead.py`` (about two minutes without Flower;
 ``--rounds``, ``--reps``, ``--json PATH``).
 """
 

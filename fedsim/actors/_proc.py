@@ -256,12 +256,22 @@ def own_cpus(pid: int, cpus: set[int]) -> None:
     that runs nothing but idle-class work, which then preempts the trainer.
     """
     pin_process(pid, cpus)
-    if not hasattr(os, "SCHED_IDLE") or not _can_leave_idle():
+    if not hasattr(os, "SCHED_IDLE"):
+        return
+    if not _can_leave_idle():
+        log.warning("deploy.pin_trainers: the trainer stays in the idle class (leaving it "
+                    "needs root or an RLIMIT_NICE that allows it); the kernel may put "
+                    "other work on its CPU first")
         return
     for tid in thread_ids(pid):
-        with contextlib.suppress(ProcessLookupError):   # a thread that just ended
+        try:
             if os.sched_getscheduler(tid) == os.SCHED_IDLE:
                 os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except ProcessLookupError:   # a thread that just ended
+            continue
+        except OSError as exc:   # a container's seccomp, say: pinned, but idle-class
+            log.warning("deploy.pin_trainers: the trainer stays in the idle class (%s)", exc)
+            return
 
 
 def process_age() -> float | None:

@@ -60,17 +60,23 @@ class Checkpoints:
     _checkpoint_real: float
     _writer: ThreadPoolExecutor | None = None
     _written: Future[None] | None = None
+    _write_error: BaseException | None = None
 
     def checkpoint(self, now: float) -> Path:
-        """Write ``checkpoint.pt`` atomically: all a resumed run continues from.
+        """Take a checkpoint: all a resumed run continues from, to be written to
+        ``checkpoint.pt`` atomically by the writer thread (the path returned).
 
         The global model and the algorithm's state, the run's counters and
         records, the event log's and metrics' lengths (a resumed run
         truncates them back), the RNG states, the next task id. What happens
         after it (tasks in flight, updates not yet applied) is what a resume
-        loses.
+        loses. A snapshot still queued when the next is taken is dropped (at
+        most one is written while one waits), and a write that failed ends
+        the run here, with the reason, as it did when the loop wrote.
         """
         assert self.state is not None
+        if self._write_error is not None:
+            raise OSError(f"the checkpoint could not be written: {self._write_error}")
         self.state.event(now, "checkpoint", version=self.strategy.version,
                          updates=self.state.updates, rounds=self.state.rounds)
         data = {
@@ -84,18 +90,28 @@ class Checkpoints:
         path = self.run_dir / "checkpoint.pt"
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="fedsim-checkpoint")
+        if self._written is not None:
+            self._written.cancel()   # only if it has not started: a newer one replaces it
         self._written = self._writer.submit(_write_atomically, path, payload)
+        self._written.add_done_callback(self._on_written)
         self._aggregations_since_checkpoint = 0
         self._checkpoint_real = self.real_clock()
         return path
 
+    def _on_written(self, done: Future[None]) -> None:
+        """(The writer thread.) Keep a failed write's error for the loop to raise."""
+        if not done.cancelled() and done.exception() is not None:
+            self._write_error = done.exception()
+
     def wait_for_checkpoints(self) -> None:
-        """Block until every checkpoint taken is on disk (the run's end)."""
+        """Block until the checkpoints taken are on disk (the run's end); a failed
+        last write is logged (the run's results are all written by then)."""
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
-        if self._written is not None and self._written.exception() is not None:
-            log.error("the last checkpoint could not be written: %s", self._written.exception())
+        if self._write_error is not None:
+            log.error("the last checkpoint could not be written (a resume would start from "
+                      "an earlier one): %s", self._write_error)
 
     def _maybe_checkpoint(self, now: float, step: Step) -> None:
         run = self.sc.run
@@ -127,7 +143,7 @@ class Checkpoints:
 
 def _write_atomically(path: Path, payload: bytes) -> None:
     """``payload`` as ``path``, whole or not at all (a temporary file, fsync, rename);
-    a failure is logged, and the previous checkpoint stays."""
+    on a failure, logged and raised, the previous checkpoint stays."""
     tmp = path.with_suffix(".pt.tmp")
     try:
         with open(tmp, "wb") as fh:

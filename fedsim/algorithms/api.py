@@ -292,7 +292,9 @@ class ServerAlgorithm(ABC):
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """The server side's state (for a checkpoint)."""
+        """The server side's state (for a checkpoint, which pickles it as it is:
+        tensors that share storage come back as copies; fedsim's algorithms
+        keep theirs with :func:`~fedsim.algorithms._kernels.pack_tensor`)."""
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -10,10 +10,12 @@ where ``mu`` is FedProx's ``mu`` or FedAsync's ``rho`` (Algorithm 1, W5) and
 ``mu (y - x_anchor)`` is added to the parameter gradients directly, which is
 the gradient of the loss term without building it.
 
-Every optimizer is stepped with a closure over the step's minibatch
-(:class:`_MinibatchObjective`), so the adaptive ones (Delta-SGD, SPS) can
-re-evaluate it: the proximal term reaches every gradient they see, and SPS
-sees the objective's value including ``(mu / 2) ||y - x_anchor||^2``.
+Every optimizer but fedsim's own SGD is stepped with a closure over the
+step's minibatch (:class:`_MinibatchObjective`), so the adaptive ones
+(Delta-SGD, SPS) can re-evaluate it: the proximal term reaches every
+gradient they see, and SPS sees the objective's value including
+``(mu / 2) ||y - x_anchor||^2``. SGD, which needs only the gradient, is
+stepped directly (:func:`_sgd_steps`), to the same iterates bit for bit.
 """
 
 from __future__ import annotations
@@ -215,8 +217,9 @@ def local_train(
 
 def _closure_steps(objective: _MinibatchObjective, data_x: torch.Tensor, data_y: torch.Tensor,
                    batches: Iterator[torch.Tensor], steps: int) -> tuple[float, int]:
-    """Step an optimizer that evaluates the objective itself (adaptive step sizes, Adam):
-    the summed data loss over the steps' minibatches and their size."""
+    """Step an optimizer through the closure (Delta-SGD and SPS evaluate the objective
+    themselves; Adam and Adagrad take it too): the summed data loss over the
+    steps' minibatches and their size."""
     opt = objective.opt
     total = 0.0
     seen = 0
