@@ -326,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="create that environment in DIR (minutes; ~1.4 GB) and use it")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args(argv)
+    if args.reps < 1 or args.rounds < 2:
+        ap.error(f"--reps must be >= 1 (got {args.reps}) and --rounds >= 2 (got {args.rounds}): "
+                 "the time per round is read between the first and the last aggregation")
     flower = args.flower_python
     if args.install_flower:
         flower = install_flower(Path(args.install_flower))
