@@ -265,7 +265,7 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
     placement = cpu_placement(len(hosts)) if sc.deploy.pin_trainers else None
     if resume is None:
         sc, run_dir, choice, data = prepare(sc, out, dilation, len(hosts))
-    own_cpus = os.sched_getaffinity(0)
+    cpus_before = os.sched_getaffinity(0)
     try:
         summary = _run_here(sc, run_dir, choice, data, hosts, resume is not None,
                             on_progress, control, placement)
@@ -273,7 +273,7 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
         if placement is not None:
             from fedsim.actors._proc import pin_process
 
-            pin_process(os.getpid(), own_cpus)
+            pin_process(os.getpid(), cpus_before)
     if plots:
         finish(run_dir)
     return RunResult.of(run_dir, summary)

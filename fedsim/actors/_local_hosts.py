@@ -76,7 +76,7 @@ def start_hosts(hosts: list[list[int]], *, connect: str, scenario_file: str, run
     """
     from fedsim.actors import _proc
 
-    idle = background and _proc._can_leave_idle()
+    idle = background and _proc.can_leave_idle()
     if idle:
         env = {**(env if env is not None else os.environ), _proc.SETUP_IDLE_ENV: "1"}
     procs: dict[str, HostProcess] = {}

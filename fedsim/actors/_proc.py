@@ -152,7 +152,7 @@ def yield_cpu_to_loops() -> str:
 SETUP_IDLE_ENV = "FEDSIM_SETUP_IDLE"
 
 
-def _can_leave_idle() -> bool:
+def can_leave_idle() -> bool:
     """Whether this process could return from SCHED_IDLE to SCHED_OTHER at its nice
     value (root, or an RLIMIT_NICE that allows it: sched(7))."""
     if not hasattr(os, "SCHED_IDLE"):
@@ -179,7 +179,7 @@ def set_up_in_background() -> bool:
     priority (root, or RLIMIT_NICE): an event loop left in the idle class
     would be unfaithful.
     """
-    if os.environ.get(SETUP_IDLE_ENV) != "1" or not _can_leave_idle():
+    if os.environ.get(SETUP_IDLE_ENV) != "1" or not can_leave_idle():
         return False
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
@@ -200,16 +200,23 @@ def to_foreground() -> None:
         return
     if os.environ.get(SETUP_IDLE_ENV) != "1":
         return
-    for tid in thread_ids(os.getpid()):
+    exc = _out_of_idle(os.getpid())
+    if exc is not None:   # can_leave_idle said it could: say so loudly
+        log.error("could not leave SCHED_IDLE after the set-up (%s): timing will suffer", exc)
+
+
+def _out_of_idle(pid: int) -> OSError | None:
+    """Move every thread of ``pid`` in the idle class back to SCHED_OTHER (a
+    thread inherits its creator's class); the error that stopped it, if one did."""
+    for tid in thread_ids(pid):
         try:
             if os.sched_getscheduler(tid) == os.SCHED_IDLE:
                 os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         except ProcessLookupError:   # a thread that just ended
             continue
-        except OSError as exc:   # _can_leave_idle said it could: say so loudly
-            log.error("could not leave SCHED_IDLE after the set-up (%s): timing will suffer",
-                      exc)
-            return
+        except OSError as exc:
+            return exc
+    return None
 
 
 def cpu_placement(hosts: int) -> tuple[set[int], list[int]]:
@@ -258,20 +265,14 @@ def own_cpus(pid: int, cpus: set[int]) -> None:
     pin_process(pid, cpus)
     if not hasattr(os, "SCHED_IDLE"):
         return
-    if not _can_leave_idle():
+    if not can_leave_idle():
         log.warning("deploy.pin_trainers: the trainer stays in the idle class (leaving it "
                     "needs root or an RLIMIT_NICE that allows it); the kernel may put "
                     "other work on its CPU first")
         return
-    for tid in thread_ids(pid):
-        try:
-            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        except ProcessLookupError:   # a thread that just ended
-            continue
-        except OSError as exc:   # a container's seccomp, say: pinned, but idle-class
-            log.warning("deploy.pin_trainers: the trainer stays in the idle class (%s)", exc)
-            return
+    exc = _out_of_idle(pid)
+    if exc is not None:   # a container's seccomp, say: pinned, but idle-class
+        log.warning("deploy.pin_trainers: the trainer stays in the idle class (%s)", exc)
 
 
 def process_age() -> float | None:

@@ -20,7 +20,6 @@ stepped directly (:func:`_sgd_steps`), to the same iterates bit for bit.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -113,13 +112,6 @@ def _copy_into(params: Sequence[torch.Tensor], vec: torch.Tensor) -> None:
             offset += n
 
 
-@functools.cache
-def _cross_entropy() -> nn.Module:
-    """One ``nn.CrossEntropyLoss()`` for every run (it holds no state; building it
-    took 1.5 % of a trainer's time on short runs)."""
-    return nn.CrossEntropyLoss()
-
-
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> Any:
     while True:
         perm = torch.randperm(n, generator=generator)
@@ -140,7 +132,7 @@ class _MinibatchObjective:
     def __init__(
         self,
         model: nn.Module,
-        loss_fn: nn.Module,
+        loss_fn: Callable[..., torch.Tensor],
         opt: torch.optim.Optimizer | SGD,
         params: Sequence[torch.Tensor],
         anchor: list[torch.Tensor] | None,
@@ -159,7 +151,7 @@ class _MinibatchObjective:
     def __call__(self) -> float:
         self.opt.zero_grad()
         loss = self.loss_fn(self.model(self.inputs), self.targets)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         self.loss = float(loss.detach())
         if self.anchor is None:
             return self.loss
@@ -202,13 +194,14 @@ def local_train(
     opt = make_optimizer(cfg.optimizer, params, buffers=list(model.buffers()))
     steps = cfg.num_steps(n)
     batches = _batches(n, cfg.batch_size, generator)
+    loss = loss_fn or functional.cross_entropy   # nn.CrossEntropyLoss()'s computation
     if isinstance(opt, SGD):
-        total, seen = _sgd_steps(model, loss_fn or functional.cross_entropy, opt, params,
-                                 anchor, cfg.prox_mu, data_x, data_y, batches, steps)
+        total, seen = _sgd_steps(model, loss, opt, params, anchor, cfg.prox_mu, data_x, data_y,
+                                 batches, steps)
     else:
         total, seen = _closure_steps(
-            _MinibatchObjective(model, loss_fn or _cross_entropy(), opt, params, anchor,
-                                cfg.prox_mu), data_x, data_y, batches, steps)
+            _MinibatchObjective(model, loss, opt, params, anchor, cfg.prox_mu),
+            data_x, data_y, batches, steps)
     stats: dict[str, Any] = {"steps": steps, "loss": total / seen, "samples": seen}
     if isinstance(opt, AdaptiveStepOptimizer):
         stats.update(step_size_stats(opt.step_sizes))

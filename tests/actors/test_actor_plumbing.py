@@ -248,7 +248,7 @@ def test_a_sweeps_run_sets_up_in_the_idle_class_and_keeps_time_in_the_normal_one
     """Under FEDSIM_SETUP_IDLE=1 (a sweep's runs) the set-up runs under SCHED_IDLE,
     so that neighbours' trainers are not starved, and the loops return to the normal
     class; without it (or where the process could not return) nothing changes."""
-    if _proc._can_leave_idle():
+    if _proc.can_leave_idle():
         assert _policies({_proc.SETUP_IDLE_ENV: "1"}) == ["True", "idle", "other", "other"]
     else:
         assert _policies({_proc.SETUP_IDLE_ENV: "1"}) == ["False", "other", "other", "other"]

@@ -98,7 +98,7 @@ def test_pinned_trainers_have_a_cpu_of_their_own(tmp_path: Path) -> None:
     evaluator still idle-class); this process's CPUs given back after."""
     import psutil
 
-    from fedsim.actors._proc import _can_leave_idle
+    from fedsim.actors._proc import can_leave_idle
 
     mine = os.sched_getaffinity(0)
     cpus = sorted(mine)
@@ -120,7 +120,7 @@ def test_pinned_trainers_have_a_cpu_of_their_own(tmp_path: Path) -> None:
     assert [pid for pid, a in seen.items() if a == {trainer}] != [], seen
     assert sum(a == {trainer} for a in seen.values()) == 1, seen
     assert all(a == {rest} for a in seen.values() if a != {trainer}), seen
-    if _can_leave_idle():
+    if can_leave_idle():
         pinned = next(pid for pid, a in seen.items() if a == {trainer})
         assert policies[pinned] == {os.SCHED_OTHER}, policies
         assert any(p == {os.SCHED_IDLE} for p in policies.values()), policies  # the evaluator
