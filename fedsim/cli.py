@@ -252,6 +252,20 @@ def _phase_lines(s: Any) -> list[str]:
     return lines
 
 
+def _lost_work_line(s: Any) -> str | None:
+    """The summary's line on client runs that failed (None when none did)."""
+    from fedsim._ids import format_ids
+
+    lost = s.get("lost_work") or {}
+    if not lost.get("runs"):
+        return None
+    causes = ", ".join(f"{k} {v}" for k, v in sorted((lost.get("by_reason") or {}).items()))
+    ids = lost.get("clients") or []
+    shown = format_ids(ids[:12]) + (" ..." if len(ids) > 12 else "")
+    return (f"  lost work        {lost['runs']} client run(s) failed ({causes}); "
+            f"dropped: client(s) {shown}; see summary.json lost_work")
+
+
 def _report(result: Any) -> None:
     """Print a run's summary."""
     s = result.summary
@@ -286,6 +300,9 @@ def _report(result: Any) -> None:
     if hosts.get("unreported"):
         click.echo(f"  hosts            {hosts['reported']} of {hosts['registered']} reported; "
                    f"lost: {', '.join(hosts['unreported'])} (the verdict covers the others)")
+    lost = _lost_work_line(s)
+    if lost is not None:
+        click.echo(lost)
     if s.get("clients_missing"):
         click.echo(f"  missing clients  {len(s['clients_missing'])} never registered")
     if s.get("send_times_clamped"):
@@ -716,7 +733,8 @@ def sweep(source: str, grids: tuple[str, ...], seeds: int | None, sets: tuple[st
                    "(flagged in sweep.csv):")
         for r in result.flagged[:10]:
             click.echo(f"  {r.point.key}: status {r.status}, verdict {r.verdict}, "
-                       f"{r.attempts} attempts ({r.run_dir}/output.log)")
+                       f"{r.attempts} attempts ({r.run_dir}/output.log)"
+                       + (f"; lost client work: {r.lost_work}" if r.lost_runs else ""))
         sys.exit(EXIT_FAILED)
 
 

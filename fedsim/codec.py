@@ -1,15 +1,15 @@
-"""fedsim's wire codec, schema version 2: messages to ZeroMQ frames and back.
+"""fedsim's wire codec, schema version 3: messages to ZeroMQ frames and back.
 
 The schema (message classes, :class:`~fedsim.messages.Model`,
 :class:`~fedsim.messages.TensorSpec`, :class:`~fedsim.messages.WireError`
 and its reason codes) lives in :mod:`fedsim.messages`; this module turns a
 message into frames and frames into a message. It does not import torch.
 
-Wire format, version 2
+Wire format, version 3
 ----------------------
 ::
 
-    frame 0  envelope  msgpack [2, <kind>, <sent_at: float64>, <seq: uint64>]
+    frame 0  envelope  msgpack [3, <kind>, <sent_at: float64>, <seq: uint64>]
     frame 1  header    msgpack [<field value>, ...]     (declaration order)
     frame 2+ model     one raw buffer per dtype of the model's spec
 

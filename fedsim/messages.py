@@ -94,6 +94,7 @@ from numpy.typing import DTypeLike, NDArray
 
 __all__ = [
     "EVENT_KINDS",
+    "FAILURE_CAUSES",
     "HOST_EVENT_KINDS",
     "HOST_PHASES",
     "KINDS",
@@ -141,7 +142,7 @@ __all__ = [
     "wire_dtype_name",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version written in every envelope; :func:`fedsim.codec.decode` rejects any other."""
 
 # ---------------------------------------------------------------------------
@@ -1317,16 +1318,35 @@ class Ready(_Record):
         _non_negative(self, "client")
 
 
+#: Why a client's local run failed, as results count it (``summary.json``'s
+#: ``lost_work``): ``overflow``, a step beyond the range of the parameters'
+#: dtype; ``non_finite``, a trained model holding NaN or an infinity;
+#: ``error``, any other exception in training; ``host_lost``, its client host
+#: was lost (the server's own record, never sent).
+FAILURE_CAUSES: tuple[str, ...] = ("overflow", "non_finite", "error", "host_lost")
+
+
+def _check_cause(rec: Any) -> None:
+    if rec.cause not in FAILURE_CAUSES[:3]:
+        raise _Bad(f" must be one of {', '.join(FAILURE_CAUSES[:3])}, got {rec.cause!r}",
+                   ".cause")
+
+
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Failed(_Record):
-    """Client -> server, when its training failed for good; the server drops it."""
+    """Client -> server, when its training failed for good; the server drops it.
+
+    ``cause`` counts it (:data:`FAILURE_CAUSES`), ``reason`` says it in words.
+    """
 
     client: int
+    cause: str
     reason: str
 
     def _validate(self) -> None:
         _non_negative(self, "client")
+        _check_cause(self)
 
 
 @_message
@@ -1555,10 +1575,15 @@ class Evaluated(_Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class WorkerFailed(_Record):
-    """Worker -> parent, instead of the reply to request ``request_id``: why it failed."""
+    """Worker -> parent, instead of the reply to request ``request_id``: why it failed
+    (``cause``: :data:`FAILURE_CAUSES`)."""
 
     request_id: int
+    cause: str
     reason: str
+
+    def _validate(self) -> None:
+        _check_cause(self)
 
 
 @_message

@@ -254,7 +254,8 @@ def plot_timeline(run: Run, path: Path, *, clients: Iterable[int] | None = None,
     training, waiting (at a barrier, or for its update's aggregation) or
     away. Each aggregation of a client's update is a marker on its row,
     coloured by the update's staleness (black: a synchronous round's);
-    discarded updates and lost messages are crosses. ``clients`` picks the
+    discarded updates and lost messages are crosses, a failed local run (lost
+    client work) a red star with its cause. ``clients`` picks the
     rows (default: all, or a seeded sample of ``max_clients``); ``window``
     = (start, end) in emulated seconds.
     """
@@ -330,6 +331,13 @@ def timeline_figure(tl: Timeline, *, title: str) -> Figure:
     if lost:
         ax.scatter([a[0] for a in lost], [a[1] for a in lost], marker="x", s=marker_size,
                    c="k", linewidths=1.0, zorder=4)
+    failed = [(t, row[c], cause) for c in ids for t, cause in tl.clients[c].failed]
+    if failed:
+        ax.scatter([a[0] for a in failed], [a[1] for a in failed], marker="*",
+                   s=marker_size * 3.0, c="#CC0000", edgecolors="k", linewidths=0.5, zorder=5)
+        for t, y, cause in failed:
+            ax.annotate(f"run failed: {cause}", (t, y), xytext=(4, -6),
+                        textcoords="offset points", fontsize=7, color="#CC0000", zorder=5)
     ax.set_xlim(tl.start, max(tl.end, tl.start + 1e-3))
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(range(len(ids)))
@@ -357,6 +365,9 @@ def timeline_figure(tl: Timeline, *, title: str) -> Figure:
                               label="update discarded"))
     if lost:
         handles.append(Line2D([], [], ls="", marker="x", color="k", label="message lost"))
+    if failed:
+        handles.append(Line2D([], [], ls="", marker="*", mfc="#CC0000", mec="k", ms=10,
+                              label="local run failed (lost work; client dropped)"))
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     if scatter is not None:
         cb = fig.colorbar(scatter, ax=ax, pad=0.01, fraction=0.03, aspect=30)

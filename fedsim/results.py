@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
-__all__ = ["Metrics", "Phase", "RunResult", "Staleness", "Summary", "Transfer"]
+__all__ = ["LostWork", "Metrics", "Phase", "RunResult", "Staleness", "Summary", "Transfer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,27 @@ class Transfer:
     max_ms: float | None
     mean_bytes: float | None
     configured_delay_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class LostWork:
+    """Client runs that failed, by cause and by client (``summary.json``'s ``lost_work``).
+
+    Causes (:data:`fedsim.messages.FAILURE_CAUSES`): ``overflow`` (a step
+    beyond the parameters' dtype), ``non_finite`` (a trained model with NaN
+    or an infinity), ``error`` (any other exception in training),
+    ``host_lost`` (the client's host was lost). A client whose run failed
+    is dropped for the rest of the run. ``first_reason``: the first failure
+    of each client, in words.
+    """
+
+    runs: int
+    by_reason: dict[str, int]
+    by_client: dict[int, dict[str, int]]
+    first_reason: dict[int, str]
+
+    def __bool__(self) -> bool:
+        return self.runs > 0
 
 
 def _transfer(raw: Any) -> Transfer | None:
@@ -193,6 +214,19 @@ class Summary(Mapping[str, Any]):
             return {}
         return {str(phase): {str(part): _phase(d) for part, d in parts.items()}
                 for phase, parts in raw.items() if isinstance(parts, Mapping)}
+
+    @property
+    def lost_work(self) -> LostWork:
+        """Client runs that failed (and clients lost with their host): their work is lost
+        and the clients were dropped. ``lost_work.runs == 0`` for a clean run."""
+        raw = self._data.get("lost_work")
+        r = raw if isinstance(raw, Mapping) else {}
+        return LostWork(
+            runs=int(r.get("runs", 0)),
+            by_reason={str(k): int(v) for k, v in (r.get("by_reason") or {}).items()},
+            by_client={int(c): {str(k): int(v) for k, v in d.items()}
+                       for c, d in (r.get("by_client") or {}).items()},
+            first_reason={int(c): str(v) for c, v in (r.get("first_reason") or {}).items()})
 
     @property
     def fidelity(self) -> str | None:

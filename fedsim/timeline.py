@@ -25,7 +25,8 @@ computation is what the timeline shows. Messages sent and neither
 delivered nor dropped when the log ends are drawn up to the end as in
 flight (format 2: a send record carries the ``sent_at`` its delivery will).
 Markers: every aggregation of a client's update (with its staleness, for an
-asynchronous rule), every discarded update, every lost message.
+asynchronous rule), every discarded update, every lost message, every local
+run that failed (``train_error``, with its cause: lost client work).
 """
 
 from __future__ import annotations
@@ -114,6 +115,9 @@ class ClientTimeline:
     discarded: list[float] = field(default_factory=list)
     #: (time, "down" | "up") of each lost message
     lost: list[tuple[float, str]] = field(default_factory=list)
+    #: (time, cause) of each local run that failed (``train_error``; the client
+    #: is dropped): lost client work, summarised in ``summary.json``'s ``lost_work``
+    failed: list[tuple[float, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -242,6 +246,8 @@ def _client(cid: int, events: list[dict[str, Any]], aggregated: list[tuple[float
             if train_open is not None:
                 training.append((train_open, t))
                 train_open = None
+            if ev == "train_error":
+                tl.failed.append((t, str(e.get("cause") or "error")))
         elif ev == "barrier_wait":
             barrier_open = t if barrier_open is None else barrier_open
         elif ev == "barrier_resume":
@@ -280,6 +286,7 @@ def _client(cid: int, events: list[dict[str, Any]], aggregated: list[tuple[float
     tl.aggregated = [(t, s) for t, s in aggregated if start <= t <= end]
     tl.discarded = [t for t in tl.discarded if start <= t <= end]
     tl.lost = [(t, d) for t, d in tl.lost if start <= t <= end]
+    tl.failed = [(t, c) for t, c in tl.failed if start <= t <= end]
     return tl
 
 

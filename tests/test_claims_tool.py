@@ -706,6 +706,39 @@ def test_run_claim_evaluates_a_sweep_on_disk_and_writes_its_figure(
     assert "![FS-2](claims/fs-2.png)" in text
 
 
+def test_runs_with_lost_client_work_are_named_and_never_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DS-2's case: a run that went on without the client whose Delta-SGD step overflowed
+    is not a plain result. The claim is judged on the other runs, and the table and
+    docs/claims.md name the run, the client and the cause."""
+    monkeypatch.setattr(writer, "DOCS", tmp_path / "docs")
+    claim = next(c for c in claims.CLAIMS if c.id == "DS-2")
+    sweep = _sweep("ds2")
+    out = tmp_path / "sweeps"
+    (out / "DS-2").mkdir(parents=True)
+    (out / "DS-2" / "sweep.json").write_text(json.dumps(sweep.to_json()))
+    for p in sweep.points():
+        d = dict(p.grid)["client.delta"]
+        broken = d == 1.0 and p.seed == sorted({q.seed for q in sweep.points()})[-1]
+        summary = {"status": "completed", "fidelity": {"verdict": "pass"}, "real_seconds": 2.0,
+                   "final_accuracy": 0.09 if broken else 0.93 + _jitter(p.seed)}
+        if broken:
+            summary["lost_work"] = {
+                "runs": 1, "by_reason": {"overflow": 1}, "by_client": {"9": {"overflow": 1}},
+                "clients": [9], "first_reason": {"9": "training failed: StepOverflow: ..."}}
+        _write_run(out / "DS-2" / "runs" / p.key, {"files": {"summary.json": summary}})
+    rec = writer.run_claim(claim, out, "auto", execute=False)
+    assert rec["counted"] == rec["runs"] - 1
+    (lost,) = rec["lost_work"]
+    assert lost.startswith("delta = 1.0, seed ")
+    assert "client 9: overflow x1" in lost
+    assert "diverged" not in rec["why"]               # the broken run is no plain result
+    assert "Lost client work in 1 run(s), not counted: delta = 1.0" in writer.table([rec])
+    writer.write_docs([rec])
+    assert "- Lost client work (not counted): delta = 1.0" in (
+        tmp_path / "docs" / "claims.md").read_text()
+
+
 def test_the_table_goes_between_the_readme_markers(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     readme = tmp_path / "README.md"

@@ -124,7 +124,7 @@ MESSAGES: list[Any] = [
     ),
     Average(client=4, round=9, version=9, model=Model.from_arrays([np.ones(10, np.float16)])),
     Ready(client=3, reset=True),
-    Failed(client=0, reason="training failed: non_finite"),
+    Failed(client=0, cause="non_finite", reason="training failed: non_finite"),
     Leave(client=0, reason="done"),
     HostHello(
         host="h1",
@@ -192,7 +192,7 @@ MESSAGES: list[Any] = [
     ),
     Evaluate(request_id=5, version=9, model=_spec_model()),
     Evaluated(request_id=5, version=9, loss=float("inf"), accuracy=0.1, seconds=0.5),
-    WorkerFailed(request_id=6, reason="RuntimeError: boom"),
+    WorkerFailed(request_id=6, cause="error", reason="RuntimeError: boom"),
     Shutdown(),
 ]
 
@@ -328,8 +328,8 @@ def test_wire_layout() -> None:
         model=Model.from_arrays(_arrays()[:3]),
     )
     frames = encode(msg, sent_at=1.5, seq=3)
-    assert frames[0] == b"\x94\x02\xa4Task" + struct.pack(">BdBQ", 0xCB, 1.5, 0xCF, 3)
-    assert msgpack.unpackb(frames[0]) == [2, "Task", 1.5, 3]
+    assert frames[0] == b"\x94\x03\xa4Task" + struct.pack(">BdBQ", 0xCB, 1.5, 0xCF, 3)
+    assert msgpack.unpackb(frames[0]) == [3, "Task", 1.5, 3]
     assert msgpack.unpackb(frames[1]) == [
         1, 4, 2, 3, [2, None],
         [["float32", [3, 4]], ["float32", [4]], ["int64", []]],
@@ -551,7 +551,7 @@ def _edit(edits: dict[str, Any], frame: int = 1) -> list[bytes]:
 
 
 def _envelope(kind: str) -> bytes:
-    return msgpack.packb([2, kind, 0.0, 0])
+    return msgpack.packb([SCHEMA_VERSION, kind, 0.0, 0])
 
 
 def _nested(depth: int) -> Any:
@@ -621,7 +621,7 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
         "schema 1 header",
         lambda f: [msgpack.packb({"v": 1, "kind": "Task"}), *f[1:]],
         "wrong_version",
-        "schema version 1, expected 2",
+        f"schema version 1, expected {SCHEMA_VERSION}",
     ),
     ("very deep", lambda f: [f[0], b"\x91" * 5000 + b"\x01"], "bad_header", "StackError"),
     ("garbage header", lambda f: [f[0], b"\xc1", *f[2:]], "bad_header", "msgpack"),
@@ -888,9 +888,14 @@ def test_advance_spec_is_repeated_per_round() -> None:
             "bad_field",
             "Update.steps must be an int, got str 'lots'",
         ),
-        (lambda: Failed(client=np.int64(3), reason="x"), "bad_field", "Failed.client"),
-        (lambda: Failed(client=2**63, reason="x"), "bad_field", "does not fit in int64"),
-        (lambda: Failed(client=1, reason=None), "bad_field", "Failed.reason must be a str"),
+        (lambda: Failed(client=np.int64(3), cause="error", reason="x"), "bad_field",
+         "Failed.client"),
+        (lambda: Failed(client=2**63, cause="error", reason="x"), "bad_field",
+         "does not fit in int64"),
+        (lambda: Failed(client=1, cause="error", reason=None), "bad_field",
+         "Failed.reason must be a str"),
+        (lambda: Failed(client=1, cause="boom", reason="x"), "bad_field",
+         "Failed.cause must be one of overflow, non_finite, error"),
         (lambda: Ready(client=1, reset=1), "bad_field", "Ready.reset must be a bool, got int 1"),
         (lambda: ClockProbe(seq=1, t_sent="1"), "bad_field", "ClockProbe.t_sent must be a float"),
         (lambda: ClockProbe(seq=1, t_sent=True), "bad_field", "must be a float, got bool"),
@@ -1075,8 +1080,9 @@ def test_messages_are_frozen_compare_by_value_and_repr_short() -> None:
     msg = MESSAGES[0]
     with pytest.raises(AttributeError):
         msg.round = 5  # type: ignore[misc]
-    assert Failed(client=1, reason="x") != Leave(client=1, reason="x")
-    assert Failed(client=1, reason="x") == Failed(client=1, reason="x")
+    assert Failed(client=1, cause="error", reason="x") != Leave(client=1, reason="x")
+    assert Failed(client=1, cause="error", reason="x") == Failed(client=1, cause="error",
+                                                               reason="x")
     text = repr(MESSAGES[1])
     assert "model=Model(float32+int64+float64+bool, 5 tensors, 75 B)" in text
     assert len(repr(Average(client=0, round=0, version=0, model=_f32(1_000_000)))) < 100
@@ -1247,7 +1253,7 @@ def _mutate(rng: random.Random, frames: list[bytes]) -> list[Any]:
                            [rng.choice([2**31, 2**62, 2**63 - 1, 0]) for _ in range(3)]]]
             frames[1] = msgpack.packb(header)
     elif op == 7 and frames:  # another kind's envelope over this body
-        frames[0] = msgpack.packb([2, rng.choice(list(KINDS)), 0.0, 0])
+        frames[0] = msgpack.packb([SCHEMA_VERSION, rng.choice(list(KINDS)), 0.0, 0])
     elif op == 8:  # random bytes anywhere
         frames[i] = rng.randbytes(rng.randrange(40))
     else:  # random frame count of random bytes

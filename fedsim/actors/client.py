@@ -403,10 +403,13 @@ class ClientActor:
         while True:
             if not isinstance(reply, Trained):
                 reason = getattr(reply, "reason", repr(reply))
-                log.error("client %d: training failed: %s", self.cid, reason)
-                host.emit("train_error", client=self.cid, task_id=task.task_id, reason=reason)
+                cause = getattr(reply, "cause", "error")
+                log.error("client %d: training failed (%s): %s", self.cid, cause, reason)
+                host.emit("train_error", client=self.cid, task_id=task.task_id, cause=cause,
+                          reason=reason[:300])
                 # a device whose training fails is out: say so, so the server does not wait
-                await host.send(Failed(client=self.cid, reason=f"training failed: {reason}"))
+                await host.send(Failed(client=self.cid, cause=cause,
+                                       reason=f"training failed: {reason}"))
                 return
             done = host.clock.now()
             budget = self.device.compute_time(reply.steps, self.device_rng, run_index) \

@@ -142,6 +142,9 @@ class RunState:
         self.rejects: dict[str, int] = {}
         self.samples: dict[int, int] = {}
         self.host_failures: list[dict[str, Any]] = []
+        #: client runs that failed, and clients lost with their host: one record
+        #: each ({t, client, cause, reason}), summarised as ``lost_work``
+        self.lost: list[dict[str, Any]] = []
         self.missing: list[int] = []
         self.best = (math.nan, 0.0)
         self.final_accuracy: float | None = None
@@ -196,6 +199,26 @@ class RunState:
         for p in samples:
             self.phases[p.phase].merge(p.count, p.sum, p.max, p.values)
 
+    def lose_work(self, t: float, client: int, cause: str, reason: str) -> None:
+        """A client's run failed (or its host was lost): recorded, and counted in the summary."""
+        self.lost.append({"t": round(t, 6), "client": client, "cause": cause,
+                          "reason": reason[:300]})
+
+    def lost_work(self) -> dict[str, Any]:
+        """``summary.json``'s ``lost_work``: the failed client runs by cause and by client."""
+        by_reason: dict[str, int] = {}
+        by_client: dict[str, dict[str, int]] = {}
+        first: dict[str, str] = {}
+        for rec in self.lost:
+            cause, cid = rec["cause"], str(rec["client"])
+            by_reason[cause] = by_reason.get(cause, 0) + 1
+            mine = by_client.setdefault(cid, {})
+            mine[cause] = mine.get(cause, 0) + 1
+            first.setdefault(cid, rec["reason"])
+        return {"runs": len(self.lost), "by_reason": by_reason, "by_client": by_client,
+                "clients": sorted(int(c) for c in by_client),
+                "first_reason": dict(list(first.items())[:50])}
+
     def rejected(self, t: float, sender: str, reason: str, detail: str) -> None:
         """A message was refused: counted by reason, logged, and recorded."""
         self.rejects[reason] = self.rejects.get(reason, 0) + 1
@@ -220,7 +243,8 @@ class RunState:
             "updates": self.updates, "rounds": self.rounds, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "staleness": list(self.staleness.values),
             "rejects": dict(self.rejects), "samples": _pack_counts(self.samples),
-            "host_failures": list(self.host_failures), "missing": list(self.missing),
+            "host_failures": list(self.host_failures), "lost": list(self.lost),
+            "missing": list(self.missing),
             "best": list(self.best), "final_accuracy": self.final_accuracy,
             "final_loss": self.final_loss, "time_to_target": self.time_to_target,
             "resumed": list(self.resumed), "transfers": self.transfers.state(),
@@ -238,6 +262,7 @@ class RunState:
         self.rejects = dict(state["rejects"])
         self.samples.update(_unpack_counts(state["samples"]))
         self.host_failures = list(state["host_failures"])
+        self.lost = list(state.get("lost", []))
         self.missing = list(state["missing"])
         self.best = (float(state["best"][0]), float(state["best"][1]))
         self.final_accuracy, self.final_loss = state["final_accuracy"], state["final_loss"]
@@ -369,6 +394,7 @@ class RunState:
             "rejected_messages": {"server": dict(self.rejects),
                                   "clients": totals.get("rejected", 0)},
             "host_failures": self.host_failures,
+            "lost_work": self.lost_work(),
             "hosts": totals.get("hosts"),
             "send_times_clamped": totals.get("clamped", 0),
             "late_arrivals": totals.get("late_arrivals", 0),

@@ -365,8 +365,10 @@ class Server(HostSide, Checkpoints, Measurements):
             if isinstance(msg, Ready):
                 return self.strategy.rejoin(cid, now, reset=msg.reset)
             if isinstance(msg, Failed):
-                log.error("client %d failed: %s", cid, msg.reason)
-                self.state.event(now, "client_failed", client=cid, reason=msg.reason)
+                log.error("client %d failed (%s): %s; it is dropped", cid, msg.cause, msg.reason)
+                self.state.event(now, "client_failed", client=cid, cause=msg.cause,
+                                 reason=msg.reason[:300])
+                self.state.lose_work(now, cid, msg.cause, msg.reason)
                 self._failed.add(cid)
             return self._lose(now, cid, msg.reason)
         except Exception as exc:  # an algorithm error must not end the run
@@ -397,6 +399,7 @@ class Server(HostSide, Checkpoints, Measurements):
         step = Step()
         for cid in lost:
             if cid in self.clients:
+                self.state.lose_work(now, cid, "host_lost", f"host {host} lost: {why}")
                 step.then(self._lose(now, cid, f"host {host} lost"))
         return step
 

@@ -37,7 +37,7 @@ from fedsim.actors import _proc
 from fedsim.actors._requests import Preemption, Requests
 from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
 from fedsim.actors._tensors import to_model, to_tensor
-from fedsim.algorithms import get, local_train
+from fedsim.algorithms import check_finite, failure_cause, get, local_train
 from fedsim.algorithms.api import Budget, ClientContext, LocalRun
 from fedsim.algorithms.local import load_vector
 from fedsim.codec import decode, encode
@@ -177,8 +177,13 @@ class Worker:
         try:
             return self._handle(msg)
         except Exception as exc:
-            log.exception("request %d failed", rid)
-            return WorkerFailed(request_id=rid, reason=f"{type(exc).__name__}: {exc}")
+            cause = failure_cause(exc)
+            if cause == "error":
+                log.exception("request %d failed", rid)
+            else:  # the run's own numbers went out of range: no traceback to read
+                log.error("request %d failed (%s): %s", rid, cause, exc)
+            return WorkerFailed(request_id=rid, cause=cause,
+                                reason=f"{type(exc).__name__}: {exc}"[:1000])
 
     def _handle(self, msg: Message) -> Message:
         started = time.perf_counter()
@@ -221,6 +226,9 @@ class Worker:
             out = self.client.begin(run, x, y, gen)
         upload = None
         if out.upload is not None:
+            # a run whose model went to NaN or an infinity is that client's failed
+            # run (counted with its cause), not a message the server would refuse
+            check_finite(out.upload, f"trained model of client {c}")
             copies = out.upload.numel() * 4 // self.spec.nbytes
             upload = to_model(out.upload, self.spec.repeated(copies))
         self._dirty = True

@@ -50,7 +50,13 @@ from fedsim.algorithms.api import (
     get,
     register,
 )
-from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
+from fedsim.algorithms.base import (
+    ClientResult,
+    LocalRunFailed,
+    NonFiniteUpdate,
+    StepOverflow,
+    failure_cause,
+)
 from fedsim.algorithms.fedasync import FedAsync, fedasync_mix, staleness_weight
 from fedsim.algorithms.fedavg import FedAvg, fedavg_aggregate
 from fedsim.algorithms.local import LocalConfig, local_train
@@ -75,13 +81,16 @@ __all__ = [
     "FedAsync",
     "FedAvg",
     "LocalConfig",
+    "LocalRunFailed",
     "NonFiniteUpdate",
     "OptimizerConfig",
     "RoundScheduler",
     "SchedulerError",
     "ServerAlgorithm",
+    "StepOverflow",
     "algorithm_names",
     "check_finite",
+    "failure_cause",
     "fedasync_mix",
     "fedavg_aggregate",
     "flatten",

@@ -49,6 +49,7 @@ from fedsim.algorithms._optcheck import (
     check_nonnegative,
     check_positive,
 )
+from fedsim.algorithms.base import StepOverflow
 
 __all__ = [
     "SPS", "AdaptiveStepOptimizer", "DeltaSGD", "deltasgd_step_size", "sps_step_size",
@@ -278,6 +279,7 @@ class DeltaSGD(AdaptiveStepOptimizer):
                 dx_norm, dg_norm, eta_prev, theta_prev, gamma=group["gamma"],
                 delta=group["delta"], eps=group["lr_eps"], eta_max=group["eta_max"],
             )  # fmt: skip
+        _check_step_fits(eta, self._params, k)
 
         for p, d in zip(self._params, dirs, strict=True):
             state = self.state[p]
@@ -315,6 +317,24 @@ class DeltaSGD(AdaptiveStepOptimizer):
         for b, s in zip(self._buffers, saved, strict=True):
             b.copy_(s)
         return dirs
+
+
+def _check_step_fits(eta: float, params: Sequence[torch.Tensor], k: int) -> None:
+    """Raise :class:`StepOverflow` when ``eta`` is beyond the parameters' dtype.
+
+    The step size is a float64; the step is taken in the parameters' dtype,
+    where a step size past its largest finite value cannot be represented
+    (``p.add_`` raises, or the parameters become infinite). The authors' code
+    caps nothing (``eta_max`` is an opt-in cap), so such a run fails, and
+    says why, instead of being silently clamped.
+    """
+    dtype = params[0].dtype if params else torch.float32
+    limit = torch.finfo(dtype).max
+    if not eta <= limit:
+        raise StepOverflow(
+            f"Delta-SGD's step size {eta:.3g} at local step {k} is beyond {dtype}'s range "
+            f"({limit:.3g}): the gradients stopped changing and the step grew every step "
+            "(client.eta_max caps it; no cap by default, as in the authors' code)")
 
 
 class SPS(AdaptiveStepOptimizer):

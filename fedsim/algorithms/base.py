@@ -9,11 +9,37 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ClientResult", "NonFiniteUpdate"]
+__all__ = ["ClientResult", "LocalRunFailed", "NonFiniteUpdate", "StepOverflow",
+           "failure_cause"]
 
 
 class NonFiniteUpdate(ValueError):
     """An update holds NaN or infinite values and must not be applied."""
+
+
+class LocalRunFailed(RuntimeError):
+    """A client's local run cannot produce a result.
+
+    ``cause`` is how results count it (one of :data:`fedsim.messages.FAILURE_CAUSES`).
+    """
+
+    cause = "error"
+
+
+class StepOverflow(LocalRunFailed):
+    """A step size beyond the range of the parameters' dtype (the step cannot be taken)."""
+
+    cause = "overflow"
+
+
+def failure_cause(exc: BaseException) -> str:
+    """How a local run that raised ``exc`` is counted: ``overflow``, ``non_finite`` or
+    ``error`` (:data:`fedsim.messages.FAILURE_CAUSES`)."""
+    if isinstance(exc, LocalRunFailed):
+        return exc.cause
+    if isinstance(exc, NonFiniteUpdate):
+        return "non_finite"
+    return "error"
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,10 @@ run suggested, at least 1.5x and at most 4x its own (one starved stretch
 can make a run ask for twenty times its dilation), up to
 ``max_attempts`` times, and then kept but *flagged* (``verdict = fail`` in
 ``sweep.csv``, left out of ``aggregate.csv``, named in the report), never
-silently averaged in.
+silently averaged in. So is a run that lost client work (a client whose
+local run failed and was dropped: ``lost_runs`` in ``sweep.csv``, the
+summary's ``lost_work`` says which and why): it measured a federation
+without that client, not the one the point asked for.
 
 Points run in parallel only as far as the host keeps verdicts passing, and
 they start one at a time: a run is launched only once the previous one's

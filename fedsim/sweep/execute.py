@@ -33,7 +33,7 @@ class SweepResult:
 
     @property
     def flagged(self) -> list[PointResult]:
-        """Points that finished but do not count (failed verdict or run)."""
+        """Points that finished but do not count (failed verdict or run, lost client work)."""
         return [p for p in self.points if not p.counts]
 
 
@@ -385,6 +385,8 @@ def _progress_line(res: PointResult, done: int, total: int, kept: int, elapsed: 
     rate = elapsed / done
     eta = rate * (total - done)
     flag = "" if res.counts else "  FLAGGED"
+    if res.lost_runs:
+        flag += f" (lost client work: {res.lost_work})"
     return (f"[{done + kept:>3}/{total + kept}] {res.point.key}: {res.status}, verdict "
             f"{res.verdict}, acc {'-' if acc is None else f'{acc:.3f}'}, "
             f"{'-' if emu is None else f'{emu:.1f}'} emulated s in "

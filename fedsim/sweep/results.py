@@ -48,8 +48,29 @@ class PointResult:
 
     @property
     def counts(self) -> bool:
-        """Whether its figures go into the aggregate (completed and faithful)."""
-        return self.status == "completed" and self.verdict == "pass"
+        """Whether its figures go into the aggregate: completed, faithful, and no client
+        work lost (a run that went on without a client whose training failed measured
+        another federation than the one asked for; :attr:`lost_work` names it)."""
+        return self.status == "completed" and self.verdict == "pass" and not self.lost_runs
+
+    @property
+    def lost_runs(self) -> int:
+        """Client runs that failed in this run (``summary.json``'s ``lost_work.runs``)."""
+        lost = (self.summary or {}).get("lost_work")
+        return int(lost.get("runs", 0)) if isinstance(lost, dict) else 0
+
+    @property
+    def lost_work(self) -> str | None:
+        """What client work was lost, in words (None when none was)."""
+        lost = (self.summary or {}).get("lost_work")
+        if not self.lost_runs or not isinstance(lost, dict):
+            return None
+        parts = []
+        for cid, causes in (lost.get("by_client") or {}).items():
+            reason = (lost.get("first_reason") or {}).get(cid, "")
+            parts.append(f"client {cid}: " + ", ".join(f"{k} x{v}" for k, v in causes.items())
+                         + (f" ({reason[:160]})" if reason else ""))
+        return f"{self.lost_runs} client run(s) failed: " + "; ".join(parts)
 
     def row(self) -> dict[str, Any]:
         """Its row of sweep.csv."""
@@ -58,7 +79,8 @@ class PointResult:
                     for k, v in self.point.grid})
         row.update({"seed": self.point.seed, "status": self.status, "verdict": self.verdict,
                     "attempts": self.attempts, "dilation": self.dilation,
-                    "cores": None if self.cores is None else round(self.cores, 3)})
+                    "cores": None if self.cores is None else round(self.cores, 3),
+                    "lost_runs": self.lost_runs})
         for name in FIGURES:
             row[name] = figure(self.summary, name)
         row["run_dir"] = str(self.run_dir)

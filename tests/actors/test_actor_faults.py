@@ -42,6 +42,9 @@ def _check_host_1_lost(run: InMemoryRun) -> float:
     assert run.summary["fidelity"]["hosts_unreported"] == ["host-1"]
     assert run.summary["fidelity"]["hosts_reported"] == 1
     assert run.host_codes == [0, None]
+    # its three clients' work is lost work, by cause
+    assert run.summary["lost_work"]["by_reason"] == {"host_lost": 3}
+    assert run.summary["lost_work"]["clients"] == [1, 3, 5]
     return float(lost["t"])
 
 

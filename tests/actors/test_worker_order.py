@@ -53,7 +53,7 @@ class _Recorder:
     def handle(self, msg: Message) -> Message:
         assert isinstance(msg, Advance)
         self.order.append(msg.client)
-        return WorkerFailed(request_id=msg.request_id, reason="recorded")
+        return WorkerFailed(request_id=msg.request_id, cause="error", reason="recorded")
 
     def save_state(self, force: bool = False) -> None:
         self.saved = True

@@ -597,3 +597,48 @@ def test_config_defaults_follow_the_spec():
     assert (sps.sps_mode, sps.sps_c, sps.f_star, sps.eps) == ("constant", 0.5, 0.0, 1e-8)
     # the existing fields keep their defaults
     assert OptimizerConfig() == OptimizerConfig(name="sgd", lr=0.05, momentum=0.9, eps=1e-8)
+
+
+# -- a separable client: the step grows past the parameters' dtype -----------------
+
+def _separable_run(delta: float, steps: int, dtype: torch.dtype = torch.float32,
+                   eta_max: float = math.inf) -> DeltaSGD:
+    """Logistic regression on two separable points: once both are classified, the
+    gradients (and their differences) vanish and only the growth term is left."""
+    x = torch.tensor([[1.0, 0.0], [-1.0, 0.0]], dtype=dtype)
+    y = torch.tensor([0, 1])
+    w = torch.zeros(2, 2, dtype=dtype, requires_grad=True)
+    opt = DeltaSGD([w], delta=delta, eta_max=eta_max)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(x @ w, y)
+        loss.backward()
+        return loss
+
+    for _ in range(steps):
+        opt.step(closure)
+    return opt
+
+
+def test_separable_client_step_passes_float32_and_the_run_fails_with_the_cause():
+    """DS-2's case (Synthetic(1,1), seed 3): a separable client's step size grows every
+    step at delta = 1 (by about the golden ratio) until float32 cannot hold it. The
+    authors' code caps nothing; fedsim says so as a StepOverflow (cause "overflow")
+    before the step is taken, instead of p.add_'s bare RuntimeError."""
+    from fedsim.algorithms import StepOverflow, failure_cause
+
+    with pytest.raises(StepOverflow, match=r"beyond torch\.float32's range") as err:
+        _separable_run(delta=1.0, steps=400)
+    assert failure_cause(err.value) == "overflow"
+
+
+def test_the_overflow_is_judged_in_the_parameters_dtype():
+    opt = _separable_run(delta=1.0, steps=250, dtype=torch.float64)  # float32 would fail
+    assert max(opt.step_sizes) > torch.finfo(torch.float32).max
+    assert all(math.isfinite(e) for e in opt.step_sizes)
+
+
+def test_eta_max_is_an_opt_in_cap_that_keeps_the_run_going():
+    opt = _separable_run(delta=1.0, steps=400, eta_max=10.0)
+    assert max(opt.step_sizes) == 10.0

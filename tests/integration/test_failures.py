@@ -21,11 +21,14 @@ def _events(run: Path) -> list[dict]:
 def test_failing_clients_are_dropped_and_the_rest_train(tmp_path: Path) -> None:
     path = write_scenario(tmp_path, '[algorithm]\nname = "fedasync"\nconcurrency = 4\n')
     run = tmp_path / "run"
-    code, _, err = finish(fedsim("run", str(path), "--out", str(run), "--dilation", "2",
-                                 "--no-plots", env={**os.environ, "FEDSIM_FAIL_TRAIN": "0,5"}))
+    code, out, err = finish(fedsim("run", str(path), "--out", str(run), "--dilation", "2",
+                                   "--no-plots", env={**os.environ, "FEDSIM_FAIL_TRAIN": "0,5"}))
     assert code == 0, err[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed"
+    # the lost work is in the results, by client and cause, and in what the CLI prints
+    assert summary["lost_work"]["by_client"] == {"0": {"error": 1}, "5": {"error": 1}}
+    assert "lost work        2 client run(s) failed (error 2); dropped: client(s) 0,5" in out
     ev = _events(run)
     failed = {e["client"] for e in ev if e["ev"] == "client_failed"}
     assert failed == {0, 5}

@@ -159,5 +159,5 @@ def _draw_lines(ax: Any, panel: Panel) -> None:
     ax.set_xlabel(panel.xlabel)
     ax.set_ylabel(panel.value)
     ax.grid(alpha=0.3, which="both")
-    if panel.series:
+    if ax.get_legend_handles_labels()[0]:     # a panel with nothing measured has no legend
         ax.legend(fontsize=7)

@@ -94,14 +94,34 @@ def run_claim(c: Claim, out: Path, jobs: str, execute: bool) -> dict[str, Any]:
     if fig is not None and shown:
         shutil.copyfile(fig, DOCS / "claims" / f"{c.id.lower()}.png")
     counted = sum(r.counts for r in results)
+    # runs that went on without a client whose training failed: named, never counted
+    lost = [f"{_point_name(r)}: {r.lost_work}" for r in results if r.lost_runs]
     return {"id": c.id, "paper": c.paper, "claim": c.claim, "reported": c.reported,
-            "number": finding.number, "verdict": finding.verdict, "why": finding.why,
+            "lost_work": lost, "number": finding.number, "verdict": finding.verdict,
+            "why": finding.why,
             "details": finding.details, "sweep": _shown_path(REPRO / c.sweep),
             "figure": f"docs/claims/{c.id.lower()}.png" if shown else None,
             "runs": len(results), "counted": counted, "real_seconds": round(real, 1),
             "resumed": resumed,
             "measured": time.strftime("%Y-%m-%d"), "commit": _commit(),
             "command": f"python tools/claims.py --only {c.id}"}
+
+
+def _point_name(r: sw.PointResult) -> str:
+    """A run as the docs name it: variant, grid values and seed."""
+    p = r.point
+    parts = [p.variant] * bool(p.variant) + [f"{sw.short_key(k)} = {v}" for k, v in p.grid]
+    return ", ".join([*parts, f"seed {p.seed}"])
+
+
+def lost_note(r: dict[str, Any]) -> str:
+    """What the table says of a claim's runs that lost client work ('' when none did)."""
+    lost = r.get("lost_work") or []
+    if not lost:
+        return ""
+    return (f" Lost client work in {len(lost)} run(s), not counted: "
+            + "; ".join(x.split(": ", 1)[0] for x in lost[:6])
+            + (" ..." if len(lost) > 6 else "") + " (docs/claims.md names each client and why).")
 
 
 def _shown_path(p: Path) -> str:
@@ -131,7 +151,8 @@ def table(records: list[dict[str, Any]]) -> str:
     for r in records:
         fig = f"[png]({r['figure']})" if r.get("figure") else "-"
         lines.append(f"| [{r['id']}](docs/claims.md#{r['id'].lower()}) {r['claim']} | "
-                     f"{r['reported']} | {r['number']} | **{r['verdict']}**: {r['why']} | "
+                     f"{r['reported']} | {r['number']} | **{r['verdict']}**: {r['why']}"
+                     f"{lost_note(r)} | "
                      f"{fig} | {r['measured']} at {r['commit']}: `{r['command']}` |")
     return "\n".join(lines)
 
@@ -172,7 +193,8 @@ def write_docs(records: list[dict[str, Any]]) -> None:
                   f"- fedsim: {r['number']}.",
                   f"- Verdict: **{r['verdict']}**. {r['why']}",
                   f"- Runs: {r['counted']} of {r['runs']} counted (the rest failed their "
-                  "fidelity verdict after every attempt, or failed).",
+                  "fidelity verdict after every attempt, failed, or lost client work).",
+                  *[f"- Lost client work (not counted): {x}" for x in r.get("lost_work") or []],
                   f"- Sweep: `{r['sweep']}`; regenerate with `{r['command']}` "
                   f"({r['real_seconds'] / 60:.1f} min here"
                   f"{' for the part run last: the sweep was resumed' if r.get('resumed') else ''}"
