@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
+from pydantic import model_validator
+
 from fedsim._lazy import lazy_module
 from fedsim._schema import NonNeg, Pos, Prob
 from fedsim.algorithms._kernels import (
@@ -370,7 +372,7 @@ class FedSpeedServer(RoundRule):
         ``uniform`` is the paper's plain mean over ``S^t`` (Algorithm 1, line 16).
     aggregation : {"paper", "fl_simulator"}
         ``paper``: ``x <- mean_S xhat_i``. ``fl_simulator`` (the authors' code,
-        docs/algorithms.md#fedspeed-keeps-the-correction-on-the-client):
+        docs/algorithms.md#fedspeed-server-rule):
         clients upload ``x_K`` (``upload="local"``); the server keeps
         ``h_i += x_K,i - x`` (= ``-lambda ghat_i``) for all clients and sets
         ``x <- mean_S x_K + (1/m) sum_all h_i``; equal under full participation.
@@ -459,14 +461,30 @@ class FedSpeedScenarioConfig(RoundsConfig):
     correction: bool = True
     perturbation: bool = True
     clip_norm: Pos | None = None
+    #: the server rule as a whole: ``paper`` (Algorithm 1, line 16: the plain mean of
+    #: the round's amended uploads ``xhat_i``) or ``fl_simulator`` (the authors'
+    #: code: clients upload ``x_K``, the server keeps ``h_i = -lambda ghat_i`` per
+    #: client and takes the mean of the round's ``x_K`` plus the mean of ``h_i`` over
+    #: *all* ``m`` clients); docs/algorithms.md#fedspeed-server-rule
+    server_rule: Literal["paper", "fl_simulator"] = "paper"
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> FedSpeedScenarioConfig:
+        if self.server_rule == "fl_simulator" and self.weighting != "uniform":
+            raise ValueError(
+                "server_rule = 'fl_simulator' averages the round's models and every "
+                "client's h_i uniformly, as the authors' code does; weighting = "
+                f"'{self.weighting}' would mix it with a weighted mean (use 'uniform')")
+        return self
 
     def client_config(self) -> FedSpeedConfig:
-        """The client's hyperparameters."""
+        """The client's hyperparameters (the authors' rule: upload ``x_K``)."""
         return FedSpeedConfig(
             prox_lambda=self.prox_lambda, perturb_alpha=self.perturb_alpha,
             ascent_rho=self.ascent_rho, ascent_mode=self.ascent_mode, prox=self.prox,
             correction=self.correction, perturbation=self.perturbation,
-            clip_norm=self.clip_norm)
+            clip_norm=self.clip_norm,
+            upload="local" if self.server_rule == "fl_simulator" else "amended")
 
 
 class FedSpeedClient(ClientAlgorithm):
@@ -494,7 +512,15 @@ class FedSpeedClient(ClientAlgorithm):
 
 
 def _server(cfg: FedSpeedScenarioConfig, ctx: ServerContext) -> RoundsFlow:
-    rule = FedSpeedServer(server_lr=cfg.server_lr, weighting=cfg.weighting)
+    if cfg.server_rule == "fl_simulator" and cfg.correction:
+        # the authors' rule: its aggregation, the x_K uploads (client_config) and the
+        # m clients its h_i average runs over, together
+        rule = FedSpeedServer(server_lr=cfg.server_lr, weighting=cfg.weighting,
+                              aggregation="fl_simulator", total_clients=ctx.num_clients)
+    else:
+        # the paper's rule; or the authors' without the correction, whose h_i term is
+        # the correction: the plain mean of x_K (the client uploads x_K either way)
+        rule = FedSpeedServer(server_lr=cfg.server_lr, weighting=cfg.weighting)
     return RoundsFlow.build(rule, cfg, ctx)
 
 

@@ -403,3 +403,48 @@ def test_server_state_dict_round_trip_restores_h():
     a, _ = rule.aggregate(x, results)
     b, _ = fresh.aggregate(x, results)
     assert torch.equal(a, b)
+
+
+# -- the scenario key: one switch for the whole server rule --------------------------
+
+def _built(**algorithm):
+    """The server and client side a scenario's [algorithm] table builds."""
+    from fedsim.algorithms import get
+    from fedsim.algorithms.api import ServerContext
+    from fedsim.scenario import parse
+
+    sc = parse({"name": "t", "data": {"dataset": "synthetic", "num_clients": 7},
+                "algorithm": {"name": "fedspeed", **algorithm}}, "t")
+    spec = get("fedspeed")
+    server = spec.server(sc.algorithm, ServerContext(x0=torch.zeros(3), num_clients=7, seed=0,
+                                                     local=_local(1)))
+    return server.rule, sc.algorithm.client_config()
+
+
+def test_server_rule_paper_is_the_default():
+    rule, client = _built()
+    assert rule.aggregation == "paper"
+    assert client.upload == "amended"
+
+
+def test_server_rule_fl_simulator_selects_the_authors_rule_as_a_whole():
+    rule, client = _built(server_rule="fl_simulator", fraction=0.3)
+    assert rule.aggregation == "fl_simulator"
+    assert rule.total_clients == 7        # h_i averaged over every client, not the round's
+    assert client.upload == "local"       # clients upload x_K; the server keeps h_i
+
+
+def test_fl_simulator_without_the_correction_is_the_plain_mean_of_x_k():
+    """The server's h_i term is the authors' correction: switched off, it goes too."""
+    rule, client = _built(server_rule="fl_simulator", correction=False)
+    assert rule.aggregation == "paper"
+    assert client.upload == "local"
+
+
+def test_a_mixed_server_rule_is_refused_with_the_reason():
+    from fedsim.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match="server_rule = 'fl_simulator' averages"):
+        _built(server_rule="fl_simulator", weighting="samples")
+    with pytest.raises(ScenarioError, match="server_rule"):
+        _built(server_rule="authors")

@@ -26,6 +26,12 @@ buffer_size = 3
 [algorithm]
 name = "fedspeed"
 """,
+    "fedspeed-authors": """
+[algorithm]
+name = "fedspeed"
+server_rule = "fl_simulator"
+fraction = 0.5
+""",
     "scaffold": """
 [algorithm]
 name = "scaffold"
