@@ -155,13 +155,17 @@ class Scenario(SchemaModel):
         return self
 
 
-def _error(source: str, problems: list[Problem],
-           overrides: Sequence[Override]) -> ScenarioError:
-    """One error listing every problem, each blamed on its override if it has one."""
+def _error(source: str, problems: list[Problem], overrides: Sequence[Override],
+           base: Mapping[str, Any] | None) -> ScenarioError:
+    """One error listing every problem, each blamed on its override if it has one.
+
+    ``base`` is the scenario before the overrides (None: not known): an
+    override that made a table the file lacks is blamed for its errors.
+    """
     lines: list[str] = []
     blamed: list[Override] = []
     for p in problems:
-        o = _overrides.blame(p.loc, p.text, overrides)
+        o = _overrides.blame(p.loc, p.text, overrides, base)
         if o is None:
             lines.append(p.line())
         else:
@@ -180,13 +184,16 @@ def _error(source: str, problems: list[Problem],
 
 
 def parse(raw: dict[str, Any], source: str = "scenario",
-          overrides: Sequence[Override] = ()) -> Scenario:
+          overrides: Sequence[Override] = (), *,
+          base: Mapping[str, Any] | None = None) -> Scenario:
     """Validate a raw mapping into a :class:`Scenario`.
 
     The ``[algorithm]`` table is validated with its algorithm's config
     first, so its errors carry their own keys; every error of the whole
     scenario is reported at once. ``overrides`` are those already applied to
-    ``raw``: an error at a key one of them set is said to come from it.
+    ``raw``: an error at a key one of them set is said to come from it, as
+    is an error at a table one of them made where ``base`` (``raw`` before
+    the overrides) has none (``--set netwrk.up.delay=0.1``'s ``netwrk``).
     """
     problems: list[Problem] = []
     alg = raw.get("algorithm", {})
@@ -198,7 +205,7 @@ def parse(raw: dict[str, Any], source: str = "scenario",
     except ValidationError as exc:
         problems += explain(exc, Scenario)
     if problems:
-        raise _error(source, problems, overrides) from None
+        raise _error(source, problems, overrides, base) from None
     return sc
 
 
@@ -239,7 +246,7 @@ def load(path: str | Path,
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: not valid TOML: {exc}", source=str(p)) from None
     with plugins.searching(p.parent):
-        return parse(_overrides.apply(raw, ovs), str(p), ovs)
+        return parse(_overrides.apply(raw, ovs), str(p), ovs, base=raw)
 
 
 def unused_keys(scenario: Scenario) -> dict[str, str]:
