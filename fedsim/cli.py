@@ -396,6 +396,7 @@ def _compare(runs: list[Any], out: str | None, target: float | None,
         format_table,
         plot_comparison,
         shared_target,
+        task_differences,
         write_csv,
     )
 
@@ -412,6 +413,15 @@ def _compare(runs: list[Any], out: str | None, target: float | None,
     for p in [write_csv(rows, out_dir / "compare.csv"),
               *plot_comparison(runs, names, out_dir, target)]:
         click.echo(str(p))
+    # last, where it is read: the table above compares what may not compare
+    differences = task_differences(runs, names)
+    if differences:
+        click.echo("warning: these runs learn different tasks, so their accuracies do not "
+                   "compare:\n  " + "\n  ".join(differences), err=True)
+    for run, name in zip(runs, names, strict=True):
+        if run.scenario is None:
+            click.echo(f"warning: {name} has no scenario.json: whether its task is the "
+                       "others' is not checked", err=True)
 
 
 _TARGET = click.option("--target", type=click.FloatRange(0.0, 1.0), metavar="ACC",

@@ -66,6 +66,7 @@ __all__ = [
     "resolved",
     "scenario_hash",
     "to_toml",
+    "unread_task_keys",
     "unused_keys",
 ]
 
@@ -263,19 +264,29 @@ def unused_keys(scenario: Scenario) -> dict[str, str]:
         for key in ("local_steps", "local_epochs"):
             if getattr(scenario.client, key) is not None:
                 out[f"client.{key}"] = why
-    name = scenario.model.name
-    reads = {"mlp": ("hidden",), "char_lstm": ("lstm_hidden",)}.get(name, ())
+    out.update(unread_task_keys(scenario.data.dataset, scenario.data.partition,
+                                scenario.model.name))
+    return out
+
+
+def unread_task_keys(dataset: str, partition: str, model: str) -> dict[str, str]:
+    """The ``model.*`` and ``data.*`` keys this model, dataset and partition do not read, and why.
+
+    Plain names in, so that a run directory's ``scenario.json`` is read the
+    same way (:func:`fedsim.compare.task_differences`).
+    """
+    out: dict[str, str] = {}
+    reads = {"mlp": ("hidden",), "char_lstm": ("lstm_hidden",)}.get(model, ())
     for key in ("hidden", "lstm_hidden"):
         if key not in reads:
-            out[f"model.{key}"] = f"not used by model {name}"
-    d = scenario.data
+            out[f"model.{key}"] = f"not used by model {model}"
     for keys, used, why in (
-            (("synthetic_alpha", "synthetic_beta", "synthetic_iid"), d.dataset == "synthetic",
-             f"not used by dataset {d.dataset}"),
-            (("dirichlet_alpha", "dirichlet_recipe"), d.partition == "dirichlet",
-             f"not used by partition {d.partition}"),
-            (("classes_per_client",), d.partition == "shards",
-             f"not used by partition {d.partition}")):
+            (("synthetic_alpha", "synthetic_beta", "synthetic_iid"), dataset == "synthetic",
+             f"not used by dataset {dataset}"),
+            (("dirichlet_alpha", "dirichlet_recipe"), partition == "dirichlet",
+             f"not used by partition {partition}"),
+            (("classes_per_client",), partition == "shards",
+             f"not used by partition {partition}")):
         if not used:
             out.update({f"data.{k}": why for k in keys})
     return out

@@ -108,3 +108,40 @@ def test_compare_errors(tmp_path: Path) -> None:
     code, _, err = invoke("plot", str(a), str(a), "--timeline")
     assert code == 2
     assert "give one RUN" in err
+
+
+def test_compare_warns_when_the_runs_learn_different_tasks(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a")
+    b = make_run(tmp_path / "b", data={"dataset": "digits"}, model={"hidden": [64]})
+    c = make_run(tmp_path / "c", clients=6, model={"name": "cnn", "hidden": [64]})
+    code, out, err = invoke("compare", str(a), str(b), str(c))
+    assert code == 0, err
+    assert err.splitlines() == [
+        "warning: these runs learn different tasks, so their accuracies do not compare:",
+        "  data.dataset: synthetic (a, c), digits (b)",
+        "  data.num_clients: 4 (a, b), 6 (c)",
+        "  model.name: mlp (a, b), cnn (c)",
+        "  model.hidden: [200] (a), [64] (b)"]   # c's cnn reads no hidden
+    assert out.splitlines()[1].split()[0] == "a"   # the table is still printed
+    # the same task (another algorithm, a key the model does not read) is no warning
+    d = make_run(tmp_path / "d", algorithm="fedavg", rounds=True,
+                 model={"lstm_hidden": 64, "hidden": [200]})
+    code, _, err = invoke("compare", str(a), str(d))
+    assert (code, err) == (0, "")
+    # fedsim plot of several runs warns alike; two cnns differ in clients only (a cnn
+    # reads no model.hidden)
+    e = make_run(tmp_path / "e", model={"name": "cnn", "hidden": [32]})
+    code, _, err = invoke("plot", str(c), str(e))
+    assert err.splitlines() == [
+        "warning: these runs learn different tasks, so their accuracies do not compare:",
+        "  data.num_clients: 6 (c), 4 (e)"]
+
+
+def test_compare_warns_about_a_run_whose_task_it_cannot_check(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a")
+    b = make_run(tmp_path / "b")
+    (b / "scenario.json").unlink()
+    code, _, err = invoke("compare", str(a), str(b))
+    assert code == 0
+    assert err == ("warning: b has no scenario.json: whether its task is the others' is not "
+                   "checked\n")
