@@ -157,14 +157,17 @@ def apply(raw: Mapping[str, Any], overrides: Sequence[Override]) -> dict[str, An
     return out
 
 
-def blame(loc: Sequence[str | int], message: str,
-          overrides: Sequence[Override]) -> Override | None:
+def blame(loc: Sequence[str | int], message: str, overrides: Sequence[Override],
+          base: Mapping[str, Any] | None = None) -> Override | None:
     """The override an error at ``loc`` comes from, if any.
 
     The error's key is the override's key or lies under it (``model.hidden.0``
     under ``model.hidden``); or the error belongs to a table holding the key
-    (a rule of the whole ``[client]`` table, a rule across tables) and its
-    message names the key. The last such override wins: it was applied last.
+    and either the override made that table (``base``, the mapping before
+    the overrides, lacks it: ``--set netwrk.up.delay=0.1`` made the unknown
+    ``netwrk``) or the error's message names the key (a rule of the whole
+    ``[client]`` table, a rule across tables). The last such override wins:
+    it was applied last.
     """
     path = tuple(str(p) for p in loc)
     found = None
@@ -173,6 +176,17 @@ def blame(loc: Sequence[str | int], message: str,
             found = o
         elif o.key[:len(path)] == path:
             rest = ".".join(o.key[len(path):])
-            if re.search(rf"(?<![\w.]){re.escape(rest)}(?![\w])", message):
+            if ((path and base is not None and not _holds(base, path))
+                    or re.search(rf"(?<![\w.]){re.escape(rest)}(?![\w])", message)):
                 found = o
     return found
+
+
+def _holds(raw: Mapping[str, Any], path: Sequence[str]) -> bool:
+    """Whether ``raw`` has a value at the dotted ``path``."""
+    node: Any = raw
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True

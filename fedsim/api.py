@@ -85,10 +85,11 @@ def load(source: str | Path | Mapping[str, Any] | Scenario,
         ovs = _overrides.from_python([str(o) for o in overrides])
     if isinstance(source, Scenario):
         label = f"scenario {source.name!r}"
-        sc = parse(_overrides.apply(resolved(source), ovs), label, ovs)
+        raw = resolved(source)
+        sc = parse(_overrides.apply(raw, ovs), label, ovs, base=raw)
     elif isinstance(source, Mapping):
         label = "scenario"
-        sc = parse(_overrides.apply(source, ovs), label, ovs)
+        sc = parse(_overrides.apply(source, ovs), label, ovs, base=source)
     else:
         label = str(source)
         sc = load_file(source, ovs)

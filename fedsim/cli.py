@@ -413,6 +413,7 @@ def _compare(runs: list[Any], out: str | None, target: float | None,
         format_table,
         plot_comparison,
         shared_target,
+        task_differences,
         write_csv,
     )
 
@@ -429,6 +430,15 @@ def _compare(runs: list[Any], out: str | None, target: float | None,
     for p in [write_csv(rows, out_dir / "compare.csv"),
               *plot_comparison(runs, names, out_dir, target)]:
         click.echo(str(p))
+    # last, where it is read: the table above compares what may not compare
+    differences = task_differences(runs, names)
+    if differences:
+        click.echo("warning: these runs learn different tasks, so their accuracies do not "
+                   "compare:\n  " + "\n  ".join(differences), err=True)
+    for run, name in zip(runs, names, strict=True):
+        if run.scenario is None:
+            click.echo(f"warning: {name} has no scenario.json: whether its task is the "
+                       "others' is not checked", err=True)
 
 
 _TARGET = click.option("--target", type=click.FloatRange(0.0, 1.0), metavar="ACC",
@@ -444,35 +454,54 @@ _LABEL = click.option("--label", "labels", multiple=True, metavar="NAME",
 
 @cli.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
-@_OUT
+@click.option("--out", type=click.Path(), metavar="PATH",
+              help="Several runs: the directory for their figures and compare.csv (default: "
+              "the first run's parent directory). One run: the directory for its figures "
+              "(default: its own), or with --timeline, --window or --clients a FILE.png for "
+              "its timeline.")
 @_TARGET
 @_LABEL
 @click.option("--timeline", is_flag=True,
               help="Draw the per-client timeline even for a large run.")
 @click.option("--clients", "client_ids", metavar="RANGE",
-              help="The timeline's clients, e.g. 0-9,20 (default: all, or a sample of 40).")
+              help="Draw only the timeline, of these clients, e.g. 0-9,20 (default: all, or "
+              "a sample of 40).")
 @click.option("--window", metavar="START:END",
-              help="The timeline's emulated-time window in seconds, e.g. 2:6 (default: all).")
+              help="Draw only the timeline, of this emulated-time window in seconds, e.g. "
+              "2:6 (default: all). Without --out it goes beside the run's own timeline.png, "
+              "as timeline-START-END.png.")
 def plot(runs: tuple[str, ...], out: str | None, target: float | None, labels: tuple[str, ...],
          timeline: bool, client_ids: str | None, window: str | None) -> None:
     """Draw the plots of one run, or compare several.
 
     One RUN: accuracy.png (accuracy and loss), staleness.png and timeline.png
-    in its directory (also on a run that was killed). Several: overlay
-    figures and a comparison table, as `fedsim compare` draws.
+    in its directory (also on a run that was killed); with --window or
+    --clients only the timeline of that part, named after it
+    (timeline-2-6.png, timeline-clients-0-9.png), coloured on the whole
+    run's staleness scale. Several: overlay figures and a comparison table,
+    as `fedsim compare` draws.
     """
-    from fedsim.plots import plot_run, timeline_is_large
+    from fedsim.plots import plot_run, plot_timeline, timeline_is_large, timeline_name
 
     span = _window(window)
+    to_file = out is not None and out.lower().endswith(".png")
     if len(runs) > 1:
         if timeline or client_ids or span:
             raise click.UsageError("--timeline, --clients and --window draw one run's "
                                    "timeline: give one RUN")
+        if to_file:
+            raise click.BadParameter(f"{out!r}: several runs' figures go to a directory",
+                                     param_hint="--out")
         _compare(_load_runs(runs), out, target, labels)
         return
-    if labels or out:
-        raise click.UsageError("--label and --out are for several runs; one run's plots go "
-                               "to its own directory")
+    if labels:
+        raise click.UsageError("--label names each of several runs; give it with more than "
+                               "one RUN")
+    part = client_ids is not None or span is not None
+    if to_file and not (timeline or part):
+        raise click.UsageError(f"--out {out} names one figure: give --timeline, --window or "
+                               "--clients to draw the timeline there, or a directory for all "
+                               "of the run's figures")
     (run,) = _load_runs(runs)
     ids = None
     if client_ids is not None:
@@ -485,8 +514,15 @@ def plot(runs: tuple[str, ...], out: str | None, target: float | None, labels: t
             raise click.BadParameter(str(exc), param_hint="--clients") from None
     why = run.summary.get("interrupted_reason") or run.summary.get("stop_reason")
     click.echo(f"{run.path}: {run.status}" + (f" ({why})" if why else ""))
-    wants_timeline = True if (timeline or ids is not None or span is not None) else None
-    for p in plot_run(run, timeline=wants_timeline, clients=ids, window=span, target=target):
+    if to_file or part:
+        # one figure: the timeline (of a part of the run), never over the run's own
+        where = Path(out) if out is not None else run.path
+        path = where if to_file else where / timeline_name(span, ids)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        click.echo(str(plot_timeline(run, path, clients=ids, window=span)))
+        return
+    wants_timeline = True if timeline else None
+    for p in plot_run(run, timeline=wants_timeline, target=target, out_dir=out):
         click.echo(str(p))
     if wants_timeline is None and timeline_is_large(run.path):
         click.echo("no timeline.png: a large run's timeline is drawn on request (--timeline, "

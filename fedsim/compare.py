@@ -11,14 +11,18 @@ draws, into one directory:
 
 each with the target accuracy as a dashed line and each run's first
 evaluation at or above it marked; and writes ``compare.csv``, the table
-that :func:`format_table` prints.
+that :func:`format_table` prints. Runs of different tasks (another dataset,
+partition, client count or model: accuracies that do not compare) are
+named by :func:`task_differences`, which the command line prints as a
+warning.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +32,14 @@ import matplotlib
 from fedsim.plots import loss_scale, new_figure, save
 from fedsim.rundir import Run
 
-__all__ = ["ComparisonRow", "comparison_rows", "default_labels", "format_table",
-           "plot_comparison", "shared_target", "time_to_target", "write_csv"]
+__all__ = ["TASK_TABLES", "ComparisonRow", "comparison_rows", "default_labels",
+           "format_table", "plot_comparison", "shared_target", "task_differences",
+           "time_to_target", "write_csv"]
+
+#: The scenario tables that make a run's task (its data, their split over
+#: the clients, the model): runs that differ in a key of them that both read
+#: learn different problems, and their accuracies do not compare.
+TASK_TABLES = ("data", "model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +87,56 @@ def shared_target(runs: Sequence[Run]) -> float | None:
         (t,) = targets
         return float(t) if isinstance(t, int | float) else None
     return None
+
+
+def _task(scenario: Mapping[str, Any]) -> dict[str, str]:
+    """The task keys a resolved scenario sets and reads, each value as JSON."""
+    data, model = scenario.get("data"), scenario.get("model")
+    data = data if isinstance(data, Mapping) else {}
+    model = model if isinstance(model, Mapping) else {}
+    from fedsim.scenario import unread_task_keys
+
+    unread = unread_task_keys(str(data.get("dataset")), str(data.get("partition")),
+                              str(model.get("name")))
+    out = {}
+    for table in TASK_TABLES:
+        section = scenario.get(table)
+        if not isinstance(section, Mapping):
+            continue
+        for key, value in section.items():
+            dotted = f"{table}.{key}"
+            if dotted not in unread:
+                out[dotted] = json.dumps(value, sort_keys=True)
+    return out
+
+
+def task_differences(runs: Sequence[Run], labels: Sequence[str]) -> list[str]:
+    """How the runs' tasks differ: one line per key, each value with the runs that have it.
+
+    A key is compared over the runs whose ``scenario.json`` sets it and
+    whose dataset, partition and model read it
+    (:func:`fedsim.scenario.unread_task_keys`):
+    ``data.num_clients: 20 (a, b), 8 (c)``. Empty: one task (a run without
+    a ``scenario.json``, ``run.scenario`` None, is left out).
+    """
+    known = [(label, _task(run.scenario)) for run, label in zip(runs, labels, strict=True)
+             if isinstance(run.scenario, Mapping)]
+    lines = []
+    for key in dict.fromkeys(k for _, task in known for k in task):
+        groups: dict[str, list[str]] = {}
+        for label, task in known:
+            if key in task:
+                groups.setdefault(task[key], []).append(label)
+        if len(groups) > 1:
+            lines.append(f"{key}: " + ", ".join(f"{_shown(v)} ({', '.join(names)})"
+                                                for v, names in groups.items()))
+    return lines
+
+
+def _shown(value: str) -> str:
+    """A JSON value as a scenario file writes it (strings without quotes)."""
+    v = json.loads(value)
+    return v if isinstance(v, str) else "none" if v is None else value
 
 
 def _evaluations(run: Run) -> list[dict[str, float]]:

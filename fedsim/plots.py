@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TIMELINE_AUTO_MAX_BYTES", "accuracy_figure", "loss_scale", "new_figure",
            "plot_accuracy", "plot_run", "plot_staleness", "plot_timeline", "save",
-           "staleness_figure", "staleness_values", "timeline_figure", "timeline_is_large"]
+           "staleness_figure", "staleness_values", "timeline_figure", "timeline_is_large",
+           "timeline_name"]
 
 TIMELINE_AUTO_MAX_BYTES = 20_000_000
 """A run whose ``events.jsonl`` is larger (about 120,000 records) gets its
@@ -60,16 +61,18 @@ def timeline_is_large(run_dir: Path) -> bool:
 def plot_run(run: Run | str | Path, *, timeline: bool | None = None,
              clients: Iterable[int] | None = None,
              window: tuple[float, float | None] | None = None,
-             target: float | None = None) -> list[Path]:
-    """Draw a run's plots into its directory; return the paths written.
+             target: float | None = None, out_dir: str | Path | None = None) -> list[Path]:
+    """Draw a run's plots into ``out_dir`` (default: its own directory); return the paths.
 
     ``accuracy.png`` always; ``staleness.png`` when the run has staleness
-    (an asynchronous rule's updates, or DGA's correction delays);
-    ``timeline.png`` when ``timeline`` is True, or when it is None and the
-    run is not large (:func:`timeline_is_large`). ``clients`` and
-    ``window`` choose the timeline's clients and emulated-time window;
-    ``target`` replaces the scenario's target accuracy on ``accuracy.png``.
-    Raises :class:`fedsim.rundir.RunDirError` for a directory it cannot read.
+    (an asynchronous rule's updates, or DGA's correction delays); the
+    timeline when ``timeline`` is True, or when it is None and the run is
+    not large (:func:`timeline_is_large`). ``clients`` and ``window`` choose
+    the timeline's clients and emulated-time window, and then its file is
+    named after them (:func:`timeline_name`: ``timeline-2-6.png``), so that
+    a part never replaces the whole run's ``timeline.png``. ``target``
+    replaces the scenario's target accuracy on ``accuracy.png``. Raises
+    :class:`fedsim.rundir.RunDirError` for a directory it cannot read.
     """
     if not isinstance(run, Run):
         path = Path(run)
@@ -78,14 +81,42 @@ def plot_run(run: Run | str | Path, *, timeline: bool | None = None,
         run = load_run(path)
     elif timeline is None:
         timeline = not timeline_is_large(run.path)
-    out = [plot_accuracy(run, run.path / "accuracy.png", target=target)]
-    staleness = plot_staleness(run, run.path / "staleness.png")
+    where = run.path if out_dir is None else Path(out_dir)
+    where.mkdir(parents=True, exist_ok=True)
+    out = [plot_accuracy(run, where / "accuracy.png", target=target)]
+    staleness = plot_staleness(run, where / "staleness.png")
     if staleness is not None:
         out.append(staleness)
     if timeline:
-        out.append(plot_timeline(run, run.path / "timeline.png", clients=clients,
+        ids = None if clients is None else sorted(set(clients))
+        out.append(plot_timeline(run, where / timeline_name(window, ids), clients=ids,
                                  window=window))
     return out
+
+
+def timeline_name(window: tuple[float, float | None] | None = None,
+                  clients: Sequence[int] | None = None) -> str:
+    """The timeline's file name: ``timeline.png`` for the whole run, else named after its part.
+
+    ``timeline-2-6.png`` (a window, emulated seconds; ``timeline-30-end.png``
+    to the end), ``timeline-clients-0-9,20.png``, or both
+    (``timeline-2-6-clients-0-9,20.png``). A list of clients too long for a
+    file name is written as its count and a digest of it.
+    """
+    from fedsim._ids import format_ids
+
+    parts = ["timeline"]
+    if window is not None:
+        start, end = window
+        parts.append(f"{start:g}-{'end' if end is None else format(end, 'g')}")
+    if clients is not None:
+        ids = format_ids(list(clients))
+        if len(ids) > 40:
+            import hashlib
+
+            ids = f"{len(set(clients))}-{hashlib.sha1(ids.encode()).hexdigest()[:8]}"
+        parts.append(f"clients-{ids}")
+    return "-".join(parts) + ".png"
 
 
 # -- accuracy and loss --------------------------------------------------------------------
@@ -257,7 +288,9 @@ def plot_timeline(run: Run, path: Path, *, clients: Iterable[int] | None = None,
     discarded updates and lost messages are crosses, a failed local run (lost
     client work) a red star with its cause. ``clients`` picks the
     rows (default: all, or a seeded sample of ``max_clients``); ``window``
-    = (start, end) in emulated seconds.
+    = (start, end) in emulated seconds. The staleness colours span the whole
+    run's (:attr:`~fedsim.timeline.Timeline.staleness_max`) whatever the
+    window and clients, so two parts of one run compare by colour.
     """
     total = run.summary.get("clients")
     all_ids: Iterable[int]
@@ -313,7 +346,9 @@ def timeline_figure(tl: Timeline, *, title: str) -> Figure:
     rounds = [(t, y) for t, y, s in agg if s is None]
     scatter = None
     if stale:
-        smax = max(1, max(s for _, _, s in stale))
+        # the whole run's scale: windows and samples of one run compare by colour
+        top = tl.staleness_max if tl.staleness_max is not None else max(s for _, _, s in stale)
+        smax = max(1, top)
         scatter = ax.scatter([a[0] for a in stale], [a[1] for a in stale],
                              c=[a[2] for a in stale], cmap="viridis", vmin=0, vmax=smax,
                              s=marker_size, marker="o", edgecolors="k", linewidths=edge,

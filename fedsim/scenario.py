@@ -66,6 +66,7 @@ __all__ = [
     "resolved",
     "scenario_hash",
     "to_toml",
+    "unread_task_keys",
     "unused_keys",
 ]
 
@@ -155,13 +156,17 @@ class Scenario(SchemaModel):
         return self
 
 
-def _error(source: str, problems: list[Problem],
-           overrides: Sequence[Override]) -> ScenarioError:
-    """One error listing every problem, each blamed on its override if it has one."""
+def _error(source: str, problems: list[Problem], overrides: Sequence[Override],
+           base: Mapping[str, Any] | None) -> ScenarioError:
+    """One error listing every problem, each blamed on its override if it has one.
+
+    ``base`` is the scenario before the overrides (None: not known): an
+    override that made a table the file lacks is blamed for its errors.
+    """
     lines: list[str] = []
     blamed: list[Override] = []
     for p in problems:
-        o = _overrides.blame(p.loc, p.text, overrides)
+        o = _overrides.blame(p.loc, p.text, overrides, base)
         if o is None:
             lines.append(p.line())
         else:
@@ -180,13 +185,16 @@ def _error(source: str, problems: list[Problem],
 
 
 def parse(raw: dict[str, Any], source: str = "scenario",
-          overrides: Sequence[Override] = ()) -> Scenario:
+          overrides: Sequence[Override] = (), *,
+          base: Mapping[str, Any] | None = None) -> Scenario:
     """Validate a raw mapping into a :class:`Scenario`.
 
     The ``[algorithm]`` table is validated with its algorithm's config
     first, so its errors carry their own keys; every error of the whole
     scenario is reported at once. ``overrides`` are those already applied to
-    ``raw``: an error at a key one of them set is said to come from it.
+    ``raw``: an error at a key one of them set is said to come from it, as
+    is an error at a table one of them made where ``base`` (``raw`` before
+    the overrides) has none (``--set netwrk.up.delay=0.1``'s ``netwrk``).
     """
     problems: list[Problem] = []
     alg = raw.get("algorithm", {})
@@ -198,7 +206,7 @@ def parse(raw: dict[str, Any], source: str = "scenario",
     except ValidationError as exc:
         problems += explain(exc, Scenario)
     if problems:
-        raise _error(source, problems, overrides) from None
+        raise _error(source, problems, overrides, base) from None
     return sc
 
 
@@ -239,7 +247,7 @@ def load(path: str | Path,
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: not valid TOML: {exc}", source=str(p)) from None
     with plugins.searching(p.parent):
-        return parse(_overrides.apply(raw, ovs), str(p), ovs)
+        return parse(_overrides.apply(raw, ovs), str(p), ovs, base=raw)
 
 
 def unused_keys(scenario: Scenario) -> dict[str, str]:
@@ -256,19 +264,29 @@ def unused_keys(scenario: Scenario) -> dict[str, str]:
         for key in ("local_steps", "local_epochs"):
             if getattr(scenario.client, key) is not None:
                 out[f"client.{key}"] = why
-    name = scenario.model.name
-    reads = {"mlp": ("hidden",), "char_lstm": ("lstm_hidden",)}.get(name, ())
+    out.update(unread_task_keys(scenario.data.dataset, scenario.data.partition,
+                                scenario.model.name))
+    return out
+
+
+def unread_task_keys(dataset: str, partition: str, model: str) -> dict[str, str]:
+    """The ``model.*`` and ``data.*`` keys this model, dataset and partition do not read, and why.
+
+    Plain names in, so that a run directory's ``scenario.json`` is read the
+    same way (:func:`fedsim.compare.task_differences`).
+    """
+    out: dict[str, str] = {}
+    reads = {"mlp": ("hidden",), "char_lstm": ("lstm_hidden",)}.get(model, ())
     for key in ("hidden", "lstm_hidden"):
         if key not in reads:
-            out[f"model.{key}"] = f"not used by model {name}"
-    d = scenario.data
+            out[f"model.{key}"] = f"not used by model {model}"
     for keys, used, why in (
-            (("synthetic_alpha", "synthetic_beta", "synthetic_iid"), d.dataset == "synthetic",
-             f"not used by dataset {d.dataset}"),
-            (("dirichlet_alpha", "dirichlet_recipe"), d.partition == "dirichlet",
-             f"not used by partition {d.partition}"),
-            (("classes_per_client",), d.partition == "shards",
-             f"not used by partition {d.partition}")):
+            (("synthetic_alpha", "synthetic_beta", "synthetic_iid"), dataset == "synthetic",
+             f"not used by dataset {dataset}"),
+            (("dirichlet_alpha", "dirichlet_recipe"), partition == "dirichlet",
+             f"not used by partition {partition}"),
+            (("classes_per_client",), partition == "shards",
+             f"not used by partition {partition}")):
         if not used:
             out.update({f"data.{k}": why for k in keys})
     return out

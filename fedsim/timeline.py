@@ -125,13 +125,17 @@ class Timeline:
     """Every shown client's :class:`ClientTimeline` over ``[start, end]``.
 
     ``total_clients`` is how many clients the run had (``clients`` may be a
-    sample of them).
+    sample of them). ``staleness_max`` is the largest staleness of any
+    update aggregated in the whole log, of every client at any time (None:
+    none had one): the top of the colour scale, so that a window or a
+    sample of clients is coloured as the whole run is.
     """
 
     start: float
     end: float
     clients: dict[int, ClientTimeline]
     total_clients: int
+    staleness_max: int | None = None
 
 
 def sample_clients(ids: Iterable[int], k: int = MAX_CLIENTS, seed: int = 0) -> list[int]:
@@ -171,13 +175,15 @@ def build_timeline(events: Sequence[dict[str, Any]], *, clients: Iterable[int] |
     start, end
         The window, in emulated seconds (default: 0 to the ``end`` record,
         or to the last record of a run that never wrote one). Intervals are
-        clipped to it; markers outside it are left out.
+        clipped to it; markers outside it are left out. Neither the window
+        nor ``clients`` changes :attr:`Timeline.staleness_max`.
     """
     stop = _end_of(events) if end is None else end
     per_client: dict[int, list[dict[str, Any]]] = defaultdict(list)
     aggregated: dict[int, list[tuple[float, int | None]]] = defaultdict(list)
     seen: set[int] = set()
     wanted = None if clients is None else set(clients)
+    smax: int | None = None
     for e in events:
         ev = e["ev"]
         if ev == "aggregate":
@@ -188,6 +194,8 @@ def build_timeline(events: Sequence[dict[str, Any]], *, clients: Iterable[int] |
                 stale = [one] * len(ids)
             for cid, s in zip(ids, stale, strict=True):
                 seen.add(cid)
+                if s is not None and (smax is None or int(s) > smax):
+                    smax = int(s)
                 if wanted is None or cid in wanted:
                     aggregated[cid].append((float(e["t"]), None if s is None else int(s)))
                     per_client[cid].append(e)
@@ -201,7 +209,8 @@ def build_timeline(events: Sequence[dict[str, Any]], *, clients: Iterable[int] |
     out = {cid: _client(cid, per_client.get(cid, []), aggregated.get(cid, []), start, stop)
            for cid in ids}
     return Timeline(start=start, end=stop, clients=out,
-                    total_clients=total_clients if total_clients is not None else len(seen))
+                    total_clients=total_clients if total_clients is not None else len(seen),
+                    staleness_max=smax)
 
 
 def _client(cid: int, events: list[dict[str, Any]], aggregated: list[tuple[float, int | None]],

@@ -21,12 +21,14 @@ from fedsim.metrics import METRIC_FIELDS, write_run_format
 def make_run(path: Path, *, algorithm: str = "fedasync", clients: int = 4,
              duration: float = 3.0, rounds: bool = False, target: float | None = 0.6,
              speed: float = 1.0, accuracy_cap: float = 0.9, fmt: int | None = 2,
-             status: str = "completed") -> Path:
+             status: str = "completed", data: dict[str, Any] | None = None,
+             model: dict[str, Any] | None = None) -> Path:
     """Write a run directory at ``path``; return it.
 
     ``speed`` scales how fast accuracy rises with emulated time; with
     ``fmt`` None no version file is written and deliveries name the message
-    by its class (format 1).
+    by its class (format 1). ``data`` and ``model`` replace keys of the
+    scenario's tables (Synthetic(1,1) over ``clients`` clients, an MLP).
     """
     path.mkdir(parents=True, exist_ok=True)
     if fmt is not None:
@@ -108,6 +110,10 @@ def make_run(path: Path, *, algorithm: str = "fedasync", clients: int = 4,
     if fmt is None:
         del summary["format"]
     (path / "summary.json").write_text(json.dumps(summary))
-    (path / "scenario.json").write_text(json.dumps({"name": path.name,
-                                                    "algorithm": {"name": algorithm}}))
+    scenario = {"name": path.name, "algorithm": {"name": algorithm},
+                "data": {"dataset": "synthetic", "num_clients": clients, "partition": "natural",
+                         "synthetic_alpha": 1.0, "synthetic_beta": 1.0,
+                         "dirichlet_alpha": 0.5, **(data or {})},
+                "model": {"name": "mlp", "hidden": [200], "lstm_hidden": 256, **(model or {})}}
+    (path / "scenario.json").write_text(json.dumps(scenario))
     return path

@@ -43,6 +43,44 @@ def test_a_bad_set_is_blamed_on_the_command_line_not_the_file() -> None:
     assert "quickstart.toml: invalid scenario" not in res.stderr
 
 
+@pytest.mark.parametrize(("item", "line"), [
+    ("netwrk.up.delay=0.1", "  netwrk: unknown key (did you mean 'network'?) "
+     "(from --set netwrk.up.delay=0.1)"),
+    ("network.upp.delay=0.1", "  network.upp: unknown key (did you mean 'up'?) "
+     "(from --set network.upp.delay=0.1)"),
+])
+def test_a_typo_in_an_overrides_section_is_blamed_on_the_command_line(item: str,
+                                                                       line: str) -> None:
+    """The override made the unknown table: the file is not to blame."""
+    res = fedsim_cli("check", QUICKSTART, "--set", item)
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [
+        f"error: invalid override from the command line (not in {QUICKSTART})", line]
+
+
+def test_a_typo_in_a_section_both_the_file_and_an_override_name_is_the_files(
+        tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text("[netwrk]\nprofile = \"lan\"\n")
+    res = fedsim_cli("check", str(path), "--set", "netwrk.up.delay=0.1")
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [f"error: {path}: invalid scenario",
+                                       "  netwrk: unknown key (did you mean 'network'?)"]
+
+
+def test_a_typo_in_a_python_overrides_section_is_blamed_on_it() -> None:
+    with pytest.raises(OverrideError) as info:
+        fedsim.load(QUICKSTART, overrides={"netwrk.up.delay": 0.1})
+    assert info.value.keys == ("netwrk.up.delay",)
+    assert "netwrk: unknown key (did you mean 'network'?) (from overrides['netwrk.up.delay'])" \
+        in str(info.value)
+    sc = fedsim.load(QUICKSTART)
+    with pytest.raises(OverrideError, match=r"from overrides\['netwrk.up.delay'\]"):
+        fedsim.load(sc, overrides={"netwrk.up.delay": 0.1})    # a scenario derived from
+    with pytest.raises(OverrideError, match=r"from overrides\['netwrk.up.delay'\]"):
+        fedsim.load({"name": "m"}, overrides={"netwrk.up.delay": 0.1})   # ... and a mapping
+
+
 def test_a_bad_dilation_names_what_is_allowed_in_words(tmp_path: Path) -> None:
     out = tmp_path / "run"
     res = fedsim_cli("run", QUICKSTART, "--dilation", "fast", "--out", str(out))

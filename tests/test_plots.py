@@ -102,6 +102,34 @@ def test_the_timeline_draws_every_lane_and_samples_large_federations(tmp_path: P
     assert colourbar.get_ylabel() == "staleness of the aggregated update"
 
 
+def test_a_part_of_the_timeline_keeps_the_whole_runs_colour_scale(tmp_path: Path) -> None:
+    """Client c's updates have staleness c: clients 0-1, or the first 0.3 s (client 0's
+    first update only), reach 1 and 0; the scale stays the run's 0 to 3."""
+    run = load_run(make_run(tmp_path / "r", clients=4))
+
+    def scale(clients=None, end=None):
+        tl = build_timeline(run.events, clients=clients, total_clients=4, end=end)
+        scatter = next(c for c in timeline_figure(tl, title="r").axes[0].collections
+                       if not isinstance(c, PolyCollection))
+        return scatter.norm.vmin, scatter.norm.vmax
+
+    assert scale() == (0, 3)
+    assert scale(clients=[0, 1]) == (0, 3)
+    assert scale(end=0.3) == (0, 3)
+    tl = build_timeline(run.events, clients=[0], start=0.0, end=0.3)
+    assert [s for _, s in tl.clients[0].aggregated] == [0]
+    assert tl.staleness_max == 3
+
+
+def test_timeline_names_say_which_part_of_the_run() -> None:
+    assert plots.timeline_name() == "timeline.png"
+    assert plots.timeline_name((2.0, 6.0)) == "timeline-2-6.png"
+    assert plots.timeline_name((0.5, None), [3, 0, 1, 2]) == "timeline-0.5-end-clients-0-3.png"
+    many = plots.timeline_name(None, list(range(0, 200, 2)))
+    assert many.startswith("timeline-clients-100-")
+    assert len(many) < 60
+
+
 def test_plot_run_writes_the_three_figures_and_skips_a_large_timeline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = make_run(tmp_path / "r")

@@ -29,7 +29,8 @@ QUICK = ROOT / "scenarios" / "quickstart.toml"
 
 # Writes summary.json and scenario.json as a run does. The verdict passes
 # when the dilation is at least PASS_AT (env), and the accuracy is
-# 0.5 + seed / 100 + delay (so aggregates are checkable by hand).
+# 0.5 + seed / 100 + delay (so aggregates are checkable by hand), plus
+# FAKE_GAIN[staleness] (env, JSON) for the point's algorithm.staleness.
 FAKE_RUN = r'''
 import json, os, sys, time
 args = sys.argv[1:]
@@ -42,11 +43,13 @@ if os.environ.get("FAKE_CRASH") and sets.get("seed") == "2":
 seed = int(sets["seed"])
 delay = float(sets.get("network.up.delay", "0"))
 passing = dil >= float(os.environ.get("PASS_AT", "1"))
+gain = json.loads(os.environ.get("FAKE_GAIN", "{}")).get(
+    sets.get("algorithm.staleness", "").strip('"'), 0.0)
 time.sleep(0.05)
 json.dump({"run": {"dilation": dil}}, open(os.path.join(out, "scenario.json"), "w"))
 with open(os.path.join(out, "calls.log"), "a") as fh:
     fh.write(f"{dil}\n")
-json.dump({"status": "completed", "final_accuracy": 0.5 + seed / 100 + delay,
+json.dump({"status": "completed", "final_accuracy": 0.5 + seed / 100 + delay + gain,
            "best_accuracy": 0.6, "emulated_seconds": 10.0 * (1 + delay), "updates": 7,
            "staleness": {"mean": 1.5, "p99": 3},
            "fidelity": {"verdict": "pass" if passing else "fail",
@@ -191,6 +194,128 @@ def test_a_sweep_reruns_unfaithful_points_and_writes_its_tables(
     assert float(row["final_accuracy_ci95"]) == pytest.approx(
         sw.t_quantile(1) * math.sqrt(0.5 * 0.01**2) / math.sqrt(2))
     assert (tmp_path / "out" / "final_accuracy.png").stat().st_size > 5000
+
+
+def _markers(fig: Any) -> dict[str, tuple[list[float], list[float]]]:
+    """Each series' marker positions in a sweep figure, by its legend label."""
+    (ax,) = fig.axes
+    return {bars.get_label(): (list(bars.lines[0].get_xdata()), list(bars.lines[0].get_ydata()))
+            for bars in ax.containers}
+
+
+def test_a_categorical_grid_draws_a_figure_per_quantity_with_the_categories_on_the_axis(
+        tmp_path: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The most common comparison, --grid algorithm.staleness=const,poly, drew nothing."""
+    monkeypatch.setenv("FAKE_GAIN", json.dumps({"poly": 0.2}))
+    s = sw.sweep_from_scenario(QUICK, grid=["algorithm.staleness=const,poly,hinge"], seeds=2)
+    out = tmp_path / "out"
+    res = sw.run_sweep(s, out, python=fake_python)
+    assert [f.name for f in res.files] == ["sweep.csv", "aggregate.csv", "final_accuracy.png",
+                                          "emulated_seconds.png"]
+    assert all(f.read_bytes()[:4] == b"\x89PNG" for f in res.files[2:])
+    spec, results = sw.read_results(out)
+    figs = sw.sweep_figures(spec, sw.aggregate(spec, results))
+    (ax,) = figs["final_accuracy"].axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["const", "poly", "hinge"]
+    assert {t.get_rotation() for t in ax.get_xticklabels()} == {0.0}   # short names: level
+    assert ax.get_xlabel() == "algorithm.staleness"
+    ((xs, ys),) = _markers(figs["final_accuracy"]).values()    # one series: no variants
+    assert xs == [0.0, 1.0, 2.0]
+    assert ys == pytest.approx([0.515, 0.715, 0.515])
+    assert ax.get_legend() is None      # nothing to tell apart
+    # the command line (resuming the finished sweep) lists the figures too
+    r = CliRunner().invoke(cli, ["sweep", str(out)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-2:] == [str(out / "final_accuracy.png"),
+                                          str(out / "emulated_seconds.png")]
+
+
+def test_variants_alone_are_the_categories_and_a_numeric_grid_keeps_its_lines(
+        tmp_path: Path, fake_python: str) -> None:
+    only = _sweep(tmp_path, BASIC.replace('"network.up.delay+network.down.delay" = [0.0, 0.1]',
+                                          ""))
+    s = sw.load_sweep(only)
+    res = sw.run_sweep(s, tmp_path / "v", python=fake_python)
+    figs = sw.sweep_figures(s, sw.aggregate(s, res.points))
+    (ax,) = figs["final_accuracy"].axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["const", "poly"]
+    assert ax.get_xlabel() == "variant"
+    # a categorical key beside a numeric one: against the numeric, a line per category
+    s = sw.sweep_from_scenario(QUICK, grid=["algorithm.staleness=const,poly",
+                                            "network.up.delay=0.0,0.1"])
+    res = sw.run_sweep(s, tmp_path / "m", python=fake_python)
+    figs = sw.sweep_figures(s, sw.aggregate(s, res.points))
+    (ax,) = figs["final_accuracy"].axes
+    assert ax.get_xlabel() == "network.up.delay"
+    lines = _markers(figs["final_accuracy"])
+    assert sorted(lines) == ["staleness=const", "staleness=poly"]
+    assert lines["staleness=const"][0] == [0.0, 0.1]
+    assert lines["staleness=const"][1] == pytest.approx([0.51, 0.61])
+    # plot.x may name the categorical key, or the variants
+    s.plot = {"x": "algorithm.staleness"}
+    (ax,) = sw.sweep_figures(s, sw.aggregate(s, res.points))["final_accuracy"].axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["const", "poly"]
+    assert sorted(_markers(ax.figure)) == ["delay=0.0", "delay=0.1"]
+    s.plot = {"x": "variant"}
+    with pytest.raises(sw.SweepError, match=r"sweep.plot.x = 'variant' is not a grid key "
+                       r"\(algorithm.staleness, network.up.delay\)"):
+        sw.sweep_figures(s, [])
+
+
+def test_long_category_names_slant_and_normalize_names_a_category(tmp_path: Path) -> None:
+    hidden = ["[200]", "[128, 64]", "[512, 256, 128]", "[1024, 512, 256, 128]"]
+    s = sw.sweep_from_scenario(QUICK, grid=["model.hidden=" + ",".join(hidden)])
+    s.variants = [sw.Variant("fedavg", {}), sw.Variant("fedasync", {})]
+    s.plot = {"normalize": "fedavg", "y": ["emulated_seconds"]}
+    agg = [{"variant": v, "model.hidden": h, "n": 1, "emulated_seconds_mean": base * k,
+            "emulated_seconds_ci95": None}
+           for v, base in (("fedavg", 10.0), ("fedasync", 5.0))
+           for h, k in zip(hidden, (1, 2, 1, 3), strict=True)]
+    (ax,) = sw.sweep_figures(s, agg)["emulated_seconds"].axes
+    labels = ax.get_xticklabels()
+    assert [t.get_text() for t in labels] == hidden
+    assert {t.get_rotation() for t in labels} == {25.0}
+    assert ax.get_ylabel().endswith("(relative to fedavg at hidden = [200])")
+    lines = _markers(ax.figure)
+    assert lines["fedavg"][1] == pytest.approx([1.0, 2.0, 1.0, 3.0])
+    assert lines["fedasync"][1] == pytest.approx([0.5, 1.0, 0.5, 1.5])
+    # side by side at each category, not on top of each other
+    assert [round(b - a, 6) for a, b in zip(lines["fedavg"][0], lines["fedasync"][0],
+                                            strict=True)] == [0.2] * 4
+
+
+def test_a_figure_that_cannot_be_drawn_is_named_with_the_reason(
+        tmp_path: Path, fake_python: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    s = sw.sweep_from_scenario(QUICK, grid=["algorithm.staleness=const,poly"], target=0.9)
+    res = sw.run_sweep(s, tmp_path / "t", python=fake_python)
+    assert [f.name for f in res.files[2:]] == ["final_accuracy.png", "emulated_seconds.png"]
+    assert caplog.messages == ["no time_to_target_s.png: none of the 2 runs that count "
+                               "reported emulated s to the target accuracy (none reached the "
+                               "target accuracy)"]
+    caplog.clear()
+    monkeypatch.setenv("PASS_AT", "1000")
+    res = sw.run_sweep(s, tmp_path / "f", python=fake_python, max_attempts=1)
+    assert res.files[2:] == []
+    assert caplog.messages[-3:] == [
+        f"no {y}.png: no run counts (every point flagged or unfinished: see sweep.csv), so "
+        "there is nothing to draw" for y in ("final_accuracy", "emulated_seconds",
+                                             "time_to_target_s")]
+
+
+def test_a_sweep_of_seeds_alone_says_it_draws_no_figure_on_stderr(
+        tmp_path: Path, fake_python: str) -> None:
+    s = sw.sweep_from_scenario(QUICK, seeds=2)
+    out = tmp_path / "out"
+    sw.run_sweep(s, out, python=fake_python)
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "fedsim.cli", "sweep", str(out)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert ("WARNING fedsim.sweep.plots: no figures: nothing but the seed varies in this "
+            "sweep (aggregate.csv holds each quantity's mean and 95 % CI)") in done.stderr
+    assert done.stdout.splitlines()[-2:] == [str(out / "sweep.csv"), str(out / "aggregate.csv")]
 
 
 def test_a_rerun_follows_the_suggestion_within_1_5x_to_4x_of_the_failed_dilation() -> None:

@@ -16,8 +16,11 @@ The output directory holds::
                       verdict, attempts, dilation and the summary's figures
     aggregate.csv     per variant and grid point: n seeds, mean and 95 %
                       confidence half-width of every figure (Student's t)
-    <figure>.png      each figure against the first grid key, one line per
-                      variant, with the confidence interval as error bars
+    <figure>.png      each figure against a grid key (or the variants), with
+                      the confidence interval as error bars: a line per
+                      variant against a numeric key, a key's values (const,
+                      poly) side by side on the axis otherwise
+                      (:func:`fedsim.sweep.plots.x_key` chooses it)
 
 Faithfulness comes first. A point's figures count only if its fidelity
 verdict passed. A point whose verdict fails is rerun with the dilation the
@@ -72,6 +75,7 @@ The package's modules, in the order they build on each other: ``spec``
 """
 
 from fedsim.sweep.execute import SweepResult, run_sweep
+from fedsim.sweep.plots import sweep_figures, x_key
 from fedsim.sweep.results import FIGURES, PointResult, figure, read_results
 from fedsim.sweep.spec import (
     Point,
@@ -101,7 +105,9 @@ __all__ = [
     "read_results",
     "run_sweep",
     "short_key",
+    "sweep_figures",
     "sweep_from_scenario",
     "t_quantile",
     "write_tables",
+    "x_key",
 ]

@@ -237,7 +237,8 @@ def load_sweep(path: str | Path, *, grid: Iterable[str] = (), sets: Iterable[str
         label = "FedAvg K=5"
         set = { "algorithm.name" = "fedavg", "algorithm.local_steps" = 5 }
         [sweep.plot]                   # optional
-        x = "network.delay"            # default: the first grid key
+        x = "network.delay"            # a grid key or "variant"; default: the first
+                                       # numeric grid key, else the first that varies
         y = ["emulated_seconds"]       # default: accuracy, time, time to target
         logx = true                    # default: when x spans over two decades
         normalize = "FedAvg K=5"       # times relative to this variant's mean at the first x
