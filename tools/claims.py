@@ -18,8 +18,9 @@ agree: a claim fedsim does not reproduce is reported as such, with why.
     python tools/claims.py --only DG-1,FA-1  # some; the others keep their last result
     python tools/claims.py --no-run          # re-evaluate the sweeps already on disk
 
-Sweeps go to sweeps/claims/<id>/ and resume: an interrupted regeneration
-picks up where it stopped.
+Sweeps go to sweeps/claims/<sweep file's name>/ and resume: an interrupted
+regeneration picks up where it stopped, and claims that read the same sweep
+(AF-1 and AF-1a) run it once.
 
 Where things live. This file keeps the claims (:data:`CLAIMS`: each one's
 paper, statement, the paper's number, its sweep and its evaluator) and the
@@ -63,36 +64,63 @@ CLAIMS: list[Claim] = [
           "Figs. 2-4 (figures only): at staleness up to 16, \"when alpha is too large, the "
           "convergence can be unstable, especially for FedAsync+Const\"; adaptive alpha "
           "\"always improves the performance\"",
-          "fa1.sweep.toml", None, eval_fa1),
+          "fa1.sweep.toml", None, eval_fa1,
+          ("Synthetic(1,1) with an MLP instead of CIFAR-10 with the paper's CNN (100 "
+           "clients of at most 500 samples, as the paper's 100 devices of 500): no dataset "
+           "can be downloaded here, and the CNN's 4.5 M parameters x 17 tasks in flight "
+           "exceed 2 cores.",
+           "The staleness is not drawn from Uniform{0..4} or {0..16}: it emerges from 5 or 17 "
+           "tasks in flight (fedsim never samples it), which gives about 4 and 16.")),
     Claim("FA-2", "FedAsync (Xie, Koyejo and Gupta, arXiv:1903.03934)",
           "Per gradient applied, FedAsync converges between single-thread SGD and FedAvg, "
           "closer to FedAvg as staleness grows",
           "Sec. 5.4 (figures only): \"the convergence rate of FedAsync is between "
           "single-thread SGD and FedAvg\"; larger staleness brings it closer to FedAvg",
-          "fa2.sweep.toml", None, eval_fa2),
+          "fa2.sweep.toml", None, eval_fa2,
+          ("FA-1's task (Synthetic(1,1), 100 clients of at most 500 samples, an MLP) "
+           "instead of CIFAR-10 with a CNN, for the same reason.",
+           "Staleness from 2, 5 and 17 tasks in flight, not drawn.")),
     Claim("DS-1", "Delta-SGD (Kim et al., ICLR 2024)",
           "Delta-SGD needs no step-size tuning: with the others' step sizes tuned on one task, "
           "its largest gap to the best optimizer across tasks is the smallest",
           "Table 1: over 15 dataset and heterogeneity settings Delta-SGD's largest gap to the "
           "best is 2.3 points; SGD's 19.9, SGDM's 19.6, Adam's 19.6",
-          "ds1.sweep.toml", None, eval_ds1),
+          "ds1.sweep.toml", None, eval_ds1,
+          ("Synthetic(1,1) (100 clients, the paper's 500 samples as a cap on the generator's "
+           "power-law sizes) and digits with an MLP and a CNN instead of MNIST to CIFAR-100 "
+           "with ResNets: no dataset can be downloaded here.",
+           "On digits (1,437 training samples) 20 clients of about 72 samples: 500 per "
+           "client would leave 2 clients; 10 % of the clients a round and batch 64 as the "
+           "paper.",
+           "Three tasks, not fifteen; 100 rounds.")),
     Claim("DS-2", "Delta-SGD (Kim et al., ICLR 2024)",
           "Delta-SGD's delta barely matters, while each client's step size follows its own "
           "local smoothness",
           "Fig. 4 (appendix B.1, figure only): delta in {0.01, 0.1, 1} has \"very little "
           "impact on the final accuracy\"",
-          "ds2.sweep.toml", None, eval_ds2),
+          "ds2.sweep.toml", None, eval_ds2,
+          ("DS-1's task 1 (Synthetic(1,1), 100 clients of at most 500 samples, an MLP) "
+           "instead of the paper's image tasks; 100 rounds.",)),
     Claim("DG-1", "DGA (Zhu et al., NeurIPS 2021)",
           "Delayed averaging hides latency: the speedup over FedAvg approaches (K + D)/K",
           "Table 2, at 1 s latency over FedAvg K = 5: 3.16x (CIFAR-10), 2.55x (ImageNet), "
           "4.07x (Shakespeare); 5x ideal for K = 5, D = 20 (eq. 1); Fig. 4a: FedAvg's time "
           "grows linearly with latency, DGA's stays flat until latency exceeds D steps",
-          "dg1.sweep.toml", None, eval_dg1),
+          "dg1.sweep.toml", None, eval_dg1,
+          ("Digits over 8 clients with an MLP instead of CIFAR-10, ImageNet and "
+           "Shakespeare: the claim is about time, and an emulated 40 ms step (tau_g) "
+           "stands in for the paper's GPU step.",
+           "20 rounds per run (the paper trains to convergence): the time per step is "
+           "measured in steady state.")),
     Claim("DG-2", "DGA (Zhu et al., NeurIPS 2021)",
           "DGA's correction term matters, and more so as the delay D grows",
           "Table 1 (CIFAR-10, K = 5), with minus without correction: 0.5 points at D = 5, "
           "2.4 at D = 10, 3.5 at D = 15, 4.5 at D = 20",
-          "dg2.sweep.toml", "final_accuracy", eval_dg2),
+          "dg2.sweep.toml", "final_accuracy", eval_dg2,
+          ("Digits with two classes per client over 8 clients and an MLP, 80 rounds, instead "
+           "of CIFAR-10 with a ResNet.",
+           "D = 5, 10, 20 (the paper: also 15).",
+           "The paper does not define \"without correction\" (R-DG4): both readings run.")),
     Claim("AF-1", "AsyncFedED (Wang et al., arXiv:2205.13797)",
           "AsyncFedED's accuracy holds as clients are suspended more often, while FedAsync's "
           "degrades at large P",
@@ -100,31 +128,46 @@ CLAIMS: list[Claim] = [
           "and +Hinge \"decline drastically\"; the authors' raw logs (Synthetic-1-1, 300 s): "
           "AsyncFedED 99.3 % max accuracy at P = 0, 98.2 % at P = 0.9; FedAsync+Const 98.4 % "
           "and 34.7 %",
-          "af1.sweep.toml", None, eval_af1),
+          "af1.sweep.toml", None, eval_af1,
+          ("Each local step takes 20 ms of emulated compute (log-normal across clients), "
+           "so a pass takes about 4x the authors' logged pass times: at their times a 300 s "
+           "run at P = 0 needs more than 2 cores.",
+           "P = 0 and 0.9 only (the paper: 0 to 0.9 in steps of 0.1), to fit the claims' "
+           "time budget.")),
     Claim("AF-1a", "AsyncFedED (Wang et al., arXiv:2205.13797)",
           "AF-1 as the authors ran it, at P = 0.9: FedAsync+Const collapses while AsyncFedED "
           "holds",
           "the authors' raw logs (Synthetic-1-1, all 10 clients training, K = 10, 300 s, "
           "P = 0.9): AsyncFedED 98.2 % max accuracy, FedAsync+Const 34.7 %",
-          "af1-authors.sweep.toml", None, eval_af1_authors),
+          "af1.sweep.toml", None, eval_af1_authors,
+          ("AF-1's runs at P = 0.9 in 300 s, with AF-1's differences.",)),
     Claim("AF-2", "AsyncFedED (Wang et al., arXiv:2205.13797)",
           "Adaptive K converges faster and more smoothly than a constant K, giving fast "
           "clients more local work",
           "Fig. 4 (figure only): adaptive K (from 10) \"converges faster and smoother\" than "
           "K = 5, 10, 15, 20",
-          "af2.sweep.toml", None, eval_af2),
+          "af2.sweep.toml", None, eval_af2,
+          ("AF-1's device speeds (about 4x the authors' logged pass times).",
+           "Constant K of 5, 10 and 20 (the paper: also 15).")),
     Claim("FS-1", "FedSpeed (Sun et al., ICLR 2023)",
           "FedSpeed's accuracy stays put as the local interval E grows with T x E fixed, "
           "while FedAvg-style methods lose accuracy",
           "Fig. 2 (CIFAR-10, E from 1 to 20, T x E = 2500): FedAdam loses about 13.7 points, "
           "FedCM 10.6, FedSpeed \"swing[s] within 3.8 %\"",
-          "fs1.sweep.toml", None, eval_fs1),
+          "fs1.sweep.toml", None, eval_fs1,
+          ("Digits (1,437 training samples) over 20 clients of about 72 samples with "
+           "Dirichlet(0.6) and an MLP instead of CIFAR-10 over 100 clients of 500 with "
+           "ResNet-18: no download here; 10 % of the clients a round as the paper.",
+           "E = 1, 5, 20 with T x E = 100 (the paper: E up to 20 with T x E = 2500); FedCM "
+           "is not implemented.")),
     Claim("FS-2", "FedSpeed (Sun et al., ICLR 2023)",
           "Each of FedSpeed's modules helps: all three beat either single addition to the "
           "prox term, which beats the prox term alone",
           "Table 7 (CIFAR-10, 500 rounds): FedAvg 81.92 %, prox 82.24, prox + correction "
           "83.94, prox + perturbation 83.88, all three 85.70",
-          "fs2.sweep.toml", None, eval_fs2),
+          "fs2.sweep.toml", None, eval_fs2,
+          ("FS-1's task (digits, 20 clients of about 72 samples, an MLP), 100 rounds "
+           "instead of 500.",)),
 ]
 
 

@@ -601,6 +601,53 @@ def test_no_correction_keeps_clients_identical_and_overwrite_resyncs():
         assert all(torch.equal(w, ws[0]) for w in ws) == resync
 
 
+@pytest.mark.parametrize(("K", "D"), [(3, 4), (5, 20), (2, 2)])
+@pytest.mark.parametrize("beta", [0.0, 0.9])
+def test_no_correction_per_step_is_delayed_average_sgd_one_share_a_step(K, D, beta):
+    """R-DG4 step by step: the own direction is never applied; from the correction
+    point of round t0 (D steps after it was sent) each of the next K steps moves w by
+    eta mbar_t0 / K. Clients stay identical, and no step moves by more than one share
+    (no once-per-round jump)."""
+    n, rounds = 3, 8
+    cfg = DGAConfig(local_steps=K, delay=D, correction="none_per_step", momentum=beta)
+    _, trace, dirs = lockstep(cfg, n, K * rounds)
+    for ws in trace:
+        assert all(torch.equal(w, ws[0]) for w in ws)
+    # the expected model, step by step: round t's mean direction, 1/K a step, from
+    # step t K + D on (1-based step numbers; round t's own steps are (t-1) K + 1 .. t K)
+    mean_dir = [sum(torch.stack(dirs[j]).mean(0) for j in range((t - 1) * K, t * K))
+                for t in range(1, rounds + 1)]
+    w = w1()
+    shares: list[list] = []
+    for step in range(1, K * rounds + 1):
+        if step > D and (step - D) % K == 0:        # the correction point of round t0
+            shares.append([mean_dir[(step - D) // K - 1] / K, K])
+        if shares:
+            w = w - const_lr(0, 0) * shares[0][0]
+            shares[0][1] -= 1
+            if shares[0][1] == 0:
+                shares.pop(0)
+        assert torch.allclose(trace[step - 1][0], w, atol=1e-12), step
+    # nothing moves in the first D steps: no average is due yet, and the own step is not taken
+    assert all(torch.equal(trace[j][0], w1()) for j in range(D))
+
+
+def test_no_correction_per_step_drains_every_share_at_the_end():
+    cfg = DGAConfig(local_steps=2, delay=3, correction="none_per_step", rounds=4)
+    clients, _, _ = lockstep(cfg, 2, 8)
+    server = DGAServer(2)
+    for i, c in enumerate(clients):   # the last averages arrive after the last step
+        while isinstance(act := c.next_action(), Send):
+            mean = server.add(act.round, i, act.m)
+            c.sent(act.round)
+            if mean is not None:
+                for other in clients:
+                    other.apply_average(act.round, mean)
+    assert all(isinstance(c.next_action(), Done) for c in clients)
+    assert all(not c._queue for c in clients)
+    assert torch.equal(clients[0].w, clients[1].w)
+
+
 # ---------------------------------------------------------------- illegal events
 
 

@@ -32,10 +32,10 @@ SWEEPS = sorted(REPRO.glob("*.sweep.toml"))
 CLAIMS = ("fa1", "fa2", "ds1", "ds2", "dg1", "dg2", "af1", "af2", "fs1", "fs2")
 
 #: Emulated seconds of each smoke run: enough for several aggregations of
-#: every shipped scenario. af1-authors suspends 9 runs in 10 (P = 0.9), each
-#: run K = 10 passes long, so its first update needs longer.
+#: every shipped scenario. af1 suspends 9 runs in 10 (P = 0.9), each run
+#: K = 10 passes long, so its first update needs longer.
 SMOKE_SECONDS = 2.0
-LONGER = {"af1-authors": 12.0}
+LONGER = {"af1": 12.0}
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,8 +48,8 @@ def test_every_claim_has_a_scenario_and_a_sweep() -> None:
     for claim in CLAIMS:
         assert (REPRO / f"{claim}.toml").is_file(), claim
         assert (REPRO / f"{claim}.sweep.toml").is_file(), claim
-    # AF-1 as the authors ran it (P = 0.9) is a claim of its own in tools/claims.py
-    assert {p.name for p in SWEEPS} == {f"{c}.sweep.toml" for c in (*CLAIMS, "af1-authors")}
+    # AF-1a (AF-1 at P = 0.9, as the authors ran it) reads af1's sweep
+    assert {p.name for p in SWEEPS} == {f"{c}.sweep.toml" for c in CLAIMS}
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=_rel)
@@ -57,9 +57,10 @@ def test_every_sweep_point_is_a_valid_scenario(path: Path) -> None:
     head = path.read_text().split("[sweep]")[0]
     assert head.startswith(f"# scenarios/repro/{path.name} — "), head[:80]
     words = " ".join(line.removeprefix("#").strip() for line in head.splitlines())
-    assert "Cost (measured)" in words, f"{path}: state the sweep's measured cost at the top"
+    assert "Cost (measured)" in words or "Cost (estimated" in words, (
+        f"{path}: state the sweep's cost at the top (measured, or estimated until it is)")
     sweep = load_sweep(path)
-    assert sweep.seeds == [1, 2, 3]
+    assert sweep.seeds in ([1, 2, 3], [1, 2, 3, 4, 5])  # 5 where 3 left a claim undecided
     sweep.check()  # every point's scenario validates (raises naming the point and key)
     points = sweep.points()
     assert len({p.key for p in points}) == len(points)

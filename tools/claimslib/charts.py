@@ -36,6 +36,9 @@ class Panel:
     min_span: float | None = None
     bounds: tuple[float, float] | None = None
     logy: bool = False                           # lines only
+    title: str = ""                              # above the panel (e.g. the condition it shows)
+    #: lines only: vertical lines at these x, each with a label (e.g. a predicted knee)
+    marks: list[tuple[float, str]] | None = None
 
 
 def _bounds(panel: Panel) -> tuple[float, float]:
@@ -57,6 +60,9 @@ class Chart:
 
     title: str
     panels: list[Panel]
+    #: panels per row (default: all in one row); a claim measured under several
+    #: conditions puts each condition's panels on a row of their own
+    columns: int | None = None
 
 
 #: Okabe-Ito (safe for colour-blind readers), as fedsim's own plots.
@@ -68,12 +74,23 @@ def draw_chart(chart: Chart, path: Path) -> Path:
     from fedsim.plots import new_figure, save
 
     n = len(chart.panels)
+    cols = max(1, min(n, chart.columns or n))
+    rows = math.ceil(n / cols)
     cats = max((len(_categories(p)) * max(1, len(p.series)) for p in chart.panels
                 if p.kind == "bars"), default=0)
-    width = min(5.6 * n, 16.0)
-    fig = new_figure(width, max(3.8, 1.6 + 0.28 * cats), layout="constrained")
-    axes = fig.subplots(1, n, squeeze=False)[0]
-    for ax, panel in zip(axes, chart.panels, strict=True):
+    width = min(5.6 * cols, 16.0)
+    height = max(3.8, 1.6 + 0.28 * cats)
+    fig = new_figure(width, height * rows, layout="constrained")
+    grid = fig.subplots(rows, cols, squeeze=False)
+    axes = [ax for row in grid for ax in row]
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes[:n], chart.panels, strict=True):
+        if not panel.value and not panel.series:    # a blank: the rest of a shorter row
+            ax.set_visible(False)
+            continue
+        if panel.title:
+            ax.set_title(textwrap.fill(panel.title, 60), fontsize=9)
         if panel.kind == "lines":
             _draw_lines(ax, panel)
         elif panel.kind == "bars":
@@ -137,6 +154,8 @@ def _draw_lines(ax: Any, panel: Panel) -> None:
                     yerr=_errors(panel, [p[1] for p in got], [p[2] for p in got]),
                     marker="o", ms=4, capsize=3, lw=1.3, color=PALETTE[i % len(PALETTE)],
                     label=name)
+    for x, text in panel.marks or []:
+        ax.axvline(x, color="0.35", ls="--", lw=1.0, label=text)
     if panel.logx:
         ax.set_xscale("log")
     if panel.logy:

@@ -20,6 +20,7 @@ from claimslib.verdict import (
     scaled,
     short_mean,
     side,
+    under_conditions,
 )
 from fedsim import sweep as sw
 
@@ -29,7 +30,41 @@ ALGORITHMS = {"fedavg": "FedAvg", "fedadam": "FedAdam", "fedspeed": "FedSpeed",
               "fedprox": "FedProx", "scaffold": "SCAFFOLD"}
 
 
+#: FedSpeed's server rules, as the conditions its claims are judged under: the paper's
+#: numbers were produced by the authors' code (FL-Simulator), so its rule comes first;
+#: Algorithm 1's literal rule is the ablation that changes only the rule.
+AUTHORS = "the authors' server rule (FL-Simulator), 10 % of clients a round"
+PAPER = "Algorithm 1's server rule, 10 % of clients a round"
+FULL = "Algorithm 1's server rule, every client every round (partial -> full participation)"
+
+
+def _rule(sweep: sw.Sweep, p: sw.Point) -> str | list[str] | None:
+    """The conditions a FedSpeed sweep point belongs to. A run the rule does not touch
+    (another algorithm, or FedSpeed without its correction, where both rules are the
+    plain mean of x_K) serves both rules at its participation."""
+    frac = num(setting(sweep, p, "algorithm.fraction"))
+    if frac is not None and frac >= 1.0:
+        return FULL
+    name = setting(sweep, p, "algorithm.name")
+    if name == "fedspeed" and setting(sweep, p, "algorithm.correction") is not False:
+        return AUTHORS if setting(sweep, p, "algorithm.server_rule") == "fl_simulator" else PAPER
+    return [AUTHORS, PAPER]
+
+
 def eval_fs1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
+    """FS-1 under the authors' server rule and under Algorithm 1's (:func:`_eval_fs1`)."""
+    return under_conditions(sweep, results, lambda p: _rule(sweep, p), _eval_fs1,
+                            [AUTHORS, PAPER])
+
+
+def eval_fs2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
+    """FS-2 under the authors' server rule, Algorithm 1's, and Algorithm 1's at full
+    participation (:func:`_eval_fs2`)."""
+    return under_conditions(sweep, results, lambda p: _rule(sweep, p), _eval_fs2,
+                            [AUTHORS, PAPER, FULL])
+
+
+def _eval_fs1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     """FedSpeed's accuracy stays put as the local interval E grows (T x E fixed), while
     FedAvg-style methods lose accuracy to client drift.
 
@@ -59,14 +94,8 @@ def eval_fs1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     worst = max((mean_ci(spread[a].values())[0] or 0 for a in algs if a != "fedspeed"),
                 default=0.0)
     mine = mean_ci(spread["fedspeed"].values())[0] or 0.0
-    if worst < 0.03:
-        reason = (f"on digits with a small MLP client drift at large E costs the other methods "
-                  f"little (spread up to {100 * worst:.1f} points), leaving FedSpeed little "
-                  f"to stabilise")
-    else:
-        reason = (f"FedSpeed itself moved {100 * mine:.1f} points over E: its prox weight "
-                  f"(1/lambda = 0.1) and ascent radius (0.1) are the paper's CIFAR-10 values, "
-                  f"not tuned for this task")
+    reason = (f"FedSpeed's final accuracy moved {100 * mine:.1f} points over E, the others' "
+              f"up to {100 * worst:.1f}")
     number = (f"final-accuracy spread over E = {', '.join(f'{e:g}' for e in es)}: FedSpeed "
               f"{pts(spread['fedspeed'].values(), NON_NEGATIVE)}; "
               + ", ".join(f"{ALGORITHMS.get(a, a)} {short_mean(spread[a].values(), scale=100)}"
@@ -87,7 +116,7 @@ def eval_fs1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
 FS2_MODULES = ("prox", "correction", "perturbation")
 
 
-def eval_fs2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
+def _eval_fs2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     """Each of FedSpeed's modules helps (Table 7): all three > either single addition
     to the prox term > the prox term alone.
 
@@ -115,10 +144,8 @@ def eval_fs2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     verdict, summary = judge(checks)
     gains = [m for a, b, _ in pairs if (m := mean_ci(diffs(acc[a], acc[b]))[0]) is not None]
     reason = None if not gains else (
-        f"over 40 rounds of digits with a small MLP the modules' gains came to "
-        f"{100 * min(gains):.1f} to {100 * max(gains):.1f} points (the paper's: 1.6 to 3.5 "
-        f"on CIFAR-10 over 500 rounds); a task this small leaves less client drift for the "
-        f"correction and less sharpness for the perturbation to remove")
+        f"the modules' gains came to {100 * min(gains):.1f} to {100 * max(gains):.1f} points "
+        f"(the paper's: 1.6 to 3.5 on CIFAR-10 over 500 rounds)")
     number = (f"all three {pct(acc[full].values())}; prox + correction "
               f"{short_mean(acc[corr].values(), scale=100)}, prox + perturbation "
               f"{short_mean(acc[pert].values(), scale=100)}, prox only "

@@ -21,10 +21,10 @@ show them (:func:`fmt`, :func:`pct`, :func:`pts`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from claimslib.charts import Chart
+from claimslib.charts import Chart, Panel
 from fedsim import sweep as sw
 
 REPRODUCED, PARTLY, NOT_REPRODUCED, INCONCLUSIVE = (
@@ -73,7 +73,9 @@ def judge(checks: Sequence[Check]) -> tuple[str, str]:
         verdict = PARTLY
     parts = [f"{name}: {'; '.join(groups[state])}"
              for state, name in ((SHOWN, "shown"), (NOT_SEEN, "not seen"),
-                                 (WITHIN_NOISE, "within noise"), (None, "not measured"))
+                                 (WITHIN_NOISE, "undecided at this budget (the 95 % CI reaches "
+                                                "both sides)"),
+                                 (None, "not measured"))
              if groups.get(state)]
     if measured == 0:
         parts = ["no faithful runs to compare"]
@@ -150,20 +152,33 @@ def fmt(m: float | None, ci: float | None, spec: str = ".2f", unit: str = "",
     return f"{m:{spec}}{unit} (95 % CI {lo:{spec}} to {hi:{spec}})"
 
 
+def seeds_of(xs: Iterable[float], spec: str = ".1f", scale: float = 1.0) -> str:
+    """The per-seed values behind a mean, as the tables show them beside it: ``[a, b, c]``."""
+    vals = list(xs)
+    if len(vals) < 2:
+        return ""
+    return " [per seed: " + ", ".join(
+        "diverged" if math.isinf(v) else f"{scale * v:{spec}}" for v in vals) + "]"
+
+
 def pct(xs: Iterable[float]) -> str:
-    """Accuracies (fractions) as percent: mean and 95 % CI (within 0 to 100 %)."""
-    m, ci = mean_ci(xs)
+    """Accuracies (fractions) as percent: mean and 95 % CI (within 0 to 100 %), and the
+    per-seed values."""
+    vals = list(xs)
+    m, ci = mean_ci(vals)
     return fmt(None if m is None else 100 * m, None if ci is None else 100 * ci, ".1f", " %",
-               bounds=(0.0, 100.0))
+               bounds=(0.0, 100.0)) + seeds_of(vals, scale=100)
 
 
 def pts(xs: Iterable[float], bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
     """Accuracy differences (fractions) as percentage points: mean and 95 % CI
     (``bounds``: :data:`NON_NEGATIVE` for a gap or a spread), the interval
-    cut at +-100 points, as far as two accuracies can be apart."""
-    m, ci = mean_ci(xs)
+    cut at +-100 points, as far as two accuracies can be apart; and the per-seed values."""
+    vals = list(xs)
+    m, ci = mean_ci(vals)
     return fmt(None if m is None else 100 * m, None if ci is None else 100 * ci, ".1f",
-               " points", bounds=(max(bounds[0], -100.0), min(bounds[1], 100.0)))
+               " points", bounds=(max(bounds[0], -100.0), min(bounds[1], 100.0))) \
+        + seeds_of(vals, scale=100)
 
 
 def scaled(xs: Iterable[float], scale: float = 1.0) -> tuple[float | None, float | None]:
@@ -185,10 +200,56 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
 
 
 def explain(verdict: str, summary: str, reason: str | None) -> str:
-    """The checks' summary, and the likely reason when the claim did not fully hold."""
+    """The checks' summary, and what the runs measured that bears on it when the claim
+    did not fully hold. ``reason`` states measurements only; a suspected cause is an
+    ablation (:func:`under_conditions`), never a sentence."""
     if reason and verdict in (NOT_REPRODUCED, PARTLY):
-        return f"{summary} Likely reason: {reason}."
+        return f"{summary} Measured: {reason}."
     return summary
+
+
+Evaluator = Callable[[sw.Sweep, list[sw.PointResult]], Finding]
+
+
+def under_conditions(sweep: sw.Sweep, results: Sequence[sw.PointResult],
+                     condition: Callable[[sw.Point], str | Sequence[str] | None],
+                     evaluate: Evaluator, conditions: Sequence[str]) -> Finding:
+    """The claim judged once per condition of the sweep (the first: the paper's setting;
+    each other changes one factor, an ablation), in one Finding.
+
+    ``condition(point)`` names a point's condition, or several (a baseline's run
+    serves every condition its setting belongs to), or None. The
+    verdict is the first condition's; the text says it for each, e.g.
+    "Under the authors' rule: **reproduced**. Under Algorithm 1's rule
+    (measured): **not reproduced** ...", so a reader sees what the claim needs.
+    """
+    groups: dict[str, list[sw.PointResult]] = {}
+    for r in results:
+        named = condition(r.point)
+        for c in [named] if isinstance(named, str) else named or ():
+            groups.setdefault(c, []).append(r)
+    if conditions[0] not in groups:
+        return missing(f"runs in the paper's setting ({conditions[0]})")
+    found = [(c, evaluate(sweep, groups[c])) for c in conditions if c in groups]
+    (first, main), rest = found[0], found[1:]
+    why = f"Under {first}: **{main.verdict}**. {main.why}"
+    for c, f in rest:
+        why += f" Under {c} (measured): **{f.verdict}**; {f.number}. {f.why}"
+    details: list[str] = []
+    for c, f in found:
+        details += [f"**Under {c}**: {f.number}.", "", *f.details, ""]
+    charts = [(c, f.chart) for c, f in found if f.chart is not None]
+    chart = None
+    if charts:
+        per_row = max(len(ch.panels) for _, ch in charts)
+        panels = []
+        for c, ch in charts:
+            for p in ch.panels:
+                p.title = f"under {c}"
+            # a blank panel (no value, no series: not drawn) ends a shorter row
+            panels += ch.panels + [Panel("", {})] * (per_row - len(ch.panels))
+        chart = Chart(charts[0][1].title, panels, columns=per_row)
+    return Finding(f"{main.number} (under {first})", main.verdict, why, details[:-1], chart)
 
 
 def missing(what: str) -> Finding:

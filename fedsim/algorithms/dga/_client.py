@@ -97,7 +97,9 @@ class DGAClient:
         self.w = w0.detach().clone()
         self.u = torch.zeros_like(self.w) if config.momentum > 0 else None
         # R-DG4 variants: the synchronized model w_1 - eta sum_{t'} mbar_{t'}.
-        self.base = self.w if config.correction != "full" else None
+        self.base = self.w if config.correction in ("none", "overwrite") else None
+        # none_per_step: each round's average, 1/K of it per local step ([incr, steps left])
+        self._queue: list[list[Any]] = []
         self.round, self.k, self.steps = 1, 1, 0
         self.lr = config.lr
         self.state = "ready"
@@ -158,6 +160,8 @@ class DGAClient:
                 done = (self._correct(t0, self._held.pop(t0), d, lr),)
             else:  # C11: wait, with this step's gradient already taken
                 self._stash = (d.clone(), lr, t0)
+        elif cfg.correction == "none_per_step":
+            self._drift(lr)
         elif cfg.correction != "none":  # C16
             self.w = self.w - lr * d
         return done + self._settle("step")
@@ -215,11 +219,31 @@ class DGAClient:
         if cfg.correction == "full":
             w = self.w if d is None else self.w - lr * d
             self.w = w + dga_correction(own, mean, scale, c)
+        elif cfg.correction == "none_per_step":  # R-DG4, step by step
+            self._queue.append([mean / cfg.local_steps, cfg.local_steps])
+            if d is not None:  # this step's move: the oldest average's next share
+                self._drift(lr)
         else:  # R-DG4: jump to the synchronized model of round t0
             assert self.base is not None
             self.base = self.base - scale * mean
             self.w = self.base
         return Corrected(t0, delay, c)
+
+    def _drift(self, lr: float, steps: int = 1) -> None:
+        """``none_per_step``: take ``steps`` shares of the queued averages, oldest first.
+
+        With ``accumulate="raw"`` a share is a direction (times this step's eta),
+        with ``"displacement"`` already a displacement.
+        """
+        scale = lr if self.config.accumulate == "raw" else 1.0
+        while steps > 0 and self._queue:
+            head = self._queue[0]
+            take = min(steps, int(head[1]))
+            self.w = self.w - (scale * take) * head[0]
+            head[1] -= take
+            steps -= take
+            if head[1] == 0:
+                self._queue.pop(0)
 
     def _settle(self, event: str) -> tuple[Corrected, ...]:
         """Derive the new state from the data; check it against the table."""
@@ -231,6 +255,8 @@ class DGAClient:
             for t in sorted(self._held):  # paper mode: no step r is coming
                 flushed.append(self._correct(t, self._held.pop(t), None, self.lr))
             new = "draining" if self._pending else "done"
+            if new == "done" and self._queue:  # no step is coming: every share, now
+                self._drift(self.lr, sum(int(q[1]) for q in self._queue))
         elif not self._paper and len(self._pending) > cfg.pending_cap:
             new = "blocked"
         else:
@@ -254,7 +280,7 @@ class DGAClient:
 
     _STATE: ClassVar[tuple[str, ...]] = (
         *("w", "u", "base", "round", "k", "steps", "lr", "state"),
-        *("_acc", "_outbox", "_pending", "_held", "_stash"),
+        *("_acc", "_outbox", "_pending", "_held", "_stash", "_queue"),
     )
 
     def state_dict(self) -> dict[str, Any]:
@@ -266,4 +292,7 @@ class DGAClient:
         if state["state"] not in CLIENT_TRANSITIONS:
             raise ValueError(f"Invalid state: {state['state']!r}")
         for name in self._STATE:
-            setattr(self, name, copy.deepcopy(state[name.lstrip("_")]))
+            key = name.lstrip("_")
+            # a state saved before none_per_step existed has no queue (nothing queued)
+            value = state.get(key, []) if key == "queue" else state[key]
+            setattr(self, name, copy.deepcopy(value))

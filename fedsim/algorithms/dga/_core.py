@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 MODES = ("paper", "auto")
 ACCUMULATE = ("raw", "displacement")
-CORRECTIONS = ("full", "none", "overwrite")
+CORRECTIONS = ("full", "none", "none_per_step", "overwrite")
 
 
 class DGAProtocolError(RuntimeError):
@@ -116,12 +116,18 @@ class DGAConfig:
     accumulate : {"raw", "displacement"}
         Send ``sum d`` and correct with the current eta (paper), or send
         ``sum eta d`` and correct with ``c_beta (M - Mbar)`` (R-DG7).
-    correction : {"full", "none", "overwrite"}
+    correction : {"full", "none", "none_per_step", "overwrite"}
         ``full``: C12/C13. ``none``: Table 1's "without correction", read as
         delayed-average SGD (R-DG4 ASSUMPTION): local gradients are sent but
         never applied, and ``w`` jumps to ``wbar_{t0} = w_1 - eta sum mbar``
-        at each correction. ``overwrite``: local steps are applied, then
-        discarded by the same jump (R-DG4's second variant).
+        at each correction (once per round). ``none_per_step``: the same
+        reading step by step: the client's own direction is never applied;
+        from the correction point of round ``t0`` on, each of the next ``K``
+        local steps applies ``1/K`` of the round's average (``w -= eta
+        mbar_t0 / K``), so every step moves along the all-client average of
+        the round ``D`` steps back, with no once-per-round jump.
+        ``overwrite``: local steps are applied, then discarded by the same
+        jump (R-DG4's second variant).
     c_beta : "paper" or float
         ``"paper"``: :func:`dga_c_beta` at the configured ``D``, also in auto
         mode (a per-correction delay would differ between clients and break
@@ -145,7 +151,7 @@ class DGAConfig:
     momentum: float = 0.0
     mode: Literal["paper", "auto"] = "paper"
     accumulate: Literal["raw", "displacement"] = "raw"
-    correction: Literal["full", "none", "overwrite"] = "full"
+    correction: Literal["full", "none", "none_per_step", "overwrite"] = "full"
     c_beta: float | str = "paper"
     max_pending: int | None = None
     rounds: int | None = None

@@ -75,7 +75,7 @@ class DGAScenarioConfig(AlgorithmConfig):
     delay: Annotated[int, Field(ge=0)] = 5
     mode: Literal["paper", "auto"] = "paper"
     accumulate: Literal["raw", "displacement"] = "raw"
-    correction: Literal["full", "none", "overwrite"] = "full"
+    correction: Literal["full", "none", "none_per_step", "overwrite"] = "full"
     c_beta: Literal["paper"] | Pos = "paper"
     chunk_steps: Annotated[int, Field(ge=1)] = 1
     max_pending: Annotated[int, Field(ge=1)] | None = None
