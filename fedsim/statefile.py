@@ -25,7 +25,8 @@ is one of these tagged values (any other object is a dict with string keys):
 ``{"$bytes": [offset, nbytes]}``                   ``bytes``
 ``{"$floats": [offset, n]}``                       a list of ``n`` floats (float64 buffer)
 ``{"$ints": [offset, n]}``                         a list of ``n`` ints (int64 buffer)
-``{"$tuple": [...]}``                              a tuple
+``{"$tuple": [...]}``                              a tuple (its items: a list, or
+                                                   ``$floats`` or ``$ints``)
 ``{"$dict": [[key, value], ...]}``                 a dict whose keys are not all plain
                                                    strings (client ids, versions)
 ``{"$float": "nan" | "inf" | "-inf"}``             a non-finite float
@@ -76,8 +77,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
         torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
         torch.complex128, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
         torch.bool)}
-_TAGS = ("$tensor", "$ndarray", "$bytes", "$floats", "$ints", "$tuple", "$dict", "$float",
-         "$dtype")
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -155,7 +154,9 @@ class _Writer:
                 return packed
             return [self.value(v, f"{where}[{i}]") for i, v in enumerate(x)]
         if isinstance(x, tuple):
-            return {"$tuple": [self.value(v, f"{where}[{i}]") for i, v in enumerate(x)]}
+            packed = self.numbers(x)
+            return {"$tuple": packed if packed is not None else
+                    [self.value(v, f"{where}[{i}]") for i, v in enumerate(x)]}
         if isinstance(x, bytes):
             return {"$bytes": [self.add(memoryview(x)), len(x)]}
         if isinstance(x, torch.Tensor):
@@ -183,15 +184,15 @@ class _Writer:
         raise TypeError(f"{where}: a dict key {type(k).__qualname__} cannot be saved "
                         "(keys are numbers, strings, None or tuples of them)")
 
-    def numbers(self, xs: list[Any]) -> dict[str, list[int]] | None:
+    def numbers(self, xs: list[Any] | tuple[Any, ...]) -> dict[str, list[int]] | None:
         """A long list of plain floats, or of int64 ints, as a buffer (None: not one)."""
         if len(xs) < _LIST_BUFFER:
             return None
-        first = type(xs[0])
-        if first is float and all(type(v) is float for v in xs):
+        types = set(map(type, xs))
+        if types == {float}:
             a = np.array(xs, dtype="<f8")
             return {"$floats": [self.add(_raw(a)), len(xs)]}
-        if first is int and all(type(v) is int for v in xs):
+        if types == {int}:
             try:
                 a = np.array(xs, dtype="<i8")
             except OverflowError:
@@ -393,9 +394,10 @@ class _Reader:
         return self.numbers(body, "$ints", "<i8")
 
     def tuple_(self, body: Any) -> tuple[Any, ...]:
-        if not isinstance(body, list):
+        items = self.value(body)   # a JSON list, or a buffer of numbers
+        if not isinstance(items, list):
             raise self.bad("a malformed $tuple")
-        return tuple(self.value(x) for x in body)
+        return tuple(items)
 
     def dict_(self, body: Any) -> dict[Any, Any]:
         if not (isinstance(body, list) and all(isinstance(p, list) and len(p) == 2
