@@ -1384,6 +1384,9 @@ class Start(_Record):
     #: the real seconds one local step takes on the server's machine, when the
     #: scenario's device model scales it (measured there, once, for every host)
     host_step_time: float | None = None
+    #: the server process's incarnation (random, new at every start or resume):
+    #: a ClockReply with another one tells a host the server restarted
+    server: str = ""
 
 
 @_message
@@ -1440,11 +1443,13 @@ class ClockProbe(_Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class ClockReply(_Record):
-    """Server -> host, on a ClockProbe: the probe echoed with the server's monotonic time."""
+    """Server -> host, on a ClockProbe: the probe echoed with the server's monotonic time,
+    and the server's incarnation (see :class:`Start`)."""
 
     seq: int
     t_sent: float
     t_server: float
+    server: str = ""
 
 
 # ---------------------------------------------------------------------------

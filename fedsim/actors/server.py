@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -165,6 +166,9 @@ class Server(HostSide, Checkpoints, Measurements):
         self._client_rates: dict[int, RateLimit] = {}
         self._stopping = False
         self.resume = resume
+        #: this server's incarnation, in its Start and ClockReplies: a host that hears
+        #: another one knows the server restarted (a resumed run) and registers again
+        self.incarnation = secrets.token_hex(8)
         self.fedsim_version, self.scenario_hash = fedsim_version, scenario_hash
         self._aggregations_since_checkpoint = 0
         self._checkpoint_real = real_clock()
