@@ -75,6 +75,9 @@ log = logging.getLogger(__name__)
 
 #: Exit code of a host the server refused.
 EXIT_REFUSED = 4
+#: Exit code of a host whose torch worker did not start (its log says why: a
+#: ``--state`` file it must not read, data it cannot build).
+EXIT_NO_WORKER = 2
 
 #: Clients started, or event records sent in one batch, between two returns to the event
 #: loop: t = 0 starts every client, and each away one records it, so at 50,000 clients a
@@ -236,7 +239,13 @@ class ClientHost:
 
     async def run(self) -> int:
         """Register, run the clients until the server says stop, say goodbye."""
-        ready = await self.trainer.start()
+        from fedsim.actors._workers import WorkerDied
+
+        try:
+            ready = await self.trainer.start()
+        except WorkerDied as exc:
+            log.error("%s: %s (its own error is logged above)", self.name, exc)
+            return EXIT_NO_WORKER
         samples = dict(zip(self.client_ids, ready.samples, strict=True))
         self.build_clients(samples)
         _proc.freeze_heap()  # set-up done: no collection of the run walks it

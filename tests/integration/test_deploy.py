@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -233,7 +234,7 @@ def test_a_killed_server_resumed_takes_back_the_hosts_still_running(tmp_path: Pa
     assert all(h.poll() is None for h in hosts), "a host ended with its server"
     resumed = fedsim("server", "--resume", str(run_dir), "--bind", address, "--insecure",
                      "--no-progress")
-    code, out, err = finish(resumed)
+    code, _, err = finish(resumed)
     assert code == 0, err[-3000:]
     for h in hosts:
         code_h, _, err_h = finish(h)
@@ -252,3 +253,31 @@ def test_a_killed_server_resumed_takes_back_the_hosts_still_running(tmp_path: Pa
     assert start["clients"] == 12   # every client of the running hosts registered again
     assert summary["updates"] > r["updates"]
     assert [e for e in after if e["ev"] == "aggregate"][-1]["t"] > 10.0
+
+
+class _Payload:
+    """Unpickled, it makes ``marker``: what any code a pickle runs could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (Path.touch, (self.marker,))
+
+
+def test_fedsim_clients_refuses_a_pickled_state_file_unread(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, 2.0)
+    state = tmp_path / "state"
+    state.mkdir()
+    marker = tmp_path / "code-ran"
+    planted = state / "host-0-clients.pt"
+    planted.write_bytes(pickle.dumps({"algorithm": "fedasync", "clients": list(range(6)),
+                                      "state": _Payload(marker)}))
+    proc = fedsim("clients", str(scenario), "--connect", f"tcp://127.0.0.1:{_port()}",
+                  "--ids", "0-5", "--name", "host-0", "--insecure", "--state", str(state))
+    code, _, err = finish(proc)
+    assert code == 2, err[-3000:]
+    assert f"{planted} is a pickle" in err
+    assert "delete it" in err
+    assert "Traceback" not in err
+    assert not marker.exists()
