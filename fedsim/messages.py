@@ -1387,6 +1387,9 @@ class Start(_Record):
     #: the server process's incarnation (random, new at every start or resume):
     #: a ClockReply with another one tells a host the server restarted
     server: str = ""
+    #: the emulated time the host's clients start at: 0, a resumed run's
+    #: checkpoint time, or the server's time when a host joins a running federation
+    t0: float = 0.0
 
 
 @_message

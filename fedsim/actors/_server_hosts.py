@@ -362,12 +362,13 @@ class HostSide:
         except PeerGone:
             log.warning("host %r is gone", peer)
 
-    def _start_message(self) -> list[Any]:
+    def _start_message(self, t0: float) -> list[Any]:
+        """The Start of a host whose clients begin at emulated ``t0``."""
         assert self.clock is not None
         return encode(Start(epoch=self.clock.epoch, dilation=self.dilation,
                             spec=self.model_spec, task_copies=self.alg.task_copies,
                             host_step_time=self.sc.devices.host_step_time,
-                            server=self.incarnation))
+                            server=self.incarnation, t0=t0))
 
     def _send_later(self, cid: int, body: Any, fields: dict[str, Any]) -> None:
         task = asyncio.ensure_future(self._send(self._now(), cid, body, **fields))

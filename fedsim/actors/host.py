@@ -300,9 +300,9 @@ class ClientHost:
                 reader = tg.create_task(self._read(), name=f"{self.name}-reader")
                 flusher = tg.create_task(self._flusher(), name=f"{self.name}-events")
                 prober = tg.create_task(self._prober(), name=f"{self.name}-clock")
-                await self.timers.sleep_until(0.0)
+                await self.timers.sleep_until(start.t0)
                 for i, a in enumerate(self.clients.values(), 1):
-                    a.start()
+                    a.start(start.t0)   # not from 0: no replay of the absences before
                     if i % _CHUNK == 0:
                         await asyncio.sleep(0)  # let timers due meanwhile run
                 # what t = 0 recorded (every client that starts away): sent now, while

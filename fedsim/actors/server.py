@@ -250,7 +250,7 @@ class Server(HostSide, Checkpoints, Measurements):
             return
         self.started = True
         self.clients = set(registered)
-        start = self._start_message()
+        start = self._start_message(t0)
         for h in self.hosts.hosts.values():
             if h.alive:
                 h.last_seen = self.real_clock()
@@ -410,7 +410,7 @@ class Server(HostSide, Checkpoints, Measurements):
         info = self.hosts.hosts.get(name)
         if info is None or not info.alive or self.stop_reason is not None:
             return None
-        await self._to_host(info.peer, self._start_message())
+        await self._to_host(info.peer, self._start_message(now))
         self.state.event(now, "host_joined", host=name, clients=len(info.clients))
         log.warning("client host %s joined at t=%.2f: clients %s rejoin", name, now,
                     format_ids(info.clients))

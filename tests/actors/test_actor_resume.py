@@ -110,3 +110,30 @@ def test_a_resumed_server_takes_back_the_hosts_that_kept_running(
     assert len(set(versions)) == len(versions)
     if algorithm["name"] == "scaffold":   # the control variates learned live on
         assert seen["state"]["c"]   # type: ignore[index]
+
+
+def test_clients_taken_back_by_a_resumed_server_do_not_replay_their_absences(
+        tmp_path: Path) -> None:
+    """A client's availability goes on from the resumed time: the on/off changes between
+    0 and the checkpoint are not played again (each a record, each return a Ready)."""
+    sc = build({"name": "fedasync", "concurrency": 4},
+               run={"time_budget": 8.0, "checkpoint_every": 3, "checkpoint_seconds": 0},
+               availability={"model": "onoff", "mean_on": 0.5, "mean_off": 0.3})
+
+    async def kill_and_resume(run: InMemoryRun) -> None:
+        await asyncio.sleep(5.0)
+        await run.kill_server()
+        await asyncio.sleep(1.0)
+        run.resume_server()
+
+    run = run_in_memory(sc, tmp_path / "run", hosts=2, during=kill_and_resume)
+    assert run.summary["status"] == "completed", run.summary["status"]
+    events = run.events()
+    (resume_ev,) = of(events, "resume")
+    t0 = resume_ev["t"]
+    after = [e for e in events[events.index(resume_ev):] if e["ev"] in ("away", "back")]
+    assert after, "no client came or went after the resume"
+    assert min(e["t"] for e in after) >= t0 - 1e-6
+    at_start = [e for e in after if e["t"] <= t0 + 1e-6]
+    assert len(at_start) <= sc.data.num_clients   # at most each client off at t0, once
+    assert not [e for e in at_start if e["ev"] == "back"]
