@@ -49,6 +49,7 @@ a client state file of an earlier fedsim) is refused unread with
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -56,13 +57,19 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+from fedsim._lazy import lazy_module
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_module("torch")   # read_header (a resume's first check) needs none
 
 __all__ = ["FORMAT", "Encoded", "LegacyStateFile", "StateFileError", "encode", "load",
-           "loads", "save"]
+           "loads", "read_header", "save", "torch_dtypes"]
 
 #: The container's version (``"format"`` in the header).
 FORMAT = 1
@@ -71,12 +78,16 @@ _ALIGN = 64
 #: lists of at least this many floats (or ints) are stored as a buffer
 _LIST_BUFFER = 16
 
-#: torch dtypes a file may hold (by name)
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d for d in (
+
+
+@functools.cache
+def torch_dtypes() -> dict[str, torch.dtype]:
+    """The torch dtypes a file may hold, by name."""
+    return {str(d).removeprefix("torch."): d for d in (
         torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
         torch.complex128, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
         torch.bool)}
+
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -163,7 +174,7 @@ class _Writer:
             return {"$tensor": self.tensor(x, where)}
         if isinstance(x, torch.dtype):
             name = str(x).removeprefix("torch.")
-            if name not in TORCH_DTYPES:
+            if name not in torch_dtypes():
                 raise TypeError(f"{where}: a torch dtype {name} cannot be saved")
             return {"$dtype": name}
         if isinstance(x, np.ndarray):
@@ -202,7 +213,7 @@ class _Writer:
 
     def tensor(self, t: torch.Tensor, where: str) -> list[Any]:
         name = str(t.dtype).removeprefix("torch.")
-        if name not in TORCH_DTYPES or t.layout != torch.strided or t.is_quantized:
+        if name not in torch_dtypes() or t.layout != torch.strided or t.is_quantized:
             raise TypeError(f"{where}: a {t.layout} tensor of {t.dtype} cannot be saved")
         flat = t.detach().to("cpu", copy=True).contiguous()   # a copy: the value may change
         raw = flat.reshape(-1).view(torch.uint8) if flat.numel() else torch.empty(
@@ -268,8 +279,30 @@ def load(path: str | os.PathLike[str], kind: str, what_to_do: str = "") -> Any:
     return loads(data, kind, name=str(path), what_to_do=what_to_do)
 
 
+def read_header(path: str | os.PathLike[str], kind: str, what_to_do: str = "") -> Any:
+    """The header's value of the state file ``path`` (its tensors, arrays, bytes and
+    number lists left as their tags), checked as :func:`load` checks it: a cheap first
+    look, without torch, at a file that may be large."""
+    with open(path, "rb") as fh:
+        head = fh.read(len(MAGIC) + 8)
+        length = struct.unpack_from("<Q", head, len(MAGIC))[0] if len(head) == 16 else 0
+        if head.startswith(MAGIC):
+            head += fh.read(min(length, 1 << 30))
+    return _header(head, kind, str(path), what_to_do)[0]["value"]
+
+
 def loads(data: bytes, kind: str, name: str = "the state", what_to_do: str = "") -> Any:
     """The value of a state file's bytes (see :func:`load`)."""
+    header, end = _header(data, kind, name, what_to_do)
+    reader = _Reader(memoryview(data)[end:], name)
+    try:
+        return reader.value(header["value"])
+    except RecursionError:
+        raise StateFileError(f"{name}: the value is nested too deeply") from None
+
+
+def _header(data: bytes, kind: str, name: str, what_to_do: str) -> tuple[dict[str, Any], int]:
+    """A state file's header, checked, and where its data begins."""
     if not data.startswith(MAGIC):
         if data[:1] == b"\x80" or data[:4] == b"PK\x03\x04":
             raise LegacyStateFile(
@@ -297,11 +330,7 @@ def loads(data: bytes, kind: str, name: str = "the state", what_to_do: str = "")
                              f"fedsim reads format {FORMAT}")
     if header["kind"] != kind:
         raise StateFileError(f"{name} holds {header['kind']!r}, not {kind!r}")
-    reader = _Reader(memoryview(data)[start + length:], name)
-    try:
-        return reader.value(header["value"])
-    except RecursionError:
-        raise StateFileError(f"{name}: the value is nested too deeply") from None
+    return header, start + length
 
 
 def _no_constant(word: str) -> Any:
@@ -352,7 +381,7 @@ class _Reader:
 
     def tensor(self, body: Any) -> torch.Tensor:
         name, shape, buf = self.shaped(body, "$tensor")
-        dtype = TORCH_DTYPES.get(name) if isinstance(name, str) else None
+        dtype = torch_dtypes().get(name) if isinstance(name, str) else None
         if dtype is None:
             raise self.bad(f"a tensor of an unknown dtype {str(name)[:40]!r}")
         size = torch.empty((), dtype=dtype).element_size()
@@ -418,7 +447,7 @@ class _Reader:
         return float(body)
 
     def dtype(self, body: Any) -> torch.dtype:
-        dtype = TORCH_DTYPES.get(body) if isinstance(body, str) else None
+        dtype = torch_dtypes().get(body) if isinstance(body, str) else None
         if dtype is None:
             raise self.bad(f"an unknown torch dtype {str(body)[:40]!r}")
         return dtype

@@ -37,13 +37,10 @@ import torch
 from fedsim import statefile
 from fedsim.actors.runstate import RunState
 from fedsim.algorithms.api import ServerAlgorithm, Step
+from fedsim.metrics import CHECKPOINT_FILE, CHECKPOINT_FORMAT, OLD_CHECKPOINT_HELP
 from fedsim.scenario import Scenario
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpoints", "load_checkpoint"]
-
-#: The version of a checkpoint's contents (``"format"``): 3 is a
-#: statefile; 1 and 2 were pickles.
-CHECKPOINT_FORMAT = 3
+__all__ = ["Checkpoints", "load_checkpoint"]
 
 # the server actor's logger: its records keep their name wherever the code lives
 log = logging.getLogger("fedsim.actors.server")
@@ -93,7 +90,7 @@ class Checkpoints:
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         }
         payload = statefile.encode(data, "checkpoint")
-        path = self.run_dir / "checkpoint.pt"
+        path = self.run_dir / CHECKPOINT_FILE
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="fedsim-checkpoint")
         if self._written is not None:
@@ -164,13 +161,10 @@ def load_checkpoint(run_dir: Path, fedsim_version: str, scenario_hash: str) -> d
     Raises ValueError naming what does not match (another fedsim version,
     another scenario) or FileNotFoundError if the run never checkpointed.
     """
-    path = run_dir / "checkpoint.pt"
+    path = run_dir / CHECKPOINT_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path}: the run wrote no checkpoint (nothing to resume)")
-    ckpt = statefile.load(path, "checkpoint", what_to_do=(
-        "It was written by an earlier fedsim (checkpoint format 1 or 2): resume the "
-        "run with the fedsim version that wrote it (fedsim-run.json names it) if you trust "
-        "the file, or run the scenario again"))
+    ckpt = statefile.load(path, "checkpoint", what_to_do=OLD_CHECKPOINT_HELP)
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         got = ckpt.get("format") if isinstance(ckpt, dict) else None
         raise ValueError(f"{path}: unknown checkpoint format {got!r} (this fedsim reads "

@@ -14,12 +14,8 @@ import pytest
 import torch
 
 from fedsim import statefile
-from fedsim.actors.checkpoint import (
-    CHECKPOINT_FORMAT,
-    Checkpoints,
-    _write_atomically,
-    load_checkpoint,
-)
+from fedsim.actors.checkpoint import Checkpoints, _write_atomically, load_checkpoint
+from fedsim.metrics import CHECKPOINT_FORMAT
 
 
 def _ckpt(fmt: int = CHECKPOINT_FORMAT) -> dict[str, object]:
