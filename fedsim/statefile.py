@@ -6,7 +6,10 @@ counters and RNG states. Reading a pickle (``pickle.load``,
 ``torch.load(weights_only=False)``) runs whatever code the file names, so
 whoever could write the run or state directory would run code in the
 process that resumes. This format is JSON plus raw buffers: reading it
-parses JSON and copies bytes into tensors, and nothing else.
+parses JSON and copies bytes into tensors, and nothing else. (Not
+``torch.load(weights_only=True)``: that is still an unpickler, restricted
+to an allow-list of globals that has had bypasses, and what a state holds
+is plain enough to be checked field by field instead.)
 
 Layout (integers little-endian)::
 
