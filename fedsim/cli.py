@@ -606,7 +606,8 @@ def clients(scenario: str, connect: str, ids: str, name: str | None, keys_dir: s
     """Run a client host: clients IDS of SCENARIO, for the server at CONNECT.
 
     Exits 0 when the server ends the run, 4 if the server refused this host
-    (its version, scenario or key), 3 if the server went silent.
+    (its version, scenario or key), 3 if the server went silent, 2 if its
+    torch worker could not start (e.g. a --state file of an earlier fedsim).
     """
     from fedsim._ids import parse_ids
     from fedsim.deploy.run import run_clients

@@ -1404,6 +1404,12 @@ class Start(_Record):
     #: the real seconds one local step takes on the server's machine, when the
     #: scenario's device model scales it (measured there, once, for every host)
     host_step_time: float | None = None
+    #: the server process's incarnation (random, new at every start or resume):
+    #: a ClockReply with another one tells a host the server restarted
+    server: str = ""
+    #: the emulated time the host's clients start at: 0, a resumed run's
+    #: checkpoint time, or the server's time when a host joins a running federation
+    t0: float = 0.0
 
 
 @_message
@@ -1460,11 +1466,13 @@ class ClockProbe(_Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class ClockReply(_Record):
-    """Server -> host, on a ClockProbe: the probe echoed with the server's monotonic time."""
+    """Server -> host, on a ClockProbe: the probe echoed with the server's monotonic time,
+    and the server's incarnation (see :class:`Start`)."""
 
     seq: int
     t_sent: float
     t_server: float
+    server: str = ""
 
 
 # ---------------------------------------------------------------------------

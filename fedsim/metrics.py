@@ -21,8 +21,11 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "CHECKPOINT_FILE",
+    "CHECKPOINT_FORMAT",
     "FORMAT_FILE",
     "METRIC_FIELDS",
+    "OLD_CHECKPOINT_HELP",
     "RUN_FORMAT",
     "EventLog",
     "MetricsTable",
@@ -51,6 +54,19 @@ lower case; ``send`` and ``drop`` records carry the message's ``sent_at``
 
 FORMAT_FILE = "fedsim-run.json"
 """The file that marks a run directory and names its format."""
+
+CHECKPOINT_FILE = "checkpoint.pt"
+"""The run's last checkpoint (:mod:`fedsim.actors.checkpoint`), a :mod:`fedsim.statefile`."""
+
+CHECKPOINT_FORMAT = 3
+"""The version of a checkpoint's contents (its ``format``): 3 is a state file; 1
+(``torch.save``) and 2 (a pickle) were pickles, refused unread."""
+
+OLD_CHECKPOINT_HELP = (
+    "It was written by an earlier fedsim (checkpoint format 1 or 2): resume the run with "
+    "the fedsim version that wrote it (fedsim-run.json names it) if you trust the file, "
+    "or run the scenario again")
+"""What to do with a pickled checkpoint (the refusal's last sentence)."""
 
 METRIC_FIELDS = (
     "t", "real", "version", "round", "updates", "accuracy", "loss",

@@ -13,7 +13,12 @@ from typing import Any
 
 from fedsim.dilation import calibrate_dilation, measure_step_time
 from fedsim.errors import ResumeError
-from fedsim.metrics import write_json_atomic
+from fedsim.metrics import (
+    CHECKPOINT_FILE,
+    CHECKPOINT_FORMAT,
+    OLD_CHECKPOINT_HELP,
+    write_json_atomic,
+)
 from fedsim.scenario import Scenario, resolved, to_toml, unused_keys
 
 __all__ = ["finish", "new_run_dir", "prepare", "prepare_resume"]
@@ -89,7 +94,25 @@ def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str
     except (OSError, json.JSONDecodeError) as exc:
         raise ResumeError(f"{path / 'scenario.json'}: {exc}") from None
     sc = parse(data, str(path / "scenario.json"))
+    _check_checkpoint(path / CHECKPOINT_FILE)
     return sc, path, float(data["run"]["dilation"]), data
+
+
+def _check_checkpoint(path: Path) -> None:
+    """Refuse a missing, pickled or unknown checkpoint now, before any process starts
+    (the server reads it whole, and checks its version and scenario, later)."""
+    from fedsim import statefile
+
+    try:
+        value = statefile.read_header(path, "checkpoint", OLD_CHECKPOINT_HELP)
+    except FileNotFoundError:
+        raise ResumeError(f"{path}: the run wrote no checkpoint (nothing to resume)") from None
+    except (OSError, ValueError) as exc:
+        raise ResumeError(str(exc)) from None
+    got = value.get("format") if isinstance(value, dict) else None
+    if got != CHECKPOINT_FORMAT:
+        raise ResumeError(f"{path}: unknown checkpoint format {got!r} (this fedsim reads "
+                          f"format {CHECKPOINT_FORMAT})")
 
 
 def finish(run_dir: Path) -> None:

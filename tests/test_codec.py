@@ -720,7 +720,7 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
     ),
     (
         "bad spec field",
-        lambda f: [_envelope("Start"), msgpack.packb([0.0, 1.0, [["float32"]], 1, None])],
+        lambda f: [_envelope("Start"), msgpack.packb([0.0, 1.0, [["float32"]], 1, None, "", 0.0])],
         "bad_field",
         "Start.spec: tensor 0",
     ),

@@ -6,6 +6,8 @@ Every command runs in this process through click's CliRunner.
 from __future__ import annotations
 
 import ast
+import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from fedsim.errors import (
     ScenarioError,
 )
 from fedsim.results import RunResult
+from fedsim.scenario import load, resolved
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
@@ -257,6 +260,39 @@ def test_resume_errors_exit_2(tmp_path: Path) -> None:
     res = fedsim_cli("run", "--resume", str(tmp_path))
     assert res.exit_code == 2
     assert f"error: cannot resume: {tmp_path} is not a run directory" in res.stderr
+
+
+class _Payload:
+    """Unpickled, it makes ``marker``: what any code a pickle runs could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("command", ["run", "server"])
+def test_a_pickled_checkpoint_is_refused_before_anything_starts(tmp_path: Path,
+                                                                command: str) -> None:
+    """`fedsim run --resume` and `fedsim server --resume` look at checkpoint.pt first: a
+    missing one or an earlier fedsim's pickle ends the command at once (exit 2), before any
+    host or worker starts, and the pickle is not unpickled."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "scenario.json").write_text(json.dumps(resolved(load(QUICKSTART))))
+    extra = ["--bind", "tcp://127.0.0.1:0"] if command == "server" else ["--no-progress"]
+    res = fedsim_cli(command, "--resume", str(run_dir), *extra)
+    assert res.exit_code == 2
+    assert "the run wrote no checkpoint (nothing to resume)" in res.stderr
+    marker = tmp_path / "code-ran"
+    (run_dir / "checkpoint.pt").write_bytes(pickle.dumps({"format": 2,
+                                                          "run": _Payload(marker)}))
+    res = fedsim_cli(command, "--resume", str(run_dir), *extra)
+    assert res.exit_code == 2
+    assert f"{run_dir / 'checkpoint.pt'} is a pickle" in res.stderr
+    assert "resume the run with the fedsim version that wrote it" in res.stderr
+    assert not marker.exists()
 
 
 def test_nothing_in_the_library_calls_sys_exit() -> None:

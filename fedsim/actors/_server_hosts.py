@@ -78,6 +78,7 @@ class HostSide:
     alg: AlgorithmSpec
     endpoint: Endpoint
     real_clock: Callable[[], float]
+    incarnation: str
     dilation: float
     max_bytes: int
     model_spec: TensorSpec
@@ -184,7 +185,8 @@ class HostSide:
             return
         if isinstance(msg, ClockProbe):  # also a heartbeat; answered before registration too
             self._checked_host(peer, meta)
-            reply = ClockReply(seq=msg.seq, t_sent=msg.t_sent, t_server=self.real_clock())
+            reply = ClockReply(seq=msg.seq, t_sent=msg.t_sent, t_server=self.real_clock(),
+                               server=self.incarnation)
             await self._to_host(peer, encode(reply))
             return
         host = self._checked_host(peer, meta)
@@ -360,11 +362,13 @@ class HostSide:
         except PeerGone:
             log.warning("host %r is gone", peer)
 
-    def _start_message(self) -> list[Any]:
+    def _start_message(self, t0: float) -> list[Any]:
+        """The Start of a host whose clients begin at emulated ``t0``."""
         assert self.clock is not None
         return encode(Start(epoch=self.clock.epoch, dilation=self.dilation,
                             spec=self.model_spec, task_copies=self.alg.task_copies,
-                            host_step_time=self.sc.devices.host_step_time))
+                            host_step_time=self.sc.devices.host_step_time,
+                            server=self.incarnation, t0=t0))
 
     def _send_later(self, cid: int, body: Any, fields: dict[str, Any]) -> None:
         task = asyncio.ensure_future(self._send(self._now(), cid, body, **fields))

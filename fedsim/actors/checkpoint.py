@@ -2,12 +2,15 @@
 
 ``checkpoint.pt`` holds all a resumed run continues from: the global model
 and the algorithm's state, the run's counters and records, the event log's
-and metrics' lengths, the RNG states and the next task id. Format 2 is one
-pickle (format 1, written by ``torch.save``, is still read).
+and metrics' lengths, the RNG states and the next task id. Format 3 is a
+:mod:`fedsim.statefile` (JSON plus raw tensor buffers), read without running
+any code; formats 1 (``torch.save``) and 2 (a pickle) are refused unread,
+since whoever could write the run directory could have put code in them.
 
-The server's loop only takes the snapshot and pickles it (0.1-0.2 ms for a
-small model's run); writing, ``fsync`` and the atomic rename happen on a
-writer thread, in order, and the run waits for the last one before it ends.
+The server's loop only takes the snapshot (the state's tensors copied, its
+values laid out for JSON); the JSON text, writing, ``fsync`` and the atomic
+rename happen on a writer thread, in order, and the run waits for the last
+one before it ends.
 ``torch.save`` and ``fsync`` on the loop had stalled it 4-6 ms at every
 checkpoint: deliveries due meanwhile came that late, the largest lateness
 of the quickstart run.
@@ -23,8 +26,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import pickle
 import random
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,8 +34,10 @@ from typing import Any
 
 import torch
 
+from fedsim import statefile
 from fedsim.actors.runstate import RunState
 from fedsim.algorithms.api import ServerAlgorithm, Step
+from fedsim.metrics import CHECKPOINT_FILE, CHECKPOINT_FORMAT, OLD_CHECKPOINT_HELP
 from fedsim.scenario import Scenario
 
 __all__ = ["Checkpoints", "load_checkpoint"]
@@ -80,14 +83,14 @@ class Checkpoints:
         self.state.event(now, "checkpoint", version=self.strategy.version,
                          updates=self.state.updates, rounds=self.state.rounds)
         data = {
-            "format": 2, "t": now, "fedsim_version": self.fedsim_version,
+            "format": CHECKPOINT_FORMAT, "t": now, "fedsim_version": self.fedsim_version,
             "scenario_hash": self.scenario_hash, "version": self.strategy.version,
             "strategy": self.strategy.state_dict(), "run": self.state.checkpoint_state(),
             "next_task_id": next(self.task_ids), "clamped": self.clamped,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         }
-        payload = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
-        path = self.run_dir / "checkpoint.pt"
+        payload = statefile.encode(data, "checkpoint")
+        path = self.run_dir / CHECKPOINT_FILE
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="fedsim-checkpoint")
         if self._written is not None:
@@ -141,16 +144,12 @@ class Checkpoints:
                     self.strategy.version, self.state.updates, self.state.rounds)
 
 
-def _write_atomically(path: Path, payload: bytes) -> None:
+def _write_atomically(path: Path, payload: statefile.Encoded | bytes) -> None:
     """``payload`` as ``path``, whole or not at all (a temporary file, fsync, rename);
     on a failure, logged and raised, the previous checkpoint stays."""
-    tmp = path.with_suffix(".pt.tmp")
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        statefile.write_atomically(
+            path, payload.chunks() if isinstance(payload, statefile.Encoded) else payload)
     except OSError as exc:
         log.error("could not write the checkpoint %s: %s", path, exc)
         raise
@@ -162,15 +161,14 @@ def load_checkpoint(run_dir: Path, fedsim_version: str, scenario_hash: str) -> d
     Raises ValueError naming what does not match (another fedsim version,
     another scenario) or FileNotFoundError if the run never checkpointed.
     """
-    path = run_dir / "checkpoint.pt"
+    path = run_dir / CHECKPOINT_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path}: the run wrote no checkpoint (nothing to resume)")
-    with open(path, "rb") as fh:
-        zipped = fh.read(4) == b"PK\x03\x04"   # format 1: a torch.save archive
-        fh.seek(0)
-        ckpt: dict[str, Any] = torch.load(fh, weights_only=False) if zipped else pickle.load(fh)
-    if ckpt.get("format") not in (1, 2):
-        raise ValueError(f"{path}: unknown checkpoint format {ckpt.get('format')!r}")
+    ckpt = statefile.load(path, "checkpoint", what_to_do=OLD_CHECKPOINT_HELP)
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        got = ckpt.get("format") if isinstance(ckpt, dict) else None
+        raise ValueError(f"{path}: unknown checkpoint format {got!r} (this fedsim reads "
+                         f"format {CHECKPOINT_FORMAT})")
     if ckpt["fedsim_version"] != fedsim_version:
         raise ValueError(f"{path} was written by fedsim {ckpt['fedsim_version']}, "
                          f"this is {fedsim_version}")

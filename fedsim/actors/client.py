@@ -186,9 +186,10 @@ class ClientActor:
         return self._streams()[1]
 
     # -- lifecycle ------------------------------------------------------------
-    def start(self) -> None:
-        """t = 0: follow the client's availability (an idle client then just waits)."""
-        self._watch_availability(0.0)
+    def start(self, t: float = 0.0) -> None:
+        """Emulated ``t`` (0, or when the host joined a running or resumed federation):
+        follow the client's availability from then on (an idle client then just waits)."""
+        self._watch_availability(t)
 
     @property
     def task(self) -> asyncio.Task[None] | None:

@@ -12,6 +12,10 @@ compute: :data:`~fedsim.messages.HOST_PHASES`) since the previous batch;
 on :class:`~fedsim.messages.Stop` the host stops its clients and
 says goodbye with its own measurements (downlink fidelity, compute
 overruns, rejected messages). Its tasks run in one ``asyncio.TaskGroup``.
+A server that restarts (``fedsim server --resume`` after it died) answers
+the host's clock probes with a new incarnation (:class:`~fedsim.messages.Start`):
+the host then drops its clients' work under way and registers them again,
+as at a start, keeping its worker and the clients' algorithm state.
 
 Run as ``python -m fedsim.actors.host --connect ADDR --host-id N --clients
 0,2,4 --scenario FILE`` (``--clients 0:10000:2``: every second id below 10,000).
@@ -30,7 +34,7 @@ from collections.abc import Callable, Coroutine
 from time import perf_counter
 from typing import Any
 
-from fedsim._ids import parse_id_list
+from fedsim._ids import format_ids, parse_id_list
 from fedsim.actors import _proc
 from fedsim.actors._refusal import Refusal
 from fedsim.actors._setup import local_config
@@ -71,6 +75,9 @@ log = logging.getLogger(__name__)
 
 #: Exit code of a host the server refused.
 EXIT_REFUSED = 4
+#: Exit code of a host whose torch worker did not start (its log says why: a
+#: ``--state`` file it must not read, data it cannot build).
+EXIT_NO_WORKER = 2
 
 #: Clients started, or event records sent in one batch, between two returns to the event
 #: loop: t = 0 starts every client, and each away one records it, so at 50,000 clients a
@@ -120,6 +127,10 @@ class ClientHost:
         self._best_rtt = float("inf")
         self._heard = real_clock()
         self.exit_code = 0
+        #: the incarnation of the server that started this host's clients (its Start),
+        #: and whether a reply from another one came (it restarted: register again)
+        self.server_id = ""
+        self.server_restarted = False
 
     # -- what client actors use ------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
@@ -228,7 +239,13 @@ class ClientHost:
 
     async def run(self) -> int:
         """Register, run the clients until the server says stop, say goodbye."""
-        ready = await self.trainer.start()
+        from fedsim.actors._workers import WorkerDied
+
+        try:
+            ready = await self.trainer.start()
+        except WorkerDied as exc:
+            log.error("%s: %s (its own error is logged above)", self.name, exc)
+            return EXIT_NO_WORKER
         samples = dict(zip(self.client_ids, ready.samples, strict=True))
         self.build_clients(samples)
         _proc.freeze_heap()  # set-up done: no collection of the run walks it
@@ -238,25 +255,43 @@ class ClientHost:
             _proc.thaw_heap()
 
     async def _run(self, samples: dict[int, int]) -> int:
-        """Register, wait for the start, run the clients, say goodbye (after the set-up)."""
+        """Register, wait for the start, run the clients, say goodbye (after the set-up).
+
+        If the server restarts meanwhile (``fedsim server --resume`` after it
+        died: its replies carry another incarnation), the host drops what its
+        clients were doing and registers them again, as at a start; the
+        worker's client state stays as it is.
+        """
         _proc.to_foreground()   # the clock probes' round trips and the run keep time
+        while True:
+            start = await self._join(samples)
+            if start is None:
+                return EXIT_REFUSED
+            if not await self._session(start):
+                return self.exit_code
+            self._reset(samples)
+
+    async def _join(self, samples: dict[int, int]) -> Start | None:
+        """Measure the clock, register the clients, wait for the Start (None: refused)."""
         try:
             await self.sync_clock()
         except TimeoutError:
             log.error("%s: no answer from the server (not up, a wrong address or server key, "
                       "or this host's key is not on its allow-list)", self.name)
-            return EXIT_REFUSED
+            return None
         except ConnectionRefusedError as exc:
             log.error("%s: the server refused this host: %s", self.name, exc)
-            return EXIT_REFUSED
+            return None
         await self._control(HostHello(
             host=self.name, pid=os.getpid(), clients=tuple(self.client_ids),
             samples=tuple(samples[c] for c in self.client_ids), boot_id=boot_id(),
             fedsim_version=self.fedsim_version, scenario_hash=self.scenario_hash,
             clock_offset=self.clock_offset, clock_uncertainty=self.clock_uncertainty))
-        start = await self._await_start()
-        if start is None:
-            return EXIT_REFUSED
+        return await self._await_start()
+
+    async def _session(self, start: Start) -> bool:
+        """Run the clients from ``start`` until the server says stop (then say goodbye:
+        False) or turns out to have restarted (True)."""
         self._heard = self.real_clock()
         self.begin(start)
         try:
@@ -265,19 +300,22 @@ class ClientHost:
                 reader = tg.create_task(self._read(), name=f"{self.name}-reader")
                 flusher = tg.create_task(self._flusher(), name=f"{self.name}-events")
                 prober = tg.create_task(self._prober(), name=f"{self.name}-clock")
-                await self.timers.sleep_until(0.0)
+                await self.timers.sleep_until(start.t0)
                 for i, a in enumerate(self.clients.values(), 1):
-                    a.start()
+                    a.start(start.t0)   # not from 0: no replay of the absences before
                     if i % _CHUNK == 0:
                         await asyncio.sleep(0)  # let timers due meanwhile run
                 # what t = 0 recorded (every client that starts away): sent now, while
                 # nothing is due, not with the first batch when deliveries are
                 await self.flush_events()
                 await self._stop.wait()
-                await self.stop_clients()
+                # a restarted server knows nothing of the work under way: drop it now
+                await self.stop_clients(wait=0.0 if self.server_restarted else 5.0)
                 flusher.cancel()
                 prober.cancel()
                 reader.cancel()
+            if self.server_restarted:
+                return True
             await self.flush_events()
             kinds: set[str] = set()
             for a in self.clients.values():
@@ -293,7 +331,29 @@ class ClientHost:
                 fidelity=self.monitor.export(), clock_offsets=tuple(self.offsets)))
         finally:
             self.timers.close()
-        return self.exit_code
+        return False
+
+    def _on_server_restart(self, incarnation: str) -> None:
+        """A reply from another server incarnation: end this session, register again."""
+        if self.server_restarted:
+            return
+        log.warning("%s: the server restarted (incarnation %s, was %s): registering "
+                    "clients %s again", self.name, incarnation or "?", self.server_id,
+                    format_ids(self.client_ids))
+        self.server_restarted = True
+        self._stop.set()
+
+    def _reset(self, samples: dict[int, int]) -> None:
+        """After a server restart: fresh client actors and counters, as a host at its
+        start (what the clients did since the server's checkpoint is redone)."""
+        self._stop.clear()
+        self.started.clear()
+        self.server_restarted = False
+        self.server_id = ""
+        self.events = []
+        self.phases.take()
+        self.overruns = self.compute_deadlines = self.rejected = 0
+        self.build_clients(samples)
 
     def build_clients(self, samples: dict[int, int]) -> None:
         """Build the client actors (set-up: before the host registers, so that none
@@ -314,6 +374,7 @@ class ClientHost:
         self.clock = clock
         self.timers = TimerHeap(clock, use_timerfd=self.use_timerfd)
         self.monitor = FidelityMonitor(dilation=start.dilation)
+        self.server_id = start.server
         self.model_spec = start.spec
         self.task_spec = start.spec.repeated(start.task_copies)
         self.started.set()
@@ -367,7 +428,10 @@ class ClientHost:
                 elif isinstance(msg, Stop):
                     self._stop.set()
                 elif isinstance(msg, ClockReply):
-                    self._clock_sample(msg)
+                    if msg.server != self.server_id:
+                        self._on_server_restart(msg.server)
+                    else:
+                        self._clock_sample(msg)
                 else:
                     raise Refusal("unexpected_kind", f"a {type(msg).__name__} is not for a host")
             except (WireError, Refusal) as exc:

@@ -13,7 +13,8 @@ emulated time beyond the device's compute budget, so there are no overruns.
 This is the actor test harness (STYLE practice 12b, after trio's fake
 network and h11's connection pairs): a test can script the network through
 :attr:`InMemoryRun.network` (``route`` to drop, duplicate or delay
-packets), kill a host, or inject its own messages.
+packets), kill a host or the server (and resume it from its checkpoint while
+the hosts run on), or inject its own messages.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from fedsim.algorithms import flatten
 from fedsim.messages import TensorSpec
 from fedsim.metrics import read_events, write_json_atomic
 from fedsim.scenario import Scenario, resolved, scenario_hash
-from fedsim.testing import MemoryNetwork, run_virtual
+from fedsim.testing import MemoryNetwork, Packet, run_virtual
 
 __all__ = ["InMemoryRun", "run_in_memory"]
 
@@ -64,6 +65,11 @@ class InMemoryRun:
 
     #: makes a host again (set by run_in_memory): index -> a new ClientHost and its task
     _restart: Callable[[int], None] | None = None
+    #: makes a server resumed from the run's checkpoint (set by run_in_memory)
+    _resume: Callable[[], None] | None = None
+    _server_task: asyncio.Task[dict[str, Any]] | None = None
+    _killed: set[asyncio.Task[dict[str, Any]]] = field(default_factory=set)
+    _resumed: asyncio.Event | None = None
 
     def kill_host(self, index: int, tell_server: bool = True) -> None:
         """Crash a host: its task is cancelled, its connection closed, and (unless
@@ -78,6 +84,36 @@ class InMemoryRun:
         """Start host ``index`` again (after :meth:`kill_host`): same name, same clients."""
         assert self._restart is not None
         self._restart(index)
+
+    async def kill_server(self) -> None:
+        """The server dies as a killed process does, its hosts left running: nothing it
+        sends from now on reaches anyone, its task is cancelled (what it still writes
+        lies after its last checkpoint, which a resume truncates) and its address is
+        free for :meth:`resume_server`."""
+        server, task = self.server, self._server_task
+        assert server is not None
+        assert task is not None
+        assert self._resumed is not None
+        before = self.network.route
+
+        def dead(packet: Packet) -> None:
+            if packet.source != ADDRESS:
+                (before or self.network.deliver)(packet)
+
+        self._resumed.clear()
+        self._killed.add(task)
+        self.network.route = dead
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([task])
+        server.endpoint.close()
+        self.network.route = before
+
+    def resume_server(self) -> None:
+        """Start a server that continues the run from its checkpoint (``fedsim server
+        --resume``) at the same address: the hosts still running reconnect to it."""
+        assert self._resume is not None
+        self._resume()
 
 
 def plan(sc: Scenario, hosts: int) -> list[list[int]]:
@@ -133,13 +169,19 @@ def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: floa
         spec = TensorSpec([("float32", s) for s in model_shapes(model)])
         groups = plan(sc, hosts)
         the_hash = scenario_hash(data)
-        ckpt = load_checkpoint(run_dir, VERSION, the_hash) if resume else None
-        server = Server(sc, run_dir, endpoint=run.network.bind(ADDRESS),
-                        evaluator=InlineWorker(sc, []), dilation=dilation,
-                        fedsim_version=VERSION, scenario_hash=the_hash, model_x0=x0,
-                        model_spec=spec, allowed=allowed, resume=ckpt, real_clock=loop.time,
-                        use_timerfd=False)
-        run.server = server
+        run._resumed = asyncio.Event()
+
+        def start_server(ckpt: dict[str, Any] | None) -> None:
+            run.server = Server(sc, run_dir, endpoint=run.network.bind(ADDRESS),
+                                evaluator=InlineWorker(sc, []), dilation=dilation,
+                                fedsim_version=VERSION, scenario_hash=the_hash, model_x0=x0,
+                                model_spec=spec, allowed=allowed, resume=ckpt,
+                                real_clock=loop.time, use_timerfd=False)
+            run._server_task = asyncio.create_task(run.server.run(), name="server")
+            run._resumed.set()   # type: ignore[union-attr]
+
+        start_server(load_checkpoint(run_dir, VERSION, the_hash) if resume else None)
+        run._resume = lambda: start_server(load_checkpoint(run_dir, VERSION, the_hash))
         def start_host(i: int) -> None:
             name, clients = f"host-{i}", groups[i]
             user = (users or {}).get(i, name) if allowed is not None else None
@@ -164,7 +206,16 @@ def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: floa
         side: asyncio.Task[None] | None = (
             asyncio.create_task(during(run)) if during is not None else None)
         try:
-            run.summary = await server.run()
+            while True:
+                task = run._server_task
+                assert task is not None
+                try:
+                    run.summary = await task
+                    break
+                except asyncio.CancelledError:
+                    if task not in run._killed:
+                        raise
+                await run._resumed.wait()   # the test resumes it (or never: its timeout)
         finally:
             if side is not None:
                 side.cancel()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -165,6 +166,9 @@ class Server(HostSide, Checkpoints, Measurements):
         self._client_rates: dict[int, RateLimit] = {}
         self._stopping = False
         self.resume = resume
+        #: this server's incarnation, in its Start and ClockReplies: a host that hears
+        #: another one knows the server restarted (a resumed run) and registers again
+        self.incarnation = secrets.token_hex(8)
         self.fedsim_version, self.scenario_hash = fedsim_version, scenario_hash
         self._aggregations_since_checkpoint = 0
         self._checkpoint_real = real_clock()
@@ -246,7 +250,7 @@ class Server(HostSide, Checkpoints, Measurements):
             return
         self.started = True
         self.clients = set(registered)
-        start = self._start_message()
+        start = self._start_message(t0)
         for h in self.hosts.hosts.values():
             if h.alive:
                 h.last_seen = self.real_clock()
@@ -409,7 +413,7 @@ class Server(HostSide, Checkpoints, Measurements):
         info = self.hosts.hosts.get(name)
         if info is None or not info.alive or self.stop_reason is not None:
             return None
-        await self._to_host(info.peer, self._start_message())
+        await self._to_host(info.peer, self._start_message(now))
         self.state.event(now, "host_joined", host=name, clients=len(info.clients))
         log.warning("client host %s joined at t=%.2f: clients %s rejoin", name, now,
                     format_ids(info.clients))

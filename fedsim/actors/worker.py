@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import zmq
 
+from fedsim import statefile
 from fedsim._ids import parse_id_list
 from fedsim.actors import _proc
 from fedsim.actors._requests import Preemption, Requests
@@ -99,10 +100,11 @@ class Worker:
     """The model, the shards of its clients, and the algorithm's client side.
 
     With ``state_path`` the client side's state (its ``state_dict``: whatever
-    the algorithm keeps per client between tasks) is saved there,
-    atomically, at most every ``save_every`` seconds after a task and at
-    shutdown, and loaded from there at start: a client host restarted with
-    the same state directory takes its clients' state back.
+    the algorithm keeps per client between tasks) is saved there as a
+    :mod:`fedsim.statefile`, atomically, at most every ``save_every``
+    seconds after a task and at shutdown, and loaded from there at start: a
+    client host restarted with the same state directory takes its clients'
+    state back. A pickle there (an earlier fedsim's file) is refused unread.
     """
 
     def __init__(self, sc: Scenario, clients: list[int], state_path: str | None = None,
@@ -130,15 +132,28 @@ class Worker:
         #: more urgent requests answered in the middle of it (see Preemption)
         self.nested: list[float] = []
         if self.state_path is not None and self.state_path.exists():
-            saved = torch.load(self.state_path, weights_only=False)
-            if saved.get("algorithm") == sc.algorithm.name and saved.get("clients") == clients:
-                self.client.load_state_dict(saved["state"])
-                self.restored = True
-                log.warning("restored the client state of %d clients from %s", len(clients),
-                            self.state_path)
-            else:
-                log.warning("%s holds another host's client state; not restored",
-                            self.state_path)
+            self._restore_state(self.state_path)
+
+    def _restore_state(self, path: Path) -> None:
+        """Take the clients' state back from ``path`` (a :mod:`fedsim.statefile`).
+
+        A file of an older fedsim (a pickle) or one that is not a state file
+        is refused with the reason (:class:`~fedsim.statefile.StateFileError`,
+        which ends the worker: its host then fails with it); a file of
+        another host's or another algorithm's clients is left alone.
+        """
+        saved = statefile.load(path, "client-state", what_to_do=(
+            "It was written by an earlier fedsim: delete it (the clients start afresh, as "
+            "after a restart without --state) or move it away, then start the host again"))
+        if not isinstance(saved, dict) or not {"algorithm", "clients", "state"} <= set(saved):
+            raise statefile.StateFileError(f"{path} does not hold a host's client state")
+        if saved["algorithm"] == self.sc.algorithm.name and saved["clients"] == self.clients:
+            self.client.load_state_dict(saved["state"])
+            self.restored = True
+            log.warning("restored the client state of %d clients from %s", len(self.clients),
+                        path)
+        else:
+            log.warning("%s holds another host's client state; not restored", path)
 
     def save_state(self, force: bool = False) -> None:
         """Save the client side's state (if a state path is set and it changed)."""
@@ -147,14 +162,15 @@ class Worker:
         now = time.monotonic()
         if not force and now - self._saved_at < self.save_every:
             return
-        tmp = self.state_path.with_suffix(".tmp")
         try:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"algorithm": self.sc.algorithm.name, "clients": self.clients,
-                        "state": self.client.state_dict()}, tmp)
-            os.replace(tmp, self.state_path)
-        except (OSError, RuntimeError) as exc:  # a lost save costs a restart, not the run
+            statefile.save(self.state_path, {
+                "algorithm": self.sc.algorithm.name, "clients": self.clients,
+                "state": self.client.state_dict()}, "client-state")
+        except OSError as exc:  # a lost save costs a restart, not the run
             log.warning("could not save the client state to %s: %s", self.state_path, exc)
+        except TypeError as exc:  # a state_dict holding what a state file cannot
+            log.error("could not save the client state to %s: %s", self.state_path, exc)
         self._saved_at, self._dirty = now, False
 
     def warm_up(self) -> None:
@@ -305,7 +321,11 @@ def run(sc: Scenario, endpoint: str, clients: list[int], state: str | None = Non
     # after. Either way before its ZeroMQ I/O thread is made, which inherits it.
     if data is None:
         _proc.yield_cpu_to_loops()
-    worker = Worker(sc, clients, state, data=data)
+    try:
+        worker = Worker(sc, clients, state, data=data)
+    except statefile.StateFileError as exc:   # --state holds a file it must not read
+        log.error("%s", exc)
+        return 2
     worker.warm_up()
     if data is not None:
         _proc.yield_cpu_to_loops()

@@ -112,7 +112,8 @@ def run_clients(sc: Scenario, *, connect: str, ids: list[int], name: str,
                 keys_dir: str | None, insecure: bool, state_dir: str | None = None) -> int:
     """``fedsim clients``: run client host ``name`` (clients ``ids``) until the server stops.
 
-    Returns the host's exit code (0 done, 3 the server went silent, 4 refused).
+    Returns the host's exit code (0 done, 3 the server went silent, 4 refused, 2 its
+    torch worker did not start).
     """
     from fedsim.actors._proc import run_loop
     from fedsim.actors.host import serve_host

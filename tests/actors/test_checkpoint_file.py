@@ -1,10 +1,11 @@
-"""checkpoint.pt on disk: written whole or not at all, off the loop; both formats read back."""
+"""checkpoint.pt on disk: written whole or not at all, off the loop; a pickle is refused unread."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import pickle
+import random
 from concurrent import futures
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,13 +13,25 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fedsim import statefile
 from fedsim.actors.checkpoint import Checkpoints, _write_atomically, load_checkpoint
+from fedsim.metrics import CHECKPOINT_FORMAT
 
 
-def _ckpt(fmt: int) -> dict[str, object]:
+def _ckpt(fmt: int = CHECKPOINT_FORMAT) -> dict[str, object]:
     return {"format": fmt, "t": 1.5, "fedsim_version": "v", "scenario_hash": "h" * 64,
             "run": {"events_offset": 3, "metrics_offset": 2},
-            "rng": {"torch": torch.get_rng_state()}}
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+
+
+class _Payload:
+    """Unpickled, it makes ``marker``: what any code a pickle runs could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (Path.touch, (self.marker,))
 
 
 def test_a_checkpoint_is_replaced_whole_or_not_at_all(tmp_path: Path,
@@ -33,28 +46,48 @@ def test_a_checkpoint_is_replaced_whole_or_not_at_all(tmp_path: Path,
     assert "could not write the checkpoint" in caplog.text
 
 
-@pytest.mark.parametrize("fmt", [1, 2])
-def test_both_formats_load_and_cut_the_logs_back(tmp_path: Path, fmt: int) -> None:
-    """Format 2 is a pickle; format 1 (torch.save, before 2026-11-28) still resumes."""
-    data = _ckpt(fmt)
+def test_a_checkpoint_loads_and_cuts_the_logs_back(tmp_path: Path) -> None:
+    data = _ckpt()
     path = tmp_path / "checkpoint.pt"
-    if fmt == 1:
-        torch.save(data, path)
-    else:
-        path.write_bytes(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
+    _write_atomically(path, statefile.encode(data, "checkpoint"))
+    assert path.read_bytes().startswith(b"FEDSIMST")
     (tmp_path / "events.jsonl").write_bytes(b"abcdef")
     (tmp_path / "metrics.csv").write_bytes(b"xyz")
     got = load_checkpoint(tmp_path, "v", "h" * 64)
-    assert got["format"] == fmt
+    assert got["format"] == CHECKPOINT_FORMAT == 3
     assert got["t"] == 1.5
     assert torch.equal(got["rng"]["torch"], data["rng"]["torch"])  # type: ignore[index]
+    assert got["rng"]["python"] == data["rng"]["python"]  # type: ignore[index]
+    random.setstate(got["rng"]["python"])   # in the form setstate takes
     assert (tmp_path / "events.jsonl").read_bytes() == b"abc"
     assert (tmp_path / "metrics.csv").read_bytes() == b"xy"
 
 
+@pytest.mark.parametrize("writer", ["pickle", "torch.save"])
+def test_a_pickled_checkpoint_is_refused_unread(tmp_path: Path, writer: str) -> None:
+    """Formats 1 (torch.save) and 2 (pickle) could run code: never unpickled."""
+    marker = tmp_path / "code-ran"
+    data = {**_ckpt(2 if writer == "pickle" else 1), "strategy": _Payload(marker)}
+    path = tmp_path / "checkpoint.pt"
+    if writer == "pickle":
+        path.write_bytes(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
+    else:
+        torch.save(data, path)
+    (tmp_path / "events.jsonl").write_bytes(b"abcdef")
+    with pytest.raises(ValueError, match="is a pickle") as err:
+        load_checkpoint(tmp_path, "v", "h" * 64)
+    assert str(path) in str(err.value)
+    assert "earlier fedsim" in str(err.value)
+    assert not marker.exists()
+    assert (tmp_path / "events.jsonl").read_bytes() == b"abcdef"   # nothing was cut
+
+
 def test_an_unknown_format_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "checkpoint.pt").write_bytes(pickle.dumps(_ckpt(3)))
-    with pytest.raises(ValueError, match="unknown checkpoint format 3"):
+    _write_atomically(tmp_path / "checkpoint.pt", statefile.encode(_ckpt(4), "checkpoint"))
+    with pytest.raises(ValueError, match="unknown checkpoint format 4"):
+        load_checkpoint(tmp_path, "v", "h" * 64)
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a fedsim state file"):
         load_checkpoint(tmp_path, "v", "h" * 64)
 
 
@@ -82,7 +115,7 @@ def test_checkpoints_are_written_by_the_end_and_a_failed_write_ends_the_run(
     taker.checkpoint(2.0)
     taker.wait_for_checkpoints()
     got = load_checkpoint(tmp_path, "v", "h" * 64)
-    assert (got["format"], got["t"], got["next_task_id"]) == (2, 2.0, 12)
+    assert (got["format"], got["t"], got["next_task_id"]) == (3, 2.0, 12)
 
     (tmp_path / "checkpoint.pt.tmp").mkdir()   # from now on every write fails
     taker.checkpoint(3.0)

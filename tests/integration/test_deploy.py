@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -205,3 +206,78 @@ def test_a_host_killed_and_started_again_rejoins(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["hosts"]["reported"] == 2  # the new host-1 said goodbye
+
+
+def test_a_killed_server_resumed_takes_back_the_hosts_still_running(tmp_path: Path) -> None:
+    """SIGKILL of `fedsim server` while its hosts run, then `fedsim server --resume` at the
+    same address: the hosts (never restarted) register their clients again and the run
+    completes."""
+    scenario = _scenario(tmp_path, 12.0)
+    address = f"tcp://127.0.0.1:{_port()}"
+    run_dir = tmp_path / "run"
+    # every process the same overrides (the scenario's hash); the hosts wait out a slow
+    # restart of the server on a busy machine (deploy.host_timeout)
+    sets = ["--set", "run.checkpoint_every=10", "--set", "deploy.host_timeout=60"]
+    server = fedsim("server", str(scenario), "--bind", address, "--insecure", "--out",
+                    str(run_dir), "--no-progress", *sets)
+
+    def host(i: int, ids: str) -> subprocess.Popen[str]:
+        return fedsim("clients", str(scenario), "--connect", address, "--ids", ids,
+                      "--name", f"host-{i}", "--insecure", *sets)
+
+    hosts = [host(0, "0-5"), host(1, "6-11")]
+    try:
+        wait_for_events(run_dir, "checkpoint", count=2, timeout=90)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.communicate()
+    assert all(h.poll() is None for h in hosts), "a host ended with its server"
+    resumed = fedsim("server", "--resume", str(run_dir), "--bind", address, "--insecure",
+                     "--no-progress")
+    code, _, err = finish(resumed)
+    assert code == 0, err[-3000:]
+    for h in hosts:
+        code_h, _, err_h = finish(h)
+        assert code_h == 0, err_h[-3000:]
+        assert "the server restarted" in err_h
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed", summary["status"]
+    assert summary["emulated_seconds"] == pytest.approx(12.0, abs=0.2)
+    assert summary["clients_missing"] == []
+    assert summary["hosts"]["reported"] == 2, summary["hosts"]
+    (r,) = summary["resumed"]
+    events = list(read_events(run_dir / "events.jsonl"))
+    kinds = [e["ev"] for e in events]
+    after = events[kinds.index("resume"):]
+    (start,) = [e for e in after if e["ev"] == "start"]
+    assert start["clients"] == 12   # every client of the running hosts registered again
+    assert summary["updates"] > r["updates"]
+    assert [e for e in after if e["ev"] == "aggregate"][-1]["t"] > 10.0
+
+
+class _Payload:
+    """Unpickled, it makes ``marker``: what any code a pickle runs could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (Path.touch, (self.marker,))
+
+
+def test_fedsim_clients_refuses_a_pickled_state_file_unread(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, 2.0)
+    state = tmp_path / "state"
+    state.mkdir()
+    marker = tmp_path / "code-ran"
+    planted = state / "host-0-clients.pt"
+    planted.write_bytes(pickle.dumps({"algorithm": "fedasync", "clients": list(range(6)),
+                                      "state": _Payload(marker)}))
+    proc = fedsim("clients", str(scenario), "--connect", f"tcp://127.0.0.1:{_port()}",
+                  "--ids", "0-5", "--name", "host-0", "--insecure", "--state", str(state))
+    code, _, err = finish(proc)
+    assert code == 2, err[-3000:]
+    assert f"{planted} is a pickle" in err
+    assert "delete it" in err
+    assert "Traceback" not in err
+    assert not marker.exists()
