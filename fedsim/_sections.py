@@ -40,6 +40,10 @@ class DataConfig(SchemaModel):
     synthetic_alpha: NonNeg = 1.0
     synthetic_beta: NonNeg = 1.0
     synthetic_iid: bool = False
+    #: the synthetic users' sizes: the generator's "lognormal" ones (FedProx), or a
+    #: number, every user that many examples before the holdout (a paper that
+    #: gives each client the same number of examples, as Delta-SGD's 500)
+    synthetic_sizes: Literal["lognormal"] | Annotated[int, Field(ge=10)] = "lognormal"
     max_samples_per_client: Annotated[int, Field(ge=1)] | None = None
     dirichlet_alpha: Pos = 0.5
     dirichlet_recipe: Literal["hsu", "deltasgd_code", "feddyn_sequential"] = "hsu"

@@ -281,7 +281,8 @@ def unread_task_keys(dataset: str, partition: str, model: str) -> dict[str, str]
         if key not in reads:
             out[f"model.{key}"] = f"not used by model {model}"
     for keys, used, why in (
-            (("synthetic_alpha", "synthetic_beta", "synthetic_iid"), dataset == "synthetic",
+            (("synthetic_alpha", "synthetic_beta", "synthetic_iid", "synthetic_sizes"),
+             dataset == "synthetic",
              f"not used by dataset {dataset}"),
             (("dirichlet_alpha", "dirichlet_recipe"), partition == "dirichlet",
              f"not used by partition {partition}"),

@@ -292,7 +292,22 @@ def test_dg1_grid_form_with_larger_fedavg_k(tmp_path: Path) -> None:
                                  "K=5 |")
     assert f.details[-1].startswith("| 1000 ms |")
     # per local step at 1 s: FedAvg K=5 2.2 / 5, K=10 2.4 / 10, K=20 2.8 / 20
-    assert "| 1.83x (95 % CI 1.83 to 1.83) | 3.14x" in f.details[-1]
+    assert "| 1.83x (95 % CI 1.83 to 1.83) [per seed: 1.83, 1.83, 1.83] | 3.14x" in f.details[-1]
+
+
+def test_dg1_predicts_the_wait_when_k_does_not_divide_d(tmp_path: Path) -> None:
+    """D = 12, K = 5 (s = 2, r = 2): a period of 3 rounds lasts RTT + 3 tau_g when it
+    waits, not the 15 steps x RTT/D of the K | D formula."""
+    scen = tmp_path / "dg1.toml"
+    scen.write_text("[algorithm]\nname = \"dga\"\nlocal_steps = 5\ndelay = 12\n"
+                    "[devices]\nstep_time = 0.04\n")
+    sweep = sw.Sweep(scenario=scen, seeds=[1, 2, 3], grid={KEY: [0.001, 0.1, 1.0, 5.0]},
+                     variants=[sw.Variant("FedAvg K=5", {"algorithm.name": "fedavg"}),
+                               sw.Variant("DGA K=5 D=20", {})])
+    f = eval_dg1(sweep, _runs(tmp_path, sweep, _dg1_make(sweep, d_steps=12)))
+    assert f.verdict == "reproduced", f
+    # at 5 s one way: (10 + 0.12) / (3 x 5 x 0.04) = 16.87 tau_g per step, predicted and seen
+    assert f.details[-1].split(" | ")[3] == "16.87"
 
 
 def test_dg1_on_the_shipped_sweep(tmp_path: Path) -> None:
@@ -502,9 +517,10 @@ def test_dg2_reproduced_when_the_gain_grows_with_d(tmp_path: Path) -> None:
     assert f.verdict == "reproduced", f
     assert "at D = 5" in f.number
     assert "5.0 points (95 % CI" in f.number
-    assert f.number.endswith("(under without correction read per step (each step moves along "
-                             "1/K of the all-client average of D steps ago, never the client's "
-                             "own gradient), momentum SGD)")
+    assert f.number.endswith("(under without correction read per step (from D steps after a "
+                             "round is sent, each of the next K steps moves along 1/K of its "
+                             "all-client average; never along the client's own gradient), "
+                             "momentum SGD)")
 
 
 def test_dg2_reports_both_readings_of_without_correction(tmp_path: Path) -> None:
@@ -542,8 +558,8 @@ def test_dg2_says_so_when_no_run_without_the_correction_learned(tmp_path: Path) 
 def test_dg2_the_momentum_ablation_is_judged_on_its_own(tmp_path: Path) -> None:
     f = _dg2(tmp_path, lambda d: 0.8, without=0.1, sgd_gain=lambda d: 0.0025 * d)
     assert f.verdict == "partly", f
-    assert ("Under without correction read per step, plain SGD (momentum -> none) (measured): "
-            "**reproduced**") in f.why
+    assert ("Under without correction read per step, plain SGD (momentum -> none, lr kept: the "
+            "effective step 10x smaller) (measured): **reproduced**") in f.why
 
 
 # -- AF-1 and AF-1a ----------------------------------------------------------------
@@ -607,20 +623,29 @@ def test_af1_partly_when_fedasync_holds_up_too(tmp_path: Path) -> None:
     assert "mean staleness 1.2" in f.why
 
 
-def test_af1_authors_reads_af1s_runs_at_p_09_in_300_s(tmp_path: Path) -> None:
-    sweep = _sweep("af1")
-    make = _af(lambda m, p: 0.98 if m == "asyncfeded" or p == 0.0 else 0.35,
-               short=lambda m, p: 0.5)
-    f = eval_af1_authors(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
+def _af1a(tmp_path: Path, authors: Callable[[str, float], float],
+          slower: Callable[[str, float], float]) -> Any:
+    """AF-1a's runs (af1a: the authors' pass times) beside AF-1's (4x slower devices)."""
+    a, b = _sweep("af1a"), _sweep("af1")
+    make_a, make_b = _af(authors), _af(slower)
+    runs = (_runs(tmp_path / "a", a, lambda p: make_a(a, p))
+            + _runs(tmp_path / "b", b, lambda p: make_b(b, p)))
+    return eval_af1_authors(a, runs)
+
+
+def test_af1_authors_reproduced_when_fedasync_collapses(tmp_path: Path) -> None:
+    f = _af1a(tmp_path, lambda m, p: 0.98 if m == "asyncfeded" else 0.35,
+              lambda m, p: 0.9 if m == "asyncfeded" else 0.85)
     assert f.verdict == "reproduced", f
     assert f.number.startswith("max accuracy at P = 0.9: AsyncFedED 98.0 %")
+    assert ("Under AF-1's devices (20 ms a local step: pass times x 4) (measured): "
+            "**not reproduced**") in f.why
 
 
 def test_af1_authors_not_reproduced_in_the_known_case(tmp_path: Path) -> None:
     """FedAsync 0.79 against AsyncFedED 0.84: no collapse, a 5-point gap."""
-    sweep = _sweep("af1")
-    make = _af(lambda m, p: 0.84 if m == "asyncfeded" else 0.79)
-    f = eval_af1_authors(sweep, _runs(tmp_path, sweep, lambda p: make(sweep, p)))
+    known = lambda m, p: 0.84 if m == "asyncfeded" else 0.79  # noqa: E731
+    f = _af1a(tmp_path, known, known)
     assert f.verdict == "not reproduced", f
     assert "Measured: at P = 0.9 FedAsync applied 500 updates of mean staleness 1.2" in f.why
     assert "not public" in f.why
@@ -851,7 +876,7 @@ def test_runs_with_lost_client_work_are_named_and_never_counted(
     (out / "ds2" / "sweep.json").write_text(json.dumps(sweep.to_json()))
     for p in sweep.points():
         d = dict(p.grid)["client.delta"]
-        broken = (d == 1.0 and p.variant.startswith("natural")
+        broken = (d == 1.0 and p.variant.startswith("lognormal")
                   and p.seed == sorted({q.seed for q in sweep.points()})[-1])
         summary = {"status": "completed", "fidelity": {"verdict": "pass"}, "real_seconds": 2.0,
                    "final_accuracy": 0.09 if broken else 0.93 + _jitter(p.seed)}
@@ -863,13 +888,13 @@ def test_runs_with_lost_client_work_are_named_and_never_counted(
     rec = writer.run_claim(claim, out, "auto", execute=False)
     assert rec["counted"] == rec["runs"] - 1
     (lost,) = rec["lost_work"]
-    assert lost.startswith("natural client sizes, delta = 1.0, seed ")
+    assert lost.startswith("lognormal client sizes, delta = 1.0, seed ")
     assert "client 9: overflow x1" in lost
     assert "diverged" not in rec["why"]               # the broken run is no plain result
-    assert "Lost client work in 1 run(s), not counted: natural client sizes, delta = 1.0" in (
+    assert "Lost client work in 1 run(s), not counted: lognormal client sizes, delta = 1.0" in (
         writer.table([rec]))
     writer.write_docs([rec])
-    assert "- Lost client work (not counted): natural client sizes, delta = 1.0" in (
+    assert "- Lost client work (not counted): lognormal client sizes, delta = 1.0" in (
         tmp_path / "docs" / "claims.md").read_text()
 
 

@@ -164,6 +164,34 @@ def test_synthetic_cap_records_realized_sizes() -> None:
     assert max(capped.num_samples_uncapped) > 60
 
 
+def test_synthetic_equal_sizes_give_every_user_the_same_count() -> None:
+    """Delta-SGD's and FedAsync's papers give every client the same number of examples:
+    ``n_equal`` (``data.synthetic_sizes = 500``) replaces the lognormal sizes, keeps the
+    users' heterogeneity, and is seeded like the rest."""
+    equal = generate_synthetic(20, seed=3, n_equal=500)
+    assert equal.num_samples == (500,) * 20
+    assert all(len(y) == 500 for y in equal.y)
+    lognormal = generate_synthetic(20, seed=3)
+    assert max(lognormal.num_samples) > 30_000        # seed 3's dominant user
+    assert equal.num_samples_uncapped == lognormal.num_samples_uncapped
+    assert generate_synthetic(20, seed=3, n_equal=500).x[0].tobytes() == equal.x[0].tobytes()
+    # every user's labels still follow its own model: not one shared distribution
+    tops = {int(np.bincount(y, minlength=10).argmax()) for y in equal.y}
+    assert len(tops) > 3
+
+
+def test_synthetic_sizes_key_reaches_the_generator() -> None:
+    from fedsim.actors._setup import build_data
+    from fedsim.scenario import parse
+
+    sc = parse({"name": "x", "seed": 2, "data": {"dataset": "synthetic", "num_clients": 10,
+                                                  "synthetic_sizes": 500}}, "x")
+    assert [len(c.y) for c in build_data(sc).clients] == [450] * 10   # 10 % held out
+    from fedsim.errors import ScenarioError
+    with pytest.raises(ScenarioError, match="synthetic_sizes"):
+        parse({"name": "x", "data": {"synthetic_sizes": "equal"}}, "x")
+
+
 def test_synthetic_iid_variant_shares_the_label_distribution() -> None:
     # iid: one W, b for everybody and v_k = 0, so users' label histograms agree;
     # non-iid users each have their own dominant classes.

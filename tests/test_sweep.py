@@ -678,3 +678,30 @@ def test_values_paired_with_a_grid_key(tmp_path: Path) -> None:
                  '[sweep.with."a.b"]\n"run.dilation" = [2.0]\n')
     with pytest.raises(sw.SweepError, match=r"expected a list of 2 values"):
         sw.load_sweep(bad)
+
+
+def test_a_run_that_lost_client_work_is_flagged_and_left_out_of_the_aggregate(
+        tmp_path: Path) -> None:
+    """A run that went on without a client whose training failed measured another
+    federation: it is named (lost_runs in sweep.csv, lost_work in words) and never
+    averaged in, though it completed with a passing verdict."""
+    scen = tmp_path / "s.toml"
+    scen.write_text("[algorithm]\nname = \"fedavg\"\n")
+    spec = sw.Sweep(scenario=scen, seeds=[1, 2], variants=[sw.Variant("v", {})])
+    p1, p2 = spec.points()
+    lost = {"runs": 1, "by_reason": {"overflow": 1}, "by_client": {"9": {"overflow": 1}},
+            "clients": [9], "first_reason": {"9": "training failed: StepOverflow: ..."}}
+    ok = sw.PointResult(p1, tmp_path / "a", "completed", "pass", 1, 1.0, 0.5,
+                        {"final_accuracy": 0.9, "lost_work": {"runs": 0}})
+    bad = sw.PointResult(p2, tmp_path / "b", "completed", "pass", 1, 1.0, 0.5,
+                         {"final_accuracy": 0.1, "lost_work": lost})
+    assert ok.counts
+    assert not bad.counts
+    assert bad.lost_runs == 1
+    assert bad.lost_work is not None
+    assert "client 9: overflow x1" in bad.lost_work
+    assert bad.row()["lost_runs"] == 1
+    (row,) = sw.aggregate(spec, [ok, bad])
+    assert row["n"] == 1
+    assert row["flagged"] == 1
+    assert row["final_accuracy_mean"] == 0.9

@@ -41,6 +41,7 @@ def build_data(sc: Scenario) -> Any:
         options.update(
             alpha=d.synthetic_alpha, beta=d.synthetic_beta, iid=d.synthetic_iid,
             n_cap=d.max_samples_per_client,
+            n_equal=None if d.synthetic_sizes == "lognormal" else int(d.synthetic_sizes),
         )
     if d.test_fraction is not None:
         if d.dataset in ("mnist", "cifar10"):

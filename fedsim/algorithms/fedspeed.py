@@ -470,11 +470,25 @@ class FedSpeedScenarioConfig(RoundsConfig):
 
     @model_validator(mode="after")
     def _one_rule(self) -> FedSpeedScenarioConfig:
-        if self.server_rule == "fl_simulator" and self.weighting != "uniform":
+        if self.server_rule != "fl_simulator":
+            return self
+        if self.weighting != "uniform":
             raise ValueError(
                 "server_rule = 'fl_simulator' averages the round's models and every "
                 "client's h_i uniformly, as the authors' code does; weighting = "
                 f"'{self.weighting}' would mix it with a weighted mean (use 'uniform')")
+        # the server's h_i must follow the client's ghat_i: every upload the client
+        # made must reach it unchanged (the authors' code keeps h_i on the server only)
+        for key, value, why in (
+                ("round_deadline", self.round_deadline, "discards late uploads"),
+                ("over_selection", self.over_selection or None, "discards the extra uploads"),
+                ("guard", self.guard, "clips or rejects uploads")):
+            if value is not None:
+                raise ValueError(
+                    f"server_rule = 'fl_simulator' keeps each client's h_i on the server from "
+                    f"its uploads, while the client keeps ghat_i from its own run; {key} "
+                    f"{why} after the client counted them, and the two would part (remove "
+                    f"{key}, or use server_rule = 'paper')")
         return self
 
     def client_config(self) -> FedSpeedConfig:

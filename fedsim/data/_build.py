@@ -54,6 +54,7 @@ _DATASET_OPTIONS: dict[str, dict[str, Any]] = {
         "beta": 1.0,
         "iid": False,
         "n_cap": None,
+        "n_equal": None,
         "holdout": "per_user",
         "test_fraction": 0.1,
     },
@@ -139,6 +140,7 @@ def _synthetic(
         beta=opts["beta"],
         iid=_check_bool("iid", opts["iid"]),
         n_cap=opts["n_cap"],
+        n_equal=opts["n_equal"],
         seed=seed,
     )
     train_xs, train_ys, test_x, test_y = _holdout(data.x, data.y, opts, seed)
@@ -148,6 +150,7 @@ def _synthetic(
         "beta": float(opts["beta"]),
         "iid": bool(opts["iid"]),
         "n_cap": opts["n_cap"],
+        "n_equal": opts["n_equal"],
         "holdout": opts["holdout"],
         "test_fraction": float(opts["test_fraction"]),
         "n_k": list(data.num_samples),
@@ -296,6 +299,7 @@ def build_federated(
     dataset : {"synthetic", "digits", "leaf", "mnist", "cifar10"}
         ``synthetic``: FedProx Synthetic(alpha, beta), one client per user
         (options ``alpha=1.0``, ``beta=1.0``, ``iid=False``, ``n_cap=None``,
+        ``n_equal=None``: every user that many examples,
         ``holdout="per_user"``, ``test_fraction=0.1``).
         ``leaf``: LEAF JSON at ``path`` (file or directory), one client per
         user, a seeded subset when ``num_clients`` is smaller (options

@@ -150,6 +150,7 @@ def generate_synthetic(
     beta: float = 1.0,
     iid: bool = False,
     n_cap: int | None = None,
+    n_equal: int | None = None,
     seed: int | np.random.Generator,
 ) -> SyntheticUsers:
     """Generate FedProx Synthetic(alpha, beta) for ``num_users`` users.
@@ -167,6 +168,11 @@ def generate_synthetic(
         Upper bound on :math:`n_k` (none by default, as in the authors'
         generator). Uncapped, a user can hold tens of thousands
         of examples (lognormal tail).
+    n_equal : int, optional
+        Give every user exactly this many examples instead of the generator's
+        lognormal sizes (EXT: a paper that gives each client the same number
+        of examples, as Delta-SGD's 500). The sizes are still drawn first, so
+        the rest of the random stream is consumed in the same order.
     seed : int or numpy.random.Generator
         An ``int`` seeds ``np.random.default_rng(seed)``; a generator is used
         as is (and advanced).
@@ -183,6 +189,8 @@ def generate_synthetic(
         raise ValueError(f"Invalid iid: {iid!r} (must be True or False)")
     if n_cap is not None:
         n_cap = check_int("n_cap", n_cap, 10)
+    if n_equal is not None:
+        n_equal = check_int("n_equal", n_equal, 10)
     rng = seed if isinstance(seed, np.random.Generator) else make_rng(seed)
     d, c = SYNTHETIC_DIM, SYNTHETIC_CLASSES
 
@@ -190,6 +198,8 @@ def generate_synthetic(
         rng.lognormal(_LOG_MEAN, _LOG_SIGMA, num_users).astype(np.int64) + _MIN_SAMPLES
     )
     sizes = drawn if n_cap is None else np.minimum(drawn, n_cap)
+    if n_equal is not None:
+        sizes = np.full(num_users, n_equal, dtype=np.int64)
     total = int(sizes.sum())
     if total > _BIG_DATASET:
         logger.info(

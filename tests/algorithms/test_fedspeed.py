@@ -448,3 +448,7 @@ def test_a_mixed_server_rule_is_refused_with_the_reason():
         _built(server_rule="fl_simulator", weighting="samples")
     with pytest.raises(ScenarioError, match="server_rule"):
         _built(server_rule="authors")
+    for extra in ({"round_deadline": 2.0}, {"over_selection": 0.3},
+                  {"guard": {"max_norm": 10.0}}):
+        with pytest.raises(ScenarioError, match="h_i on the server"):
+            _built(server_rule="fl_simulator", **extra)

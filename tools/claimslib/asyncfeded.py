@@ -29,7 +29,7 @@ from claimslib.verdict import (
     Finding,
     diffs,
     explain,
-    fmt,
+    fmts,
     judge,
     md_table,
     mean_ci,
@@ -88,15 +88,26 @@ def eval_af1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
                             _budgets(sweep, results))
 
 
+#: AF-1a's conditions: the authors' logged pass times, and AF-1's 4x slower devices
+#: (the ablation that changes only the device speed), at P = 0.9 in 300 s.
+AUTHORS_SPEED = "the authors' pass times (5 ms a local step)"
+SLOWER = "AF-1's devices (20 ms a local step: pass times x 4)"
+
+
+def _af1a_condition(sweep: sw.Sweep, p: sw.Point) -> str | None:
+    if num(grid_or_setting(sweep, p, "availability.p")) != 0.9:
+        return None
+    if num(setting(sweep, p, "run.time_budget")) != PAPER_BUDGET:
+        return None
+    step = num(setting(sweep, p, "devices.step_time"))
+    return AUTHORS_SPEED if step == 0.005 else SLOWER if step == 0.02 else None
+
+
 def eval_af1_authors(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
-    """AF-1a, read from AF-1's runs at its largest P in the paper's budget
+    """AF-1a at the authors' pass times and at AF-1's slower devices, P = 0.9, 300 s
     (:func:`_eval_af1_authors`)."""
-    ps = sorted({q for r in results
-                 if (q := num(grid_or_setting(sweep, r.point, "availability.p"))) is not None})
-    paper = f"the paper's {PAPER_BUDGET:g} s budget"
-    runs = [r for r in results if _budget_condition(sweep, r.point) == paper
-            and ps and num(grid_or_setting(sweep, r.point, "availability.p")) == ps[-1]]
-    return _eval_af1_authors(sweep, runs)
+    return under_conditions(sweep, results, lambda p: _af1a_condition(sweep, p),
+                            _eval_af1_authors, [AUTHORS_SPEED, SLOWER])
 
 
 def eval_af2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
@@ -154,8 +165,8 @@ def _eval_af1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
               f"{pts(diffs(best[('asyncfeded', hi)], best[('fedasync', hi)]))}")
     rows = [[f"{q:g}", pct(best[("asyncfeded", q)].values()),
              pct(best[("fedasync", q)].values()),
-             fmt(*mean_ci(t90[("asyncfeded", q)].values()), ".1f", " s"),
-             fmt(*mean_ci(t90[("fedasync", q)].values()), ".1f", " s"),
+             fmts(t90[("asyncfeded", q)].values(), ".1f", " s"),
+             fmts(t90[("fedasync", q)].values(), ".1f", " s"),
              short_mean(values(runs[("fedasync", q)], "staleness_mean").values())] for q in ps]
     chart = Chart("AF-1: robustness to suspension (mean, 95 % CI over seeds)",
                   [Panel("max test accuracy within the budget (%)",
@@ -192,7 +203,7 @@ def _eval_af1_authors(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding
               f"FedAsync+Const {pct(best['fedasync'].values())}")
     rows = [[variant_label(runs[m]), pct(best[m].values()),
              pct(values(runs[m], "final_accuracy").values()),
-             fmt(*mean_ci(t90[m].values()), ".1f", " s"),
+             fmts(t90[m].values(), ".1f", " s"),
              short_mean(values(runs[m], "updates").values(), ",.0f"),
              short_mean(values(runs[m], "staleness_mean").values())]
             for m in ("asyncfeded", "fedasync")]
@@ -300,12 +311,12 @@ def _eval_af2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
               + ", ".join(f"K = {k[1]:g} {short_mean(acc[k].values(), scale=100)} %"
                           for k in consts)
               + f"; rank correlation of a client's time per pass with its final K "
-                f"{fmt(*mean_ci(rhos.values()))}")
+                f"{fmts(rhos.values())}")
     order = [adaptive, *consts]
     rows = [[variant_label(runs[k]), pct(acc[k].values()),
              pct(values(runs[k], "best_accuracy").values()),
-             fmt(*mean_ci(drops[k].values()), ".1f", bounds=NON_NEGATIVE),
-             fmt(*mean_ci(dev[k].values()), ".2f", bounds=NON_NEGATIVE)]
+             fmts(drops[k].values(), ".1f", bounds=NON_NEGATIVE),
+             fmts(dev[k].values(), ".2f", bounds=NON_NEGATIVE)]
             for k in order]
     chart = Chart("AF-2: adaptive K against constant K (mean, 95 % CI over seeds)",
                   [Panel("test accuracy averaged over the run (%)",

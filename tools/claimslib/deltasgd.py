@@ -15,7 +15,7 @@ from claimslib.verdict import (
     Finding,
     diffs,
     explain,
-    fmt,
+    fmts,
     judge,
     md_table,
     mean_ci,
@@ -137,15 +137,14 @@ def _spread_without(acc: dict[float, dict[int, float]], out: set[tuple[float, in
     return max(spreads, default=0.0)
 
 
-#: DS-2's conditions: the paper's client sizes (a cap of 500 samples), and the
-#: generator's natural sizes (the ablation that changes only the client sizes).
-CAPPED = "the paper's client sizes (at most 500 samples per client)"
-NATURAL = "natural client sizes (the cap lifted: client sizes -> the generator's power law)"
+#: DS-2's conditions: the paper's client sizes (500 samples each), and the
+#: generator's lognormal sizes (the ablation that changes only the client sizes).
+CAPPED = "the paper's client sizes (500 samples each)"
+NATURAL = "the generator's lognormal client sizes (client sizes: 500 each -> lognormal)"
 
 
 def _sizes(sweep: sw.Sweep, p: sw.Point) -> str | None:
-    cap = num(setting(sweep, p, "data.max_samples_per_client"))
-    return CAPPED if cap is not None and cap <= 500 else NATURAL
+    return CAPPED if setting(sweep, p, "data.synthetic_sizes") == 500 else NATURAL
 
 
 def eval_ds2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
@@ -191,8 +190,8 @@ def _eval_ds2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     else:
         reason = None
     number = (f"spread of final accuracy over delta {pts(spread, NON_NEGATIVE)}; clients' mean "
-              f"step sizes differ {fmt(*mean_ci(all_steps), '.1f', 'x')} (largest / smallest)")
-    rows = [[f"{d:g}", pct(acc[d].values()), fmt(*mean_ci(steps[d].values()), ".2f", "x"),
+              f"step sizes differ {fmts(all_steps, '.1f', 'x')} (largest / smallest)")
+    rows = [[f"{d:g}", pct(acc[d].values()), fmts(steps[d].values(), ".2f", "x"),
              str(len(acc[d]))] for d in deltas]
     chart = Chart("DS-2: Delta-SGD's delta (mean, 95 % CI over seeds)",
                   [Panel("final test accuracy (%)",

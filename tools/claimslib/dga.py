@@ -16,6 +16,7 @@ from claimslib.verdict import (
     diffs,
     explain,
     fmt,
+    fmts,
     judge,
     md_table,
     mean_ci,
@@ -119,12 +120,17 @@ def eval_dg1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     if not delays or DG1_FEDAVG not in methods or DG1_DGA not in methods:
         return missing(f"'{DG1_FEDAVG}' and '{DG1_DGA}' variants with a network latency")
     tau = scenario_value(sweep, "devices.step_time", 0.04)
-    k_dga = int(re.search(r"K=(\d+)", DG1_DGA).group(1))  # type: ignore[union-attr]
-    d_dga = int(re.search(r"D=(\d+)", DG1_DGA).group(1))  # type: ignore[union-attr]
+    dga_point = next(r.point for r in results if _dg1_method(r.point) == DG1_DGA)
+    k_dga = int(num(setting(sweep, dga_point, "algorithm.local_steps")) or 5)
+    d_dga = int(num(setting(sweep, dga_point, "algorithm.delay")) or 20)
+    s_dga = (d_dga - 1) // k_dga              # D = s K + r with r in [1, K] (R-DG1)
+    r_dga = d_dga - s_dga * k_dga
     knee = d_dga * tau                       # the round trip DGA's D steps cover
 
     def dga_pred(d: float) -> float:         # per step, in units of tau
-        return max(1.0, 2 * d / knee)
+        # a wait, once per period of s + 1 rounds, for the round trip beyond D steps:
+        # the period lasts RTT + (K - r) tau (RTT/D a step when K divides D)
+        return max(1.0, (2 * d + (k_dga - r_dga) * tau) / ((s_dga + 1) * k_dga * tau))
 
     def fed_pred(d: float, k: int = k_dga) -> float:
         return 1.0 + 2 * d / (k * tau)
@@ -163,13 +169,13 @@ def eval_dg1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     rows = []
     lines: dict[str, list[tuple[Any, float | None, float | None]]] = {}
     for d in delays:
-        extra = [fmt(*mean_ci(paired(fed.get(d, {}), times.get(m, {}).get(d, {}))), unit="x")
+        extra = [fmts(paired(fed.get(d, {}), times.get(m, {}).get(d, {})), unit="x")
                  for m in others]
         rows.append([f"{d * 1e3:g} ms", f"{fed_pred(d):.2f}",
-                     fmt(*mean_ci(rel(DG1_FEDAVG, d).values()), bounds=NON_NEGATIVE),
+                     fmts(rel(DG1_FEDAVG, d).values(), bounds=NON_NEGATIVE),
                      f"{dga_pred(d):.2f}",
-                     fmt(*mean_ci(rel(DG1_DGA, d).values()), bounds=NON_NEGATIVE),
-                     fmt(*mean_ci(speedups[d]), unit="x"), *extra])
+                     fmts(rel(DG1_DGA, d).values(), bounds=NON_NEGATIVE),
+                     fmts(speedups[d], unit="x"), *extra])
         for m in [DG1_FEDAVG, *others, DG1_DGA]:
             lines.setdefault(m, []).append((d * 1e3, *mean_ci(rel(m, d).values())))
     fine = [d * 1e3 for d in delays]
@@ -210,11 +216,13 @@ def eval_dg1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
 #: DG-2's conditions: the two readings of Table 1's "without correction" (the paper
 #: does not define it, R-DG4), at the scenario's momentum SGD; and the per-step reading
 #: with plain SGD, the ablation that changes only the momentum.
-PER_STEP = ("without correction read per step (each step moves along 1/K of the all-client "
-            "average of D steps ago, never the client's own gradient), momentum SGD")
+PER_STEP = ("without correction read per step (from D steps after a round is sent, each of "
+            "the next K steps moves along 1/K of its all-client average; never along the "
+            "client's own gradient), momentum SGD")
 PER_ROUND = ("without correction read per round (once a round, a jump by the whole round's "
              "average, at a model D steps old), momentum SGD")
-PER_STEP_SGD = "without correction read per step, plain SGD (momentum -> none)"
+PER_STEP_SGD = ("without correction read per step, plain SGD (momentum -> none, lr kept: "
+                "the effective step 10x smaller)")
 _READING = {"none_per_step": PER_STEP, "none": PER_ROUND}
 
 

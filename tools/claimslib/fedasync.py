@@ -30,6 +30,7 @@ from claimslib.verdict import (
     Finding,
     explain,
     fmt,
+    fmts,
     judge,
     md_table,
     mean_ci,
@@ -85,7 +86,7 @@ def eval_fa1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
         f"with {c_hi} tasks in flight the staleness that occurred averaged {stale:.1f} (the "
         f"paper draws it uniformly up to {c_hi - 1})")
     diverged = sum(math.isinf(v) for v in std[const].values())
-    number = "; ".join(f"Const/{name} late-loss std {fmt(*mean_ci(ratios[name]), unit='x')}"
+    number = "; ".join(f"Const/{name} late-loss std {fmts(ratios[name], unit='x')}"
                        for name, k in (("Poly", poly), ("Hinge", hinge)) if k in runs)
     number += f" at {where}" + (f" (Const diverged on {diverged} seeds)" if diverged else "")
     rows = []
@@ -96,8 +97,8 @@ def eval_fa1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
         div = sum(math.isinf(v) for v in s.values())
         note = f" ({div} diverged)" if div else ""
         rows.append([point_label(rs) + note,
-                     fmt(*mean_ci(s.values()), ".3f", bounds=NON_NEGATIVE),
-                     fmt(*mean_ci(lm.values()), ".3f", bounds=NON_NEGATIVE),
+                     fmts(s.values(), ".3f", bounds=NON_NEGATIVE),
+                     fmts(lm.values(), ".3f", bounds=NON_NEGATIVE),
                      short_mean(values(rs, "staleness_mean").values()), str(len(s))])
         bars.setdefault(f"c = {k[2]}", []).append((variant_label(rs) + note, *mean_ci(s.values())))
         bars_loss.setdefault(f"c = {k[2]}", []).append((variant_label(rs) + note,
@@ -178,7 +179,7 @@ def eval_fa2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
                   f"{st[cs[-1]]:.1f} at c = {cs[-1]} (the paper draws it uniformly up to 4 "
                   f"or 16)")
     number = (f"gradients to {target:.0%} over SGD's: FedAvg "
-              f"{fmt(*mean_ci(paired(avg, sgd)), unit='x')}; FedAsync c = "
+              f"{fmts(paired(avg, sgd), unit='x')}; FedAsync c = "
               f"{', '.join(map(str, cs))}: "
               + ", ".join(f"{short_mean(paired(grads[('FedAsync', c)], sgd), '.2f')}x"
                           for c in cs))

@@ -152,6 +152,14 @@ def fmt(m: float | None, ci: float | None, spec: str = ".2f", unit: str = "",
     return f"{m:{spec}}{unit} (95 % CI {lo:{spec}} to {hi:{spec}})"
 
 
+def fmts(xs: Iterable[float], spec: str = ".2f", unit: str = "",
+         bounds: tuple[float, float] = (-math.inf, math.inf)) -> str:
+    """:func:`fmt` of per-seed values' mean and 95 % CI, with the values beside it."""
+    vals = list(xs)
+    big = max((abs(v) for v in vals if math.isfinite(v)), default=0.0) >= 1e6
+    return fmt(*mean_ci(vals), spec, unit, bounds) + seeds_of(vals, ".2e" if big else spec)
+
+
 def seeds_of(xs: Iterable[float], spec: str = ".1f", scale: float = 1.0) -> str:
     """The per-seed values behind a mean, as the tables show them beside it: ``[a, b, c]``."""
     vals = list(xs)

@@ -46,6 +46,9 @@ class Claim:
     evaluate: Callable[[sw.Sweep, list[sw.PointResult]], Finding]
     #: each difference from the paper's setting that remains, and why
     differences: tuple[str, ...] = ()
+    #: other sweeps (files under scenarios/repro/) whose runs the evaluator also reads,
+    #: run first if they have not run (e.g. an ablation another claim's sweep holds)
+    also: tuple[str, ...] = ()
 
 
 # -- a claim's record ------------------------------------------------------------
@@ -88,6 +91,15 @@ def run_claim(c: Claim, out: Path, jobs: str, execute: bool) -> dict[str, Any]:
         sw.write_tables(spec, sdir, results)
         # what the runs took, one after another (main keeps a measured time if it has one)
         real = sum(sw.figure(r.summary, "real_seconds") or 0.0 for r in results)
+    for extra in c.also:        # another claim's runs, as a condition of this one
+        xspec = sw.load_sweep(REPRO / extra)
+        xdir = out / Path(extra).name.removesuffix(".sweep.toml")
+        if execute:
+            results = [*results, *sw.run_sweep(
+                xspec, xdir, jobs=jobs if jobs == "auto" else int(jobs),
+                report=lambda line: print(f"  {c.id} {line}", flush=True)).points]
+        elif (xdir / "sweep.json").exists():
+            results = [*results, *sw.read_results(xdir)[1]]
     finding = c.evaluate(spec, results)
     if finding.chart is not None:
         fig: Path | None = draw_chart(finding.chart, sdir / f"{CHART}-{c.id.lower()}.png")
