@@ -19,6 +19,7 @@ delays and losses do not depend on any other link's traffic.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Sequence
@@ -61,6 +62,10 @@ class DeviceModel(Protocol):
 
     def compute_time(self, steps: int, rng: np.random.Generator, run_index: int = 0) -> float:
         """Emulated seconds for ``steps`` steps of run ``run_index``."""
+        ...
+
+    def least_time(self, steps: int) -> float:
+        """The least emulated seconds any run of ``steps`` steps takes."""
         ...
 
     def mean_step(self) -> float:
@@ -235,6 +240,19 @@ class NetPlan:
         except ValueError as exc:
             raise NetworkError(f"network (client {client}, {direction}): {exc}") from None
 
+    def least_transfer(self, client: int, direction: str, nbytes: int, t: float) -> float:
+        """The least emulated seconds a message of ``nbytes`` sent at ``t`` can take
+        on ``client``'s link in ``direction``: the floor of its propagation delay
+        plus its serialisation, with the parameters in force at ``t`` (what
+        :meth:`~netem.linkparams.LinkParams.least_delay` says; everything else
+        the link does only adds)."""
+        p = self.params(client, direction)
+        changes = self._changes[self.group_of[client]][0 if direction == "up" else 1]
+        if changes.changes:
+            timeline = changes.timeline(p)
+            p = timeline[max(bisect.bisect_right([c[0] for c in timeline], t) - 1, 0)][1]
+        return p.least_delay(nbytes)
+
     def bottleneck(self, direction: str) -> Bottleneck | None:
         cfg = self.net.bottleneck_up if direction == "up" else self.net.bottleneck_down
         if cfg is None:
@@ -316,6 +334,13 @@ class NetPlan:
 
     def device(self, client: int) -> DeviceModel:
         return self._devices[0][client]
+
+    def least_compute(self, client: int, steps: int) -> float:
+        """The least emulated seconds ``steps`` local steps take on ``client``'s device
+        (0 while a speed-factor device still waits for the host's step time)."""
+        if self.sc.devices.model == "speed_factor" and not self.host_step_time:
+            return 0.0
+        return self.device(client).least_time(steps)
 
     def device_rng(self, client: int) -> np.random.Generator:
         return stream(self.seed, "devices", "run", client)
@@ -423,6 +448,9 @@ class _Zero:
     """A device that computes instantly (``step_time = 0``)."""
 
     def compute_time(self, steps: int, rng: np.random.Generator, run_index: int = 0) -> float:
+        return 0.0
+
+    def least_time(self, steps: int) -> float:
         return 0.0
 
     def mean_step(self) -> float:
