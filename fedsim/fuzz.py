@@ -201,11 +201,10 @@ class Fuzzer:
         return Frame(old, "replay", "replay")
 
     def send_time(self) -> Frame:
-        # a ready (of a client that is not away: a no-op) that claims an impossible
-        # send time: clamped, and counted against the host (its verdict fails)
+        # an update that claims an impossible send time: clamped and counted against
+        # the host (its verdict fails), then refused (it answers no task)
         t = float(self.rng.choice([-1e6, -50.0, 1e6, 1e12]))
-        msg = Ready(client=self._client(), reset=False)
-        return Frame(self._frames(msg, sent_at=t), "send_time", None)
+        return Frame(self._frames(self._update(), sent_at=t), "send_time", "unknown_task")
 
     def forged_event(self) -> Frame:
         forged = Event.of(0.0, 0.0, "evaluate", accuracy=0.999)

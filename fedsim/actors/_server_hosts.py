@@ -324,18 +324,17 @@ class HostSide:
     def _uplink(self, host: HostInfo, cid: int, msg: ClientMessage, meta: Any) -> None:
         assert self.timers is not None
         assert self.state is not None
+        # the envelope's claim first (any client message), then an update's task
+        sent, clamped = self._send_time(host, meta.sent_at)
+        if clamped:
+            self.state.event(self._now(), "warning", client=cid, kind=meta.kind.lower(),
+                             sent_at=meta.sent_at, reason="send time out of bounds: clamped")
         task = None
         if isinstance(msg, Update):
             task = self.tasks.find(cid, msg.task_id)
             if task is None:
                 raise Refusal("unknown_task", f"an update of task {msg.task_id}, which the "
                               f"server did not send to client {cid} (or long ago)")
-        sent, clamped = self._send_time(host, meta.sent_at)
-        if clamped:
-            self.state.event(self._now(), "warning", client=cid, kind=meta.kind.lower(),
-                             sent_at=meta.sent_at, reason="send time out of bounds: clamped")
-        if task is not None:
-            assert isinstance(msg, Update)
             earliest = self._earliest(cid, task, msg)
             if sent < earliest - TOLERANCE:
                 if not clamped:  # (a message is counted once)
