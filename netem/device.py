@@ -72,7 +72,9 @@ class StepTime:
 
     def least_time(self, steps: int) -> float:
         """The least ``compute_time(steps)`` can be: ``steps`` x the distribution's
-        floor (``ppf(0)``: a constant's value, 0 for a log-normal)."""
+        floor (``ppf(0)``, the least its sampler draws: a constant's value; a
+        log-normal's, far below its mean, where the normal quantile is
+        clipped at ``|z| <= 8.2``)."""
         floor = float(self.dist.ppf(0.0))
         return steps * floor if math.isfinite(floor) and floor > 0.0 else 0.0
 
