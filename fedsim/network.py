@@ -139,6 +139,10 @@ class NetPlan:
         self.rate_mult = self._spread(self.net.rate_spread, "rate")
         self._changes = self._build_changes()
         self._kinds: dict[tuple[str, str], str] = {}
+        # (client, direction) -> its parameter timeline's start times, and each
+        # parameter set with its least propagation delay (least_transfer)
+        self._least: dict[tuple[int, str], tuple[list[float],
+                                                 list[tuple[LinkParams, float]]]] = {}
 
     # -- assignment and draws ---------------------------------------------------
     def _assign(self) -> list[str]:
@@ -245,13 +249,19 @@ class NetPlan:
         on ``client``'s link in ``direction``: the floor of its propagation delay
         plus its serialisation, with the parameters in force at ``t`` (what
         :meth:`~netem.linkparams.LinkParams.least_delay` says; everything else
-        the link does only adds)."""
-        p = self.params(client, direction)
-        changes = self._changes[self.group_of[client]][0 if direction == "up" else 1]
-        if changes.changes:
-            timeline = changes.timeline(p)
-            p = timeline[max(bisect.bisect_right([c[0] for c in timeline], t) - 1, 0)][1]
-        return p.least_delay(nbytes)
+        the link does only adds). Each link's floors are worked out on its
+        first use and kept (an empirical table's takes a sort)."""
+        key = (client, direction)
+        got = self._least.get(key)
+        if got is None:
+            p = self.params(client, direction)
+            changes = self._changes[self.group_of[client]][0 if direction == "up" else 1]
+            timeline = changes.timeline(p) if changes.changes else [(-math.inf, p)]
+            got = self._least[key] = ([c[0] for c in timeline],
+                                      [(q, q.least_propagation()) for _, q in timeline])
+        times, floors = got
+        q, prop = floors[max(bisect.bisect_right(times, t) - 1, 0)]
+        return prop + q.serialization(nbytes)
 
     def bottleneck(self, direction: str) -> Bottleneck | None:
         cfg = self.net.bottleneck_up if direction == "up" else self.net.bottleneck_down

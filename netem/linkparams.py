@@ -130,19 +130,22 @@ class LinkParams:
         """Seconds to serialise ``nbytes`` at ``rate`` (0 if unlimited)."""
         return 0.0 if self.rate is None else self.wire_bytes(nbytes) * 8.0 / self.rate
 
+    def least_propagation(self) -> float:
+        """The least propagation delay a message can draw (seconds): the delay
+        marginal's ``ppf(0)``, the least its sampler can produce. netem's
+        families are clipped, so theirs is ``max(0, delay + jitter x LO)``; a
+        log-normal's is where :func:`~netem.stdnormal.norm_ppf` clips
+        (``|z| <= 8.2``); an empirical table's is its smallest value."""
+        floor = float(self.delay_dist().ppf(0.0))
+        return floor if math.isfinite(floor) and floor > 0.0 else 0.0
+
     def least_delay(self, nbytes: int) -> float:
         """The least time a message of ``nbytes`` can take on this link (seconds).
 
-        The propagation delay's lower bound (the marginal's ``ppf(0)``, the
-        least its sampler can draw: netem's families are clipped, so theirs
-        is ``max(0, delay + jitter x LO)``; a log-normal's is where
-        :func:`~netem.stdnormal.norm_ppf` clips, ``|z| <= 8.2``) plus its
-        serialisation at ``rate`` (0 on a trace or an unlimited link).
-        Queueing, a shared bottleneck, TCP's slow start and recovery, and
-        head-of-line waits only add to it: every delivery
-        :class:`~netem.link.Link` schedules with these parameters is at least
-        this long after its send.
+        :meth:`least_propagation` plus its serialisation at ``rate`` (0 on a
+        trace or an unlimited link). Queueing, a shared bottleneck, TCP's
+        slow start and recovery, and head-of-line waits only add to it: every
+        delivery :class:`~netem.link.Link` schedules with these parameters is
+        at least this long after its send.
         """
-        floor = float(self.delay_dist().ppf(0.0))
-        prop = floor if math.isfinite(floor) and floor > 0.0 else 0.0
-        return prop + self.serialization(nbytes)
+        return self.least_propagation() + self.serialization(nbytes)
