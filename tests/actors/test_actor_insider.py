@@ -20,7 +20,7 @@ from actor_scenarios import build, of
 
 from fedsim.actors import worker as worker_module
 from fedsim.actors._setup import build_data
-from fedsim.actors.host import EXIT_REFUSED
+from fedsim.actors.host import EXIT_REFUSED, ClientHost
 from fedsim.actors.inmemory import InMemoryRun, run_in_memory
 from fedsim.algorithms import ClientResult
 from fedsim.codec import encode_body, stamp
@@ -87,10 +87,24 @@ def _partition(sc: Scenario) -> list[int]:
     return [c.num_samples for c in build_data(sc).clients]
 
 
+@pytest.mark.parametrize("wide_clock", [False, True], ids=["measured-clock", "claimed-clock"])
 def test_a_back_dated_update_takes_the_emulated_time_and_fails_the_verdict_by_name(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wide_clock: bool) -> None:
+    if wide_clock:
+        # the insider also reports its clock as known to +-0.5 s only: that widens the
+        # window the server accepts claims in, never the bound the task record sets
+        sync = ClientHost.sync_clock
+
+        async def wide(self: ClientHost, *args: Any, **kwargs: Any) -> None:
+            await sync(self, *args, **kwargs)
+            if self.name == f"host-{INSIDER}":
+                self.clock_uncertainty = 0.5
+
+        monkeypatch.setattr(ClientHost, "sync_clock", wide)
     run, results = _insider_run(tmp_path, {"name": "fedasync", "concurrency": 6})
     s = run.summary
+    if wide_clock:
+        assert s["fidelity"]["clocks"]["host-1"]["uncertainty_ms"] == 500.0
     assert s["status"] == "completed", s["status"]
     events = run.events()
     # the verdict fails, naming the insider and no one else
@@ -98,6 +112,7 @@ def test_a_back_dated_update_takes_the_emulated_time_and_fails_the_verdict_by_na
     reasons = s["fidelity"]["reasons"]
     assert any(r.startswith("send_times[host-1]:") for r in reasons), reasons
     assert not any("host-0" in r for r in reasons), reasons
+    assert any(r.startswith("clock[host-1]:") for r in reasons) == wide_clock, reasons
     # the base version is the version the task was sent with, never the claim
     sends = {e["task_id"]: e for e in of(events, "send", dir="down", kind="task")}
     sent_versions = {(e["client"], e["version"]) for e in sends.values()}
