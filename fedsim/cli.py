@@ -306,8 +306,19 @@ def _report(result: Any) -> None:
     if s.get("clients_missing"):
         click.echo(f"  missing clients  {len(s['clients_missing'])} never registered")
     if s.get("send_times_clamped"):
-        click.echo(f"  clamped          {s['send_times_clamped']} messages claimed an "
-                   "impossible send time (not judged for lateness)")
+        fixed = s.get("send_time_corrections") or {}
+        hosts = {h: c["send_times_corrected"] for h, c in (fid.get("clocks") or {}).items()
+                 if isinstance(c, dict) and c.get("send_times_corrected")}
+        click.echo(f"  corrected        {s['send_times_clamped']} messages claimed a send time "
+                   f"the server's record does not allow ({fixed.get('out_of_window', 0)} out "
+                   f"of the window, {fixed.get('before_record', 0)} before their task's "
+                   "earliest delivery and compute; by host: "
+                   + (", ".join(f"{h} {n}" for h, n in sorted(hosts.items())) or "-")
+                   + "): corrected, not judged, and the verdict fails")
+    guard = s.get("guard")
+    if isinstance(guard, dict):
+        click.echo(f"  update guard     {guard.get('rejected', 0)} rejected, "
+                   f"{guard.get('clipped', 0)} clipped")
     if s.get("late_arrivals"):
         click.echo(f"  late arrivals    {s['late_arrivals']} messages arrived after their "
                    "emulated delivery time (real transit longer than the emulated link, or a "

@@ -189,7 +189,7 @@ class Fuzzer:
             (HostBye(host=self.host, overruns=0, compute_deadlines=0, rejected=0,
                      fidelity={}), "out_of_order"),
             (Ready(client=self._client(), reset=False), None),     # not away: a no-op
-            (self._update(), None),                                 # of no task: discarded
+            (self._update(), "unknown_task"),                       # of a task never sent
         ]
         msg, reason = choices[int(self.rng.integers(0, len(choices)))]
         return Frame(self._frames(msg), "out_of_order", reason)
@@ -201,9 +201,10 @@ class Fuzzer:
         return Frame(old, "replay", "replay")
 
     def send_time(self) -> Frame:
-        # an update of no task (discarded) that claims an impossible send time (clamped)
+        # an update that claims an impossible send time: clamped and counted against
+        # the host (its verdict fails), then refused (it answers no task)
         t = float(self.rng.choice([-1e6, -50.0, 1e6, 1e12]))
-        return Frame(self._frames(self._update(), sent_at=t), "send_time", None)
+        return Frame(self._frames(self._update(), sent_at=t), "send_time", "unknown_task")
 
     def forged_event(self) -> Frame:
         forged = Event.of(0.0, 0.0, "evaluate", accuracy=0.999)

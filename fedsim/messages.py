@@ -1275,7 +1275,14 @@ class Task(_Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Update(_Record):
-    """Client -> server, when a task is done: its result (pipeline rounds: base_version = round)."""
+    """Client -> server, when a task is done: its result (pipeline rounds: base_version = round).
+
+    The server applies it by its own record: the base version (and, for a
+    task answered by one upload, the round) of the task ``task_id`` it sent,
+    the client's partition size as its weight, and a send time no earlier
+    than that task allows. ``base_version`` and ``num_samples`` are what the
+    client believes; they are checked for type and range, never trusted.
+    """
 
     client: int
     task_id: int

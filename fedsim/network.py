@@ -19,6 +19,7 @@ delays and losses do not depend on any other link's traffic.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Sequence
@@ -61,6 +62,10 @@ class DeviceModel(Protocol):
 
     def compute_time(self, steps: int, rng: np.random.Generator, run_index: int = 0) -> float:
         """Emulated seconds for ``steps`` steps of run ``run_index``."""
+        ...
+
+    def least_time(self, steps: int) -> float:
+        """The least emulated seconds any run of ``steps`` steps takes."""
         ...
 
     def mean_step(self) -> float:
@@ -134,6 +139,10 @@ class NetPlan:
         self.rate_mult = self._spread(self.net.rate_spread, "rate")
         self._changes = self._build_changes()
         self._kinds: dict[tuple[str, str], str] = {}
+        # (client, direction) -> its parameter timeline's start times, and each
+        # parameter set with its least propagation delay (least_transfer)
+        self._least: dict[tuple[int, str], tuple[list[float],
+                                                 list[tuple[LinkParams, float]]]] = {}
 
     # -- assignment and draws ---------------------------------------------------
     def _assign(self) -> list[str]:
@@ -235,6 +244,25 @@ class NetPlan:
         except ValueError as exc:
             raise NetworkError(f"network (client {client}, {direction}): {exc}") from None
 
+    def least_transfer(self, client: int, direction: str, nbytes: int, t: float) -> float:
+        """The least emulated seconds a message of ``nbytes`` sent at ``t`` can take
+        on ``client``'s link in ``direction``: the floor of its propagation delay
+        plus its serialisation, with the parameters in force at ``t`` (what
+        :meth:`~netem.linkparams.LinkParams.least_delay` says; everything else
+        the link does only adds). Each link's floors are worked out on its
+        first use and kept (an empirical table's takes a sort)."""
+        key = (client, direction)
+        got = self._least.get(key)
+        if got is None:
+            p = self.params(client, direction)
+            changes = self._changes[self.group_of[client]][0 if direction == "up" else 1]
+            timeline = changes.timeline(p) if changes.changes else [(-math.inf, p)]
+            got = self._least[key] = ([c[0] for c in timeline],
+                                      [(q, q.least_propagation()) for _, q in timeline])
+        times, floors = got
+        q, prop = floors[max(bisect.bisect_right(times, t) - 1, 0)]
+        return prop + q.serialization(nbytes)
+
     def bottleneck(self, direction: str) -> Bottleneck | None:
         cfg = self.net.bottleneck_up if direction == "up" else self.net.bottleneck_down
         if cfg is None:
@@ -316,6 +344,13 @@ class NetPlan:
 
     def device(self, client: int) -> DeviceModel:
         return self._devices[0][client]
+
+    def least_compute(self, client: int, steps: int) -> float:
+        """The least emulated seconds ``steps`` local steps take on ``client``'s device
+        (0 while a speed-factor device still waits for the host's step time)."""
+        if self.sc.devices.model == "speed_factor" and not self.host_step_time:
+            return 0.0
+        return self.device(client).least_time(steps)
 
     def device_rng(self, client: int) -> np.random.Generator:
         return stream(self.seed, "devices", "run", client)
@@ -423,6 +458,9 @@ class _Zero:
     """A device that computes instantly (``step_time = 0``)."""
 
     def compute_time(self, steps: int, rng: np.random.Generator, run_index: int = 0) -> float:
+        return 0.0
+
+    def least_time(self, steps: int) -> float:
         return 0.0
 
     def mean_step(self) -> float:

@@ -166,12 +166,16 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
         if fed is None and zygote is not None:  # the zygote built it: no second copy
             shape = await zygote.describe()
             input_shape, num_classes = tuple(shape["input_shape"]), int(shape["num_classes"])
-            write_json_atomic(run_dir / "data.json", shape["stats"], indent=None)
+            stats = shape["stats"]
         else:
             fed = build_data(sc) if fed is None else fed
-            write_json_atomic(run_dir / "data.json", fed.stats(), indent=None)
+            stats = fed.stats()
             input_shape, num_classes = tuple(fed.input_shape), int(fed.num_classes)
             del fed
+        write_json_atomic(run_dir / "data.json", stats, indent=None)
+        # each client's training samples as the seed partitions the data: the
+        # server's record of the weights (a host must register these counts)
+        partition = [int(c["num_samples"]) for c in stats["clients"]]
         model = build_model(sc, input_shape, num_classes)
     except BaseException:  # no federation: the hosts started for it go
         for p in procs.values():
@@ -189,7 +193,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     server = Server(sc, run_dir, endpoint=endpoint, evaluator=evaluator,
                     dilation=dilation, fedsim_version=fedsim_version(),
                     scenario_hash=scenario_hash(data), model_x0=x0, model_spec=spec,
-                    allowed=allowed, resume=ckpt)
+                    partition=partition, allowed=allowed, resume=ckpt)
     server.on_progress = on_progress
 
     async def watch(name: str, proc: HostProcess) -> None:

@@ -6,7 +6,9 @@ FedScale's compute model (a per-sample latency times ``3 x batch x steps``, or
 profile (per-step time, or a speed factor against a calibrated host step).
 
 A device answers ``compute_time(steps, rng, run_index=0)`` in emulated
-seconds. ``steps`` is whatever unit the caller counts (minibatch steps, or
+seconds, and ``least_time(steps)``: the least any run of ``steps`` steps
+can take on it (the floor of its distribution; a receiver bounds what a
+sender may claim by it). ``steps`` is whatever unit the caller counts (minibatch steps, or
 samples when a local epoch costs time proportional to the client's data, as
 the AsyncFedED authors' logs show, docs/algorithms.md#r-af5). Models:
 
@@ -68,6 +70,14 @@ class StepTime:
             return float(self.dist.sample(rng, 1)[0]) * steps
         return float(np.sum(self.dist.sample(rng, steps)))
 
+    def least_time(self, steps: int) -> float:
+        """The least ``compute_time(steps)`` can be: ``steps`` x the distribution's
+        floor (``ppf(0)``, the least its sampler draws: a constant's value; a
+        log-normal's, far below its mean, where the normal quantile is
+        clipped at ``|z| <= 8.2``)."""
+        floor = float(self.dist.ppf(0.0))
+        return steps * floor if math.isfinite(floor) and floor > 0.0 else 0.0
+
     def mean_step(self) -> float:
         """Expected seconds per step."""
         return self.dist.moments()[0]
@@ -98,6 +108,10 @@ class RunTrace:
         t = self.run_times[run_index % len(self.run_times)]
         return t * steps / self.steps_per_run
 
+    def least_time(self, steps: int) -> float:
+        """The shortest run of the trace, scaled to ``steps``."""
+        return min(self.run_times) * steps / self.steps_per_run
+
     def mean_step(self) -> float:
         """Expected seconds per step."""
         return float(np.mean(self.run_times)) / self.steps_per_run
@@ -119,6 +133,10 @@ class SpeedFactor:
     ) -> float:
         """Deterministic: ``steps x factor x host_step_time``."""
         _check.integer("SpeedFactor.compute_time", "steps", steps, 0)
+        return steps * self.factor * self.host_step_time
+
+    def least_time(self, steps: int) -> float:
+        """Deterministic: the same as :meth:`compute_time`."""
         return steps * self.factor * self.host_step_time
 
     def mean_step(self) -> float:

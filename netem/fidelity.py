@@ -33,6 +33,12 @@ adds a reason and makes the verdict ``"fail"``:
   that a healthy run with a few link kinds rarely fails by chance.
 * ``burst_length``: realised mean burst within ``z sd / sqrt(bursts) + 5 %``
   of the model's (geometric sd ``sqrt(b (b - 1))``).
+* ``clock`` per host: its clock's uncertainty, in emulated seconds, <= the
+  allowed lateness.
+* ``send_times`` per host: no message of that host needed its claimed send
+  time corrected (:meth:`FidelityMonitor.record_clamped`). A sender whose
+  claims the receiver had to correct is not emulated faithfully, whatever
+  its other numbers; no dilation fixes it.
 
 Statistical checks need ``min_samples`` (30) observations; otherwise they are
 listed as skipped.
@@ -148,6 +154,8 @@ class FidelityMonitor:
         # host -> (offset, uncertainty), real seconds
         self._clocks: dict[str, tuple[float, float]] = {}
         self._clamped = 0
+        # sender -> messages whose send time was corrected
+        self._corrected: dict[str, int] = {}
 
     # -- configuration -------------------------------------------------------
     def _kind(self, kind: str) -> KindStats:
@@ -213,9 +221,11 @@ class FidelityMonitor:
         """Observations as plain data (msgpack/JSON-able), for :meth:`merge`.
 
         Configuration (expected delays and loss models) is not exported: the
-        process that merges sets its own. Lateness and compute ratios keep at
-        most ``max_samples`` values each (uniformly thinned); counts, sums and
-        maxima stay exact.
+        process that merges sets its own. Neither are corrected send times
+        (:meth:`record_clamped`): they are the receiver's own judgement of
+        its senders, never taken from a sender's report. Lateness and
+        compute ratios keep at most ``max_samples`` values each (uniformly
+        thinned); counts, sums and maxima stay exact.
         """
         kinds = {name: k.export() for name, k in self._kinds.items()}
         return {"lateness": self._late.export(max_samples),
@@ -245,13 +255,17 @@ class FidelityMonitor:
         """
         self._clocks[host] = (float(offset), float(uncertainty))
 
-    def record_clamped(self, n: int = 1) -> None:
-        """Messages whose claimed send time was out of bounds and was clamped.
+    def record_clamped(self, n: int = 1, host: str | None = None) -> None:
+        """Messages whose claimed send time was out of bounds and was corrected.
 
-        They are not judged for lateness (their send time is not known), so
-        a forged time can neither fail nor pass the verdict; they are counted.
+        They are not judged for lateness (their send time is not known); they
+        are counted, and with ``host`` (the sender) they fail the verdict by
+        that host's name: a correction means its messages did not take the
+        emulated time they claim.
         """
         self._clamped += n
+        if host is not None:
+            self._corrected[host] = self._corrected.get(host, 0) + n
 
     # -- verdict -------------------------------------------------------------
     def allowed_lateness(self) -> float:
@@ -337,6 +351,10 @@ class FidelityMonitor:
             need = unc_e / allowed if allowed > 0 else math.inf
             check("clock", host, unc_e, f"uncertainty <= {allowed:.6g} s",
                   unc_e <= allowed, _constant(need))
+        for host, n in sorted(self._corrected.items()):
+            clocks.setdefault(host, {})["send_times_corrected"] = n
+            check("send_times", host, n, "0 corrected (claimed send times the receiver "
+                  "had to correct)", n == 0)
 
         kinds_out: dict[str, Any] = {}
         for name, k in sorted(self._kinds.items()):

@@ -13,6 +13,7 @@ serialisation time). Time-varying links swap whole values
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from netem import _check
@@ -128,3 +129,23 @@ class LinkParams:
     def serialization(self, nbytes: int) -> float:
         """Seconds to serialise ``nbytes`` at ``rate`` (0 if unlimited)."""
         return 0.0 if self.rate is None else self.wire_bytes(nbytes) * 8.0 / self.rate
+
+    def least_propagation(self) -> float:
+        """The least propagation delay a message can draw (seconds): the delay
+        marginal's ``ppf(0)``, the least its sampler can produce. netem's
+        families are clipped, so theirs is ``max(0, delay + jitter x LO)``; a
+        log-normal's is where :func:`~netem.stdnormal.norm_ppf` clips
+        (``|z| <= 8.2``); an empirical table's is its smallest value."""
+        floor = float(self.delay_dist().ppf(0.0))
+        return floor if math.isfinite(floor) and floor > 0.0 else 0.0
+
+    def least_delay(self, nbytes: int) -> float:
+        """The least time a message of ``nbytes`` can take on this link (seconds).
+
+        :meth:`least_propagation` plus its serialisation at ``rate`` (0 on a
+        trace or an unlimited link). Queueing, a shared bottleneck, TCP's
+        slow start and recovery, and head-of-line waits only add to it: every
+        delivery :class:`~netem.link.Link` schedules with these parameters is
+        at least this long after its send.
+        """
+        return self.least_propagation() + self.serialization(nbytes)

@@ -161,3 +161,26 @@ def test_a_summary_without_phases_prints_no_block(tmp_path: Path,
     assert res.returncode == 0, res
     assert "where time went" not in res.stdout
     assert "run directory" in res.stdout
+
+
+def test_run_prints_corrected_send_times_and_the_guard(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fedsim.api
+    from fedsim.results import RunResult
+
+    summary = {**PHASES_SUMMARY, "send_times_clamped": 37,
+               "send_time_corrections": {"out_of_window": 1, "before_record": 36},
+               "guard": {"rejected": 4, "clipped": 2},
+               "fidelity": {"verdict": "fail", "lateness_ms": {"p50": 0.1, "p99": 1.3},
+                            "reasons": ["send_times[host-1]: 37 outside 0 corrected"],
+                            "clocks": {"host-0": {"send_times_corrected": 0},
+                                       "host-1": {"send_times_corrected": 37}}}}
+    monkeypatch.setattr(fedsim.api, "run", lambda sc, **kw: RunResult.of(tmp_path, summary))
+    res = cli_inproc("run", str(ROOT / "scenarios" / "quickstart.toml"), "--no-progress")
+    assert res.returncode == 0, res
+    assert "    fail: send_times[host-1]: 37 outside 0 corrected" in res.stdout
+    assert ("  corrected        37 messages claimed a send time the server's record does not "
+            "allow (1 out of the window, 36 before their task's earliest delivery and "
+            "compute; by host: host-1 37): corrected, not judged, and the verdict fails"
+            in res.stdout)
+    assert "  update guard     4 rejected, 2 clipped" in res.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,29 @@ def test_bad_network_settings_name_the_field() -> None:
         _plan(network={"groups": [{"clients": [50]}]})
     with pytest.raises(NetworkError, match=r"network\.up\.table"):
         _plan(network={"up": {"distribution": "empirical", "table": "/nonexistent"}})
+
+
+def test_the_least_transfer_follows_the_links_spreads_and_changes() -> None:
+    plan = _plan(network={"down": {"delay": 0.02, "jitter": 0.01, "rate": 1e6},
+                          "delay_spread": {"cv": 0.3},
+                          "changes": [{"at": 5.0, "down": {"delay": 0.2, "rate": 2e6}}]})
+    for c in (0, 7):
+        before, after = plan.params(c, "down"), replace(plan.params(c, "down"), delay=0.2,
+                                                        rate=2e6)
+        assert plan.least_transfer(c, "down", 10_000, 4.9) == before.least_delay(10_000)
+        assert plan.least_transfer(c, "down", 10_000, 5.0) == after.least_delay(10_000)
+        # what the client's own link does, message by message, is never less
+        link = plan.make_link(c, "down")
+        for t in (0.0, 2.0, 4.0, 6.0, 8.0):
+            d = link.schedule(t, 10_000)
+            assert d.t_deliver - t >= plan.least_transfer(c, "down", 10_000, t) - 1e-12
+    assert plan.least_transfer(0, "down", 10_000, 0.0) != plan.least_transfer(7, "down",
+                                                                              10_000, 0.0)
+
+
+def test_the_least_compute_is_the_devices_floor() -> None:
+    plan = _plan(devices={"step_time": 0.01, "distribution": "uniform", "spread": 0.005})
+    for c in range(5):
+        assert plan.least_compute(c, 4) == pytest.approx(4 * plan.device(c).mean_step())
+    noisy = _plan(devices={"step_time": 0.01, "within_cv": 0.5})
+    assert 0.0 < noisy.least_compute(0, 4) < 0.05 * 4 * 0.01  # its log-normal's floor

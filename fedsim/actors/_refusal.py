@@ -9,7 +9,8 @@ class Refusal(Exception):
     """A decoded message that is not acceptable here (``reason`` is a stable code).
 
     Codes: ``unknown_client`` (a client message from a peer that does not run
-    that client), ``unexpected_kind`` (a message kind this actor never
+    that client), ``unknown_task`` (an update of a task the server did not
+    send to that client, or sent long ago), ``unexpected_kind`` (a message kind this actor never
     receives), ``out_of_order`` (a kind it does receive, but not now),
     ``shape_mismatch`` (a model of the wrong layout for its kind),
     ``unauthenticated`` (a connection that is not the one its host registered

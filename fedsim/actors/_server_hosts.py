@@ -7,11 +7,15 @@ number, rate and size) and routed here: control messages (registration,
 clock probes, event batches, goodbyes) are handled at once, and a client's
 message is held by the timer heap until that client's emulated uplink
 delivers it, then put on the server's queue as a
-:class:`~fedsim.actors._server_queue.FromClient`. A message that breaks a
-rule is rejected with a stable reason code and the reader goes on. It also
-sends (``Start``, a client's task or average stamped with its send time),
-watches the hosts' silence and, at the end, collects their goodbyes. What
-to send and when is the server's decision (:mod:`fedsim.actors.server`).
+:class:`~fedsim.actors._server_queue.FromClient`. The send time a message
+claims is bounded by what the server observed and, for an update, by its
+record of the task it answers (:mod:`._server_tasks`); a correction is
+counted against the host and fails the fidelity verdict by its name. A
+message that breaks a rule is rejected with a stable reason code and the
+reader goes on. It also sends (``Start``, a client's task or average
+stamped with its send time, each task noted in the record), watches the
+hosts' silence and, at the end, collects their goodbyes. What to send and
+when is the server's decision (:mod:`fedsim.actors.server`).
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ from fedsim.actors._server_queue import (
     Item,
     Tick,
 )
+from fedsim.actors._server_tasks import TOLERANCE, TaskBook, TaskRecord
 from fedsim.actors.hosts import HostInfo, HostTable, RateLimit
 from fedsim.actors.runstate import RunState
-from fedsim.algorithms.api import AlgorithmSpec
+from fedsim.algorithms.api import AlgorithmSpec, ServerAlgorithm
 from fedsim.codec import Body, decode, encode, encode_body, stamp
 from fedsim.messages import (
     Average,
@@ -94,11 +99,14 @@ class HostSide:
     state: RunState | None
     plan: NetPlan
     monitor: FidelityMonitor
+    strategy: ServerAlgorithm
+    tasks: TaskBook
     admitted: set[int]
     up_kinds: dict[str, None]
     links: dict[int, Link]
     availability: dict[int, Any]
     clamped: int
+    corrections: dict[str, int]
     phases: PhaseStats
     _registered: asyncio.Event
     _bye: asyncio.Event
@@ -263,22 +271,36 @@ class HostSide:
         A host's emulated clock agrees with the server's up to its clock
         uncertainty, and a message cannot have been in transit longer than
         ``deploy.max_transit_ms``: a claim outside ``[now - max transit, now +
-        uncertainty]`` is clamped into it and the message is not judged for
+        uncertainty]`` is clamped into it, counted against its host (which
+        fails the verdict by name) and the message is not judged for
         lateness. Inside those bounds, a message that arrives later than the
         link would have delivered it by more than the allowed lateness (its
         real transit was longer than its emulated delay, or its claimed send
         time is forged) is not judged either, but counted against its host
-        (``late_arrivals``): so a forged timestamp can neither fail nor pass
-        the verdict, and a real network slower than the emulated one shows.
+        (``late_arrivals``): a real network slower than the emulated one
+        shows. An update's claim is also bounded below by the server's record
+        of its task (:meth:`_earliest`).
         """
         now = self._now()
         hi = now + host.clock_uncertainty / self.dilation + 1e-6
         lo = now - self.sc.deploy.max_transit_ms / 1e3 / self.dilation
         if lo <= claimed <= hi:
             return claimed, False
-        self.clamped += 1
-        self.monitor.record_clamped()
+        self._corrected(host, "out_of_window")
         return min(max(claimed, lo), hi), True
+
+    def _corrected(self, host: HostInfo, why: str) -> None:
+        """Count one corrected send time against ``host`` (it fails the verdict by name)."""
+        self.clamped += 1
+        self.corrections[why] += 1
+        self.monitor.record_clamped(host=host.name)
+
+    def _earliest(self, cid: int, task: TaskRecord, msg: Update) -> float:
+        """The earliest emulated time ``cid`` can have sent ``msg``, answering ``task``:
+        the task's earliest delivery plus the least compute of the work before
+        the upload on the client's device (:mod:`._server_tasks`)."""
+        steps = self.strategy.least_steps(task.steps, msg.round)
+        return task.delivered + self.plan.least_compute(cid, steps)
 
     def _add_link(self, cid: int) -> None:
         """Admit ``cid``'s messages; its uplink is made when the first one arrives."""
@@ -304,10 +326,26 @@ class HostSide:
     def _uplink(self, host: HostInfo, cid: int, msg: ClientMessage, meta: Any) -> None:
         assert self.timers is not None
         assert self.state is not None
+        # the envelope's claim first (any client message), then an update's task
         sent, clamped = self._send_time(host, meta.sent_at)
         if clamped:
             self.state.event(self._now(), "warning", client=cid, kind=meta.kind.lower(),
                              sent_at=meta.sent_at, reason="send time out of bounds: clamped")
+        task = None
+        if isinstance(msg, Update):
+            task = self.tasks.find(cid, msg.task_id)
+            if task is None:
+                raise Refusal("unknown_task", f"an update of task {msg.task_id}, which the "
+                              f"server did not send to client {cid} (or long ago)")
+            earliest = self._earliest(cid, task, msg)
+            if sent < earliest - TOLERANCE:
+                if not clamped:  # (a message is counted once)
+                    self._corrected(host, "before_record")
+                self.state.event(self._now(), "warning", client=cid, kind=meta.kind.lower(),
+                                 sent_at=meta.sent_at, task_id=task.task_id,
+                                 reason="send time before the task's earliest delivery and "
+                                 f"compute: raised to {earliest:.6f}")
+                sent, clamped = earliest, True
         d = self._link(cid).schedule(sent, meta.nbytes)
         if d.dropped:
             self.state.event(self._now(), "drop", client=cid, kind=meta.kind.lower(), dir="up",
@@ -317,10 +355,10 @@ class HostSide:
         if not clamped and received - d.t_deliver > self.monitor.allowed_lateness():
             host.late_arrivals += 1
             clamped = True
-        self.timers.call_at(d.t_deliver, self._delivered, cid, msg, meta, d, sent, clamped)
+        self.timers.call_at(d.t_deliver, self._delivered, cid, msg, meta, d, sent, clamped, task)
 
     def _delivered(self, cid: int, msg: ClientMessage, meta: Any, d: Any, sent: float,
-                   unjudged: bool) -> None:
+                   unjudged: bool, task: TaskRecord | None) -> None:
         assert self.state is not None
         now = self._now()
         if not unjudged:
@@ -328,13 +366,13 @@ class HostSide:
         lost = self._away_between(cid, sent, now)
         self.state.event(now, "drop" if lost else "deliver", client=cid, kind=meta.kind.lower(),
                          dir="up", bytes=meta.nbytes, sent_at=sent,
-                         scheduled=d.t_deliver, version=getattr(msg, "base_version", None),
-                         reason=lost)
+                         scheduled=d.t_deliver, version=None if task is None else task.version,
+                         task_id=None if task is None else task.task_id, reason=lost)
         if lost:
             return
         if isinstance(msg, Update):
             self.state.bytes_up += meta.nbytes
-        self.queue.put_nowait(FromClient(cid, msg, perf_counter()))
+        self.queue.put_nowait(FromClient(cid, msg, perf_counter(), task))
 
     def _away_between(self, cid: int, t_send: float, t_now: float) -> str | None:
         """Whether the in-flight policy loses a message of an away client."""
@@ -370,13 +408,20 @@ class HostSide:
                             host_step_time=self.sc.devices.host_step_time,
                             server=self.incarnation, t0=t0))
 
-    def _send_later(self, cid: int, body: Any, fields: dict[str, Any]) -> None:
-        task = asyncio.ensure_future(self._send(self._now(), cid, body, **fields))
+    def _send_later(self, cid: int, body: Any, fields: dict[str, Any],
+                    steps: int | None = None) -> None:
+        task = asyncio.ensure_future(self._send(self._now(), cid, body, steps=steps, **fields))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
-    async def _send(self, now: float, cid: int, body: Any, **fields: Any) -> None:
-        """Stamp and send one message to a client through its host; log it."""
+    async def _send(self, now: float, cid: int, body: Any, *, steps: int | None = None,
+                    **fields: Any) -> None:
+        """Stamp and send one message to a client through its host; log it.
+
+        A task (``steps``: its local work's steps) is noted in the record
+        with its earliest delivery at the client: ``now`` (its stamped send
+        time) plus the least its downlink can take for its size.
+        """
         assert self.state is not None
         peer = self.hosts.owner(cid)
         try:
@@ -388,6 +433,11 @@ class HostSide:
             if cid in self.clients:
                 self.queue.put_nowait(FromClient(cid, Leave(client=cid, reason="unreachable")))
             return
+        if steps is not None:
+            self.tasks.sent(cid, TaskRecord(
+                task_id=fields["task_id"], version=fields["version"], round=fields["round"],
+                delivered=now + self.plan.least_transfer(cid, "down", body.nbytes, now),
+                steps=steps))
         self.state.bytes_down += body.nbytes
         self.state.event(now, "send", client=cid, dir="down", bytes=body.nbytes, sent_at=now,
                          **fields)

@@ -3,7 +3,7 @@
 :class:`Measurements` is a part of :class:`~fedsim.actors.server.Server` (a
 mixin: it holds no state of its own and declares what of the server's it
 reads). It merges the server's own records (its uplinks' deliveries and
-losses, clamped send times) with what every client host reported in its
+losses, corrected send times, by host) with what every client host reported in its
 goodbye (downlinks, compute, clock offsets) into the fidelity verdict and
 the summary's totals.
 """
@@ -39,6 +39,7 @@ class Measurements:
     links: dict[int, Link]
     hosts: HostTable
     clamped: int
+    corrections: dict[str, int]
 
     def _totals(self) -> dict[str, Any]:
         byes = self.hosts.byes()
@@ -47,6 +48,7 @@ class Measurements:
                 "compute_deadlines": sum(b.compute_deadlines for b in byes),
                 "rejected": sum(b.rejected for b in byes),
                 "clamped": self.clamped,
+                "corrections": dict(self.corrections),
                 "late_arrivals": sum(h.late_arrivals for h in hosts),
                 "hosts": {"registered": len(self.hosts.hosts), "reported": len(byes),
                           "lost": [h.name for h in hosts if not h.alive],
@@ -81,6 +83,7 @@ class Measurements:
         for h in self.hosts.hosts.values():  # the fastest probe's round trip at registration
             report["clocks"][h.name]["rtt_ms"] = 2e3 * h.clock_uncertainty
             report["clocks"][h.name]["late_arrivals"] = h.late_arrivals
+            report["clocks"][h.name].setdefault("send_times_corrected", 0)
         report["hosts_reported"] = len(self.hosts.byes())
         report["hosts_registered"] = len(self.hosts.hosts)
         lost = [h.name for h in self.hosts.hosts.values() if h.bye is None]

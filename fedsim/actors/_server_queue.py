@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedsim.actors._server_tasks import TaskRecord
 from fedsim.messages import Failed, Leave, Ready, Update
 
 __all__ = ["AlgorithmTimer", "ClientMessage", "EvalTimer", "FromClient", "HostExited",
@@ -25,12 +26,14 @@ class FromClient:
 
     ``queued`` is when it was put on the queue (``time.perf_counter()``; None
     for a message the server made up itself): the server's queueing phase is
-    the real time from then until its loop takes the message.
+    the real time from then until its loop takes the message. ``task`` is
+    the server's record of the task an update answers.
     """
 
     client: int
     msg: ClientMessage
     queued: float | None = None
+    task: TaskRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)

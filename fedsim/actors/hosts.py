@@ -2,8 +2,11 @@
 
 A host registers with a :class:`~fedsim.messages.HostHello` naming the
 clients it runs and their sample counts; it is refused if its fedsim
-version or resolved-scenario hash differs from the server's, or if it
-claims a client that does not exist or that another live host runs. With
+version or resolved-scenario hash differs from the server's, if it
+claims a client that does not exist or that another live host runs, or if
+a count differs from the partition the scenario's seed determines (the
+server's own record, when it is given one: the weight of a client's update
+is its partition's size, never what a host says). With
 an allow-list (CURVE), the host's name is the one its key was issued to
 (the connection's authenticated ``user``) and it may claim only the client
 ids listed for that key. A host that was lost may register again (a
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fedsim.messages import HostBye, HostHello
@@ -94,8 +97,14 @@ class HostTable:
     """Registered hosts, which host owns which client, and their goodbyes."""
 
     def __init__(self, num_clients: int, fedsim_version: str, scenario_hash: str,
-                 allowed: Mapping[str, tuple[int, ...]] | None = None) -> None:
+                 allowed: Mapping[str, tuple[int, ...]] | None = None,
+                 partition: Sequence[int] | None = None) -> None:
+        if partition is not None and len(partition) != num_clients:
+            raise ValueError(f"Invalid partition: {len(partition)} sample counts for "
+                             f"{num_clients} clients")
         self.num_clients = num_clients
+        #: each client's training samples, as the scenario's seed partitions the data
+        self.partition = None if partition is None else tuple(int(n) for n in partition)
         self.fedsim_version = fedsim_version
         self.scenario_hash = scenario_hash
         self.allowed = None if allowed is None else {k: frozenset(v) for k, v in allowed.items()}
@@ -141,6 +150,15 @@ class HostTable:
             return "a client is listed twice"
         if any(n < 1 for n in msg.samples):
             return "a client has no training samples"
+        if self.partition is not None:
+            wrong = [(c, n) for c, n in zip(msg.clients, msg.samples, strict=True)
+                     if n != self.partition[c]]
+            if wrong:
+                c, n = wrong[0]
+                return (f"client {c} registered {n} training samples, but the scenario's "
+                        f"partition gives it {self.partition[c]} ({len(wrong)} of "
+                        f"{len(msg.clients)} counts differ; the data a host holds is "
+                        "built from the scenario's seed)")
         info = HostInfo(name=msg.host, peer=peer, pid=msg.pid, clients=tuple(msg.clients),
                         samples=dict(zip(msg.clients, msg.samples, strict=True)), user=user,
                         clock_offset=msg.clock_offset,

@@ -175,7 +175,8 @@ def run_in_memory(sc: Scenario, run_dir: Path, *, hosts: int = 1, dilation: floa
             run.server = Server(sc, run_dir, endpoint=run.network.bind(ADDRESS),
                                 evaluator=InlineWorker(sc, []), dilation=dilation,
                                 fedsim_version=VERSION, scenario_hash=the_hash, model_x0=x0,
-                                model_spec=spec, allowed=allowed, resume=ckpt,
+                                model_spec=spec, partition=[c.num_samples for c in fed.clients],
+                                allowed=allowed, resume=ckpt,
                                 real_clock=loop.time, use_timerfd=False)
             run._server_task = asyncio.create_task(run.server.run(), name="server")
             run._resumed.set()   # type: ignore[union-attr]

@@ -140,6 +140,8 @@ class RunState:
         self.updates = 0
         self.rounds = 0
         self.rejects: dict[str, int] = {}
+        #: updates the update guard rejected or clipped
+        self.guard = {"rejected": 0, "clipped": 0}
         self.samples: dict[int, int] = {}
         self.host_failures: list[dict[str, Any]] = []
         #: client runs that failed, and clients lost with their host: one record
@@ -242,7 +244,8 @@ class RunState:
         return {
             "updates": self.updates, "rounds": self.rounds, "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "staleness": list(self.staleness.values),
-            "rejects": dict(self.rejects), "samples": _pack_counts(self.samples),
+            "rejects": dict(self.rejects), "guard": dict(self.guard),
+            "samples": _pack_counts(self.samples),
             "host_failures": list(self.host_failures), "lost": list(self.lost),
             "missing": list(self.missing),
             "best": list(self.best), "final_accuracy": self.final_accuracy,
@@ -260,6 +263,7 @@ class RunState:
         for x in state["staleness"]:
             self.staleness.add(int(x))
         self.rejects = dict(state["rejects"])
+        self.guard.update(state.get("guard", {}))
         self.samples.update(_unpack_counts(state["samples"]))
         self.host_failures = list(state["host_failures"])
         self.lost = list(state.get("lost", []))
@@ -272,7 +276,17 @@ class RunState:
         self.phases.restore(state.get("phases", {}))
 
     def applied(self, now: float, step: Step) -> bool:
-        """Record a step's outcome; True when an evaluation is due."""
+        """Record a step's outcome; True when an evaluation is due.
+
+        An update the guard rejected is in ``step.discarded`` (a ``discard``
+        record with the reason); one it clipped is applied and logged as a
+        ``warning``; both are counted (the summary's ``guard``).
+        """
+        for g in step.guarded:
+            self.guard[g.action] += 1
+            if g.action == "clipped":
+                self.event(now, "warning", client=g.client,
+                           reason=f"guard: update norm {g.norm:.4g} clipped to {g.bound:.4g}")
         for d in step.discarded:
             self.event(now, "discard", client=d.client, reason=d.reason, staleness=d.staleness)
         self.rounds += step.rounds_closed
@@ -396,7 +410,10 @@ class RunState:
             "host_failures": self.host_failures,
             "lost_work": self.lost_work(),
             "hosts": totals.get("hosts"),
+            "guard": (dict(self.guard) if getattr(self.sc.algorithm, "guard", None) is not None
+                      else None),
             "send_times_clamped": totals.get("clamped", 0),
+            "send_time_corrections": totals.get("corrections"),
             "late_arrivals": totals.get("late_arrivals", 0),
             "fidelity": self._fidelity(),
             "resumed": self.resumed,

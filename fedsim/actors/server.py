@@ -30,7 +30,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -52,6 +52,7 @@ from fedsim.actors._server_queue import (
     StopRun,
     Tick,
 )
+from fedsim.actors._server_tasks import TaskBook, TaskRecord
 from fedsim.actors._setup import local_config
 from fedsim.actors._tensors import to_model, to_tensor
 from fedsim.actors.checkpoint import Checkpoints
@@ -92,6 +93,11 @@ class Server(HostSide, Checkpoints, Measurements):
         in-memory one in tests).
     evaluator
         A torch worker handle with ``start()``, ``next_id()``, ``request()``, ``close()``.
+    partition
+        Each client's number of training samples, as the scenario's seed
+        partitions the data (from the data built at the start): a host's
+        registered counts must equal them, and they, never an update's
+        claim, weigh its updates.
     allowed
         With CURVE: each allowed host's name and the client ids it may
         speak for (the endpoint reports which name a connection
@@ -108,7 +114,7 @@ class Server(HostSide, Checkpoints, Measurements):
 
     def __init__(self, sc: Scenario, run_dir: Path, *, endpoint: Endpoint, evaluator: Any,
                  dilation: float, fedsim_version: str, scenario_hash: str,
-                 model_x0: torch.Tensor, model_spec: TensorSpec,
+                 model_x0: torch.Tensor, model_spec: TensorSpec, partition: Sequence[int],
                  allowed: Mapping[str, tuple[int, ...]] | None = None,
                  resume: dict[str, Any] | None = None,
                  real_clock: Callable[[], float] = monotonic, use_timerfd: bool = True) -> None:
@@ -126,7 +132,12 @@ class Server(HostSide, Checkpoints, Measurements):
         ctx = ServerContext(x0=model_x0, num_clients=sc.data.num_clients, seed=sc.seed,
                             local=local_config(sc))
         self.strategy: ServerAlgorithm = self.alg.server(sc.algorithm, ctx)
-        self.hosts = HostTable(sc.data.num_clients, fedsim_version, scenario_hash, allowed)
+        self.local = ctx.local
+        self.hosts = HostTable(sc.data.num_clients, fedsim_version, scenario_hash, allowed,
+                               partition)
+        self.partition: tuple[int, ...] = self.hosts.partition or ()
+        #: the tasks sent: what an update may claim about its time and version
+        self.tasks = TaskBook()
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.clients: set[int] = set()
         self._failed: set[int] = set()
@@ -159,7 +170,10 @@ class Server(HostSide, Checkpoints, Measurements):
         self._early_rejects: list[tuple[str, str, str]] = []
         self._sends: set[asyncio.Future[None]] = set()
         self._reader: asyncio.Task[None] | None = None
+        #: messages whose claimed send time was corrected, and why: outside the
+        #: window the server observed, or before its record of the task allows
         self.clamped = 0
+        self.corrections = {"out_of_window": 0, "before_record": 0}
         #: where the run's time goes (summary["phases"]); the hosts' parts arrive
         #: with their event batches
         self.phases = PhaseStats()
@@ -324,10 +338,10 @@ class Server(HostSide, Checkpoints, Measurements):
             step: Step | None = None
             t0 = perf_counter()
             match item:
-                case FromClient(client=cid, msg=msg, queued=queued):
+                case FromClient(client=cid, msg=msg, queued=queued, task=task):
                     if queued is not None:
                         phases.add("queueing.server", t0 - queued)
-                    step = self._on_client(now, cid, msg)
+                    step = self._on_client(now, cid, msg, task)
                 case AlgorithmTimer(at=at):
                     self._algorithm_timers.discard(at)
                     step = strategy.timer(now)
@@ -355,16 +369,22 @@ class Server(HostSide, Checkpoints, Measurements):
             if ended and self.stop_reason is None:
                 self.stop_reason = ended
 
-    def _on_client(self, now: float, cid: int, msg: ClientMessage) -> Step | None:
+    def _on_client(self, now: float, cid: int, msg: ClientMessage,
+                   task: TaskRecord | None = None) -> Step | None:
         assert self.state is not None
         if cid not in self.clients:
             return None
         try:
             if isinstance(msg, Update):
+                # the server's record, never the update's claim: the base version
+                # the task was sent with (its round too, when one upload answers
+                # it), and the client's partition size as its weight
+                assert task is not None  # the reader found it (or refused the update)
                 result = ClientResult(
-                    client=cid, base_version=msg.base_version, params=to_tensor(msg.model),
-                    num_samples=msg.num_samples, steps=msg.steps, task_id=msg.task_id,
-                    round=msg.round, stats={"loss": msg.loss})
+                    client=cid, base_version=task.version, params=to_tensor(msg.model),
+                    num_samples=self.partition[cid], steps=msg.steps, task_id=task.task_id,
+                    round=task.round if self.strategy.one_upload else msg.round,
+                    stats={"loss": msg.loss})
                 return self.strategy.update(result, now)
             if isinstance(msg, Ready):
                 return self.strategy.rejoin(cid, now, reset=msg.reset)
@@ -457,12 +477,17 @@ class Server(HostSide, Checkpoints, Measurements):
     async def _dispatch(self, now: float, cid: int) -> None:
         d = self.strategy.task(cid, next(self.task_ids))
         work = None
+        local = self.local
         if d.budget is not None:
             work = LocalWork(steps=d.budget.steps, epochs=d.budget.epochs)
+            local = d.budget.apply(local)
         body = self._encode(Task(client=cid, task_id=d.task_id, version=d.version,
                                  round=d.round, work=work,
                                  model=to_model(d.payload, self.task_spec)))
         fields = {"kind": "task", "version": d.version, "task_id": d.task_id, "round": d.round}
+        # the steps its client takes (as the client host counts them): its budget
+        # on the client's partition
+        steps = local.num_steps(self.partition[cid])
         if self.egress is not None:
             # A shared downlink bottleneck at the server: the message really
             # waits here until the shared stage has sent it.
@@ -470,6 +495,6 @@ class Server(HostSide, Checkpoints, Measurements):
             _, end = self.egress.reserve(now, body.nbytes + p.packets(body.nbytes) * p.overhead)
             if end > now:
                 assert self.timers is not None
-                self.timers.call_at(end, self._send_later, cid, body, fields)
+                self.timers.call_at(end, self._send_later, cid, body, fields, steps)
                 return
-        await self._send(now, cid, body, **fields)
+        await self._send(now, cid, body, steps=steps, **fields)

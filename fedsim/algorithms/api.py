@@ -52,6 +52,7 @@ __all__ = [
     "ClientContext",
     "Discarded",
     "Dispatch",
+    "Guarded",
     "LocalRun",
     "Outcome",
     "ServerAlgorithm",
@@ -169,15 +170,30 @@ class Discarded:
     staleness: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Guarded:
+    """An update the update guard bounded: ``"rejected"`` or ``"clipped"`` onto its bound."""
+
+    client: int
+    action: Literal["rejected", "clipped"]
+    norm: float
+    bound: float
+
+
 @dataclass(slots=True)
 class Step:
-    """The decisions one event leads to."""
+    """The decisions one event leads to.
+
+    ``guarded`` lists the updates the update guard rejected (each is also in
+    ``discarded``, with its reason) or clipped (applied, clipped).
+    """
 
     dispatch: list[int] = field(default_factory=list)
     broadcasts: list[Broadcast] = field(default_factory=list)
     applied: list[Applied] = field(default_factory=list)
     discarded: list[Discarded] = field(default_factory=list)
     rounds_closed: int = 0
+    guarded: list[Guarded] = field(default_factory=list)
 
     def then(self, other: Step) -> Step:
         """This step followed by ``other`` (in place; returns self)."""
@@ -186,6 +202,7 @@ class Step:
         self.applied.extend(other.applied)
         self.discarded.extend(other.discarded)
         self.rounds_closed += other.rounds_closed
+        self.guarded.extend(other.guarded)
         return self
 
 
@@ -247,12 +264,27 @@ class ServerAlgorithm(ABC):
     """The server side: global state, scheduling decisions, aggregation.
 
     ``cadence`` says what the run's progress is counted in: ``"updates"``
-    (asynchronous rules) or ``"rounds"``.
+    (asynchronous rules) or ``"rounds"``. ``one_upload`` says whether a task
+    is answered by one upload at its end (the server then takes the
+    upload's round from the task it sent), or, for a pipelined session, by
+    one upload per round of the client's own numbering.
     """
 
     cadence: ClassVar[Literal["updates", "rounds"]]
+    one_upload: ClassVar[bool] = True
     version: int
     round: int
+
+    def least_steps(self, task_steps: int, upload_round: int) -> int:
+        """The fewest local steps a client takes from the start of a task until it
+        sends the upload of ``upload_round``.
+
+        ``task_steps`` are the steps of the task's local work (its budget on
+        the client's sample count). The server bounds an update's emulated
+        send time by the device's least compute time for them. Default: the
+        whole task (one upload, at its end).
+        """
+        return task_steps
 
     @abstractmethod
     def model(self) -> torch.Tensor:

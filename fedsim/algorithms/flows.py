@@ -28,6 +28,7 @@ from fedsim.algorithms.api import (
     Budget,
     Discarded,
     Dispatch,
+    Guarded,
     ServerAlgorithm,
     ServerContext,
     Step,
@@ -225,15 +226,12 @@ class AsyncFlow(ServerAlgorithm):
             step.dispatch = self.sched.fill(now)
             return step
         if self.guard is not None:
-            params, why = self.guard.check(upload.params, self.x)
-            if params is None:
-                assert why is not None
+            guarded = _guard(self.guard, upload, self.x, step)
+            if guarded is None:
                 self._release(upload.client)
-                step.discarded.append(Discarded(upload.client, why))
                 step.dispatch = self.sched.fill(now)
                 return step
-            if why is not None:
-                upload = _with_params(upload, params)
+            upload = guarded
         try:
             result = upload
             if self.rule.takes == "delta":
@@ -392,19 +390,15 @@ class RoundsFlow(ServerAlgorithm):
         self.busy.discard(upload.client)
         if not self.sched.on_result(upload.round, upload.client):
             return Step(discarded=[Discarded(upload.client, f"late for round {upload.round}")])
+        step = Step()
         if self.guard is not None:
-            params, why = self.guard.check(upload.params, self.x)
-            if params is None:
-                assert why is not None
+            guarded = _guard(self.guard, upload, self.x, step)
+            if guarded is None:
                 # a rejected result still counts as the client's answer to the round
-                step = Step(discarded=[Discarded(upload.client, why)])
-                if self.sched.complete():
-                    step.then(self._close(now))
-                return step
-            if why is not None:
-                upload = _with_params(upload, params)
+                return step.then(self._close(now)) if self.sched.complete() else step
+            upload = guarded
         self.results.append(upload)
-        return self._close(now) if self.sched.complete() else Step()
+        return step.then(self._close(now)) if self.sched.complete() else step
 
     def _close(self, now: float) -> Step:
         step = Step(rounds_closed=1)
@@ -474,6 +468,20 @@ class RoundsFlow(ServerAlgorithm):
         if "round" in state:  # the round numbers and the sampling go on where they were
             self.sched.round = int(state["round"])
             self.sched.rng.setstate(_rng_restore(state["sched_rng"]))
+
+
+def _guard(guard: UpdateGuard, upload: ClientResult, x: torch.Tensor,
+           step: Step) -> ClientResult | None:
+    """``upload`` through the guard: as it is, clipped, or None (rejected, and
+    discarded with the reason); a rejection or a clip is noted in ``step``."""
+    r = guard.inspect(upload.params, x)
+    if r.action is not None:
+        step.guarded.append(Guarded(upload.client, r.action, r.norm, r.bound))
+    if r.params is None:
+        assert r.reason is not None
+        step.discarded.append(Discarded(upload.client, r.reason))
+        return None
+    return upload if r.action is None else _with_params(upload, r.params)
 
 
 def _with_params(r: ClientResult, params: torch.Tensor) -> ClientResult:

@@ -5,13 +5,17 @@ authenticates who sent it, not what it says):
 
 * :class:`UpdateGuard`, selectable in every algorithm's ``[algorithm.guard]``
   table: the distance ``||x_client - x_ref||`` between an update's model and
-  the server's model is bounded, by ``max_norm`` and/or ``norm_factor`` times
-  the median distance of the last ``window`` accepted updates (a bound that
-  follows the run and needs no tuning, as in norm-bounding defences, Sun et
-  al. 2019, "Can you really backdoor federated learning?"). An update over
-  the bound is rejected (``action = "reject"``) or scaled back onto it
-  (``"clip"``). Non-finite values and wrong shapes never get this far: the
-  wire codec rejects them on receipt.
+  the server's model is bounded from the first update on, by ``max_norm``,
+  and tightened by ``norm_factor`` times the median distance of the last
+  ``window`` accepted updates once ``window // 2`` of them are known (a
+  bound that follows the run and needs no tuning, as in norm-bounding
+  defences, Sun et al. 2019, "Can you really backdoor federated
+  learning?"). A relative bound has nothing to be relative to at the
+  start, so ``norm_factor`` needs ``max_norm``: the absolute bound holds
+  the first updates, and every later one (the smaller bound applies). An
+  update over the bound is rejected (``action = "reject"``) or scaled back
+  onto it (``"clip"``); each is counted. Non-finite values and wrong shapes
+  never get this far: the wire codec rejects them on receipt.
 * :func:`aggregate_models`: the coordinate-wise median or trimmed mean of a
   synchronous round's client models (Yin et al. 2018, "Byzantine-robust
   distributed learning: towards optimal statistical rates"), selectable with
@@ -28,6 +32,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -40,7 +45,7 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch")
 
-__all__ = ["Aggregator", "GuardConfig", "UpdateGuard", "aggregate_models"]
+__all__ = ["Aggregator", "GuardConfig", "GuardResult", "UpdateGuard", "aggregate_models"]
 
 Aggregator = Literal["mean", "median", "trimmed_mean"]
 
@@ -48,11 +53,12 @@ Aggregator = Literal["mean", "median", "trimmed_mean"]
 class GuardConfig(SchemaModel):
     """``[algorithm.guard]``: bound the distance of an update's model from the server's.
 
-    ``max_norm``: an absolute bound; ``norm_factor``: a bound of that many
-    times the median distance of the last ``window`` accepted updates (used
-    once ``window // 2`` have been seen). With both, the smaller applies.
-    ``action``: ``"reject"`` (discard the update, with the reason) or
-    ``"clip"`` (scale its change back onto the bound and apply it).
+    ``max_norm``: an absolute bound, from the first update; ``norm_factor``:
+    a bound of that many times the median distance of the last ``window``
+    accepted updates, used once ``window // 2`` have been seen, and only
+    with ``max_norm`` (which bounds the updates before that; with both, the
+    smaller applies). ``action``: ``"reject"`` (discard the update, with the
+    reason) or ``"clip"`` (scale its change back onto the bound and apply it).
     """
 
     max_norm: Pos | None = None
@@ -64,7 +70,29 @@ class GuardConfig(SchemaModel):
     def _some_bound(self) -> GuardConfig:
         if self.max_norm is None and self.norm_factor is None:
             raise ValueError("set max_norm, norm_factor or both (or leave out [algorithm.guard])")
+        if self.max_norm is None:
+            raise ValueError(
+                f"norm_factor = {self.norm_factor:g} needs max_norm: a bound relative to "
+                f"the last accepted updates has none to go by until window // 2 = "
+                f"{self.window // 2} are seen, and the first updates must be bounded too")
         return self
+
+
+@dataclass(frozen=True, slots=True)
+class GuardResult:
+    """What :meth:`UpdateGuard.inspect` made of one update.
+
+    ``params`` is the upload to use (None: rejected), ``action`` None (within
+    the bound), ``"rejected"`` or ``"clipped"``; ``norm`` the update's
+    distance and ``bound`` the bound it was held to; ``reason`` says why it
+    was changed or rejected.
+    """
+
+    params: torch.Tensor | None
+    action: Literal["rejected", "clipped"] | None
+    norm: float
+    bound: float
+    reason: str | None
 
 
 class UpdateGuard:
@@ -83,25 +111,27 @@ class UpdateGuard:
         self.clipped = 0
 
     def bound(self) -> float:
-        """The current bound (inf while there is none yet)."""
+        """The current bound: ``max_norm`` (inf without one, as a bare
+        :class:`GuardConfig` built without validation may be), tightened by
+        the relative bound once ``window // 2`` accepted distances are known."""
         b = math.inf if self.cfg.max_norm is None else self.cfg.max_norm
         if self.cfg.norm_factor is not None and len(self._norms) >= self.cfg.window // 2:
             b = min(b, self.cfg.norm_factor * statistics.median(self._norms))
         return b
 
-    def check(self, params: torch.Tensor, reference: torch.Tensor
-              ) -> tuple[torch.Tensor | None, str | None]:
-        """``(params to use or None if rejected, why it was changed or rejected)``."""
+    def inspect(self, params: torch.Tensor, reference: torch.Tensor) -> GuardResult:
+        """Judge one upload against the bound; count it if rejected or clipped."""
         n = reference.numel()
         delta = params[:n].to(torch.float64) - reference.to(torch.float64)
         norm = float(torch.linalg.vector_norm(delta))
         bound = self.bound()
         if norm <= bound:
             self._norms.append(norm)
-            return params, None
+            return GuardResult(params, None, norm, bound, None)
         if self.cfg.action == "reject":
             self.rejected += 1
-            return None, f"guard: update norm {norm:.4g} over the bound {bound:.4g}"
+            return GuardResult(None, "rejected", norm, bound,
+                               f"guard: update norm {norm:.4g} over the bound {bound:.4g}")
         self.clipped += 1
         scale = bound / norm
         out = params.clone()
@@ -109,7 +139,14 @@ class UpdateGuard:
         if params.numel() > n:
             out[n:] = params[n:] * scale
         self._norms.append(bound)
-        return out, f"guard: update norm {norm:.4g} clipped to {bound:.4g}"
+        return GuardResult(out, "clipped", norm, bound,
+                           f"guard: update norm {norm:.4g} clipped to {bound:.4g}")
+
+    def check(self, params: torch.Tensor, reference: torch.Tensor
+              ) -> tuple[torch.Tensor | None, str | None]:
+        """``(params to use or None if rejected, why it was changed or rejected)``."""
+        r = self.inspect(params, reference)
+        return r.params, r.reason
 
 
 def aggregate_models(models: list[torch.Tensor], how: Aggregator, trim: float = 0.1

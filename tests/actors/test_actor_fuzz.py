@@ -68,5 +68,7 @@ def test_hostile_frames_from_an_insider_crash_nothing_and_are_all_counted(
     assert len(server_rejects) == sum(rejects.values())
     assert not [e for e in of(events, "evaluate") if e.get("accuracy") == 0.999]
     assert s["send_times_clamped"] >= categories["send_time"]
-    assert s["fidelity"]["verdict"] == "pass", s["fidelity"]["reasons"]
+    # the insider's corrected send times fail the verdict by its name; nothing else does
+    assert s["fidelity"]["verdict"] == "fail"
+    assert [r.split(":")[0] for r in s["fidelity"]["reasons"]] == ["send_times[host-1]"]
     assert fuzzed.host_codes == [0, 0]

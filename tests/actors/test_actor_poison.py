@@ -97,13 +97,21 @@ def test_clipping_bounds_the_damage_but_does_not_remove_it(
     clipped = _run(tmp_path, "clipped", {**ROUNDS, "guard": {
         "max_norm": 50.0, "norm_factor": 1.5, "action": "clip"}})
     assert clipped["final_accuracy"] > poisoned["final_accuracy"] + 0.1
+    # every clip is counted (the poisoned client's, one per round it took part in)
+    assert clipped["guard"]["rejected"] == 0
+    assert clipped["guard"]["clipped"] >= clipped["rounds"] - 1
+    assert poisoned["guard"] is None  # no guard: nothing to count
 
 
 def test_guard_rejections_are_logged_with_their_reason(tmp_path: Path,
                                                        poison: dict[str, bool]) -> None:
     sc = build({**ASYNC, "guard": {"max_norm": 50.0}}, run={"time_budget": 3.0})
     run = run_in_memory(sc, tmp_path / "run", hosts=2)
-    discards = [e for e in of(run.events(), "discard") if "guard" in e["reason"]]
+    events = run.events()
+    discards = [e for e in of(events, "discard") if "guard" in e["reason"]]
     assert discards
     assert {e["client"] for e in discards} == {POISONED}
     assert all("over the bound 50" in e["reason"] for e in discards)
+    # bounded from the first update on: the poisoned client never got in
+    assert not [e for e in of(events, "aggregate") if POISONED in e["clients"]]
+    assert run.summary["guard"] == {"rejected": len(discards), "clipped": 0}

@@ -100,24 +100,48 @@ def _update(run: InMemoryRun, client: int, value: float) -> Update:
                   steps=1, loss=None, model=model)
 
 
-def test_a_forged_send_time_is_clamped_and_cannot_fail_the_verdict(tmp_path: Path) -> None:
+def test_a_forged_send_time_is_clamped_counted_and_fails_the_verdict_by_name(
+        tmp_path: Path) -> None:
     async def replay_old_times(run: InMemoryRun) -> None:
         await asyncio.sleep(FAULT_AT)
         host = run.hosts[1]
         for i in range(200):  # "sent" long ago, or in the future
             t = -50.0 if i % 2 else 1e6
-            await host.conn.send(encode(_update(run, 1, 0.0), sent_at=t, seq=next(host.seq)))
+            msg = Ready(client=1, reset=False)  # (a client that was not away: a no-op)
+            await host.conn.send(encode(msg, sent_at=t, seq=next(host.seq)))
 
     run = run_in_memory(_fedasync(), tmp_path / "run", hosts=2, during=replay_old_times)
     s = run.summary
     assert s["status"] == "completed"
     assert s["send_times_clamped"] == 200
+    assert s["send_time_corrections"] == {"out_of_window": 200, "before_record": 0}
     assert s["fidelity"]["send_times_clamped"] == 200
-    assert s["fidelity"]["verdict"] == "pass", s["fidelity"]["reasons"]
+    assert s["fidelity"]["clocks"]["host-1"]["send_times_corrected"] == 200
+    assert s["fidelity"]["clocks"]["host-0"]["send_times_corrected"] == 0
+    # the host whose messages needed correcting fails the verdict, by name; no other
+    assert s["fidelity"]["verdict"] == "fail"
+    assert s["fidelity"]["reasons"] == [
+        "send_times[host-1]: 200 outside 0 corrected (claimed send times the receiver had "
+        "to correct)"]
     warnings = [e for e in of(run.events(), "warning") if "clamped" in (e.get("reason") or "")]
     assert len(warnings) == 200
-    # each was an update of an unknown task: discarded, never applied
-    assert s["updates"] <= len(of(run.events(), "train_end"))
+
+
+def test_an_update_of_a_task_the_server_never_sent_is_refused(tmp_path: Path) -> None:
+    async def answer_no_task(run: InMemoryRun) -> None:
+        await asyncio.sleep(FAULT_AT)
+        host = run.hosts[1]
+        for _ in range(5):
+            await host.send(_update(run, 1, 0.0))   # task 10**6, never sent
+
+    run = run_in_memory(_fedasync(), tmp_path / "run", hosts=2, during=answer_no_task)
+    s = run.summary
+    assert s["status"] == "completed"
+    assert s["rejected_messages"]["server"] == {"unknown_task": 5}
+    details = {e["detail"] for e in of(run.events(), "reject")}
+    assert details == {"an update of task 1000000, which the server did not send to client 1 "
+                       "(or long ago)"}
+    assert s["fidelity"]["verdict"] == "pass", s["fidelity"]["reasons"]
 
 
 def test_a_replayed_message_is_rejected(tmp_path: Path) -> None:

@@ -36,3 +36,19 @@ def test_a_host_that_exits_after_its_goodbye_is_not_a_failure() -> None:
     assert t.failures == []
     assert [b.host for b in t.byes()] == ["host-1"]  # its measurements stay
     assert t.waiting_for_bye() == ["host-0"]
+
+
+def test_a_host_must_register_the_partitions_sample_counts() -> None:
+    t = HostTable(num_clients=4, fedsim_version="v", scenario_hash="s",
+                  partition=(10, 12, 7, 9))
+    hello = HostHello(host="host-0", pid=1, clients=(0, 1, 2), samples=(10, 10**12, 7),
+                      boot_id="b", fedsim_version="v", scenario_hash="s")
+    assert t.hello(b"p0", hello) == (
+        "client 1 registered 1000000000000 training samples, but the scenario's partition "
+        "gives it 12 (1 of 3 counts differ; the data a host holds is built from the "
+        "scenario's seed)")
+    assert t.registered() == {}
+    honest = HostHello(host="host-0", pid=1, clients=(0, 1, 2), samples=(10, 12, 7),
+                       boot_id="b", fedsim_version="v", scenario_hash="s")
+    assert t.hello(b"p0", honest) is None
+    assert t.registered() == {0: 10, 1: 12, 2: 7}

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim.algorithms.api import Step
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.fedavg import FedAvg
 from fedsim.algorithms.flows import RoundsFlow
@@ -80,9 +81,9 @@ def test_guard_clips_an_extra_payload_with_the_model_and_judges_only_the_model()
 
 
 def test_relative_bound_follows_the_run() -> None:
-    g = UpdateGuard(GuardConfig(norm_factor=3.0, window=10))
+    g = UpdateGuard(GuardConfig(max_norm=100.0, norm_factor=3.0, window=10))
     ref = torch.zeros(3)
-    assert g.bound() == float("inf")
+    assert g.bound() == 100.0  # the absolute bound until window // 2 are known
     for v in (1.0, 1.2, 0.8, 1.1, 0.9):
         assert g.check(torch.tensor([v, 0.0, 0.0]), ref)[1] is None
     assert g.bound() == pytest.approx(3.0)  # 3 x median(1.0)
@@ -94,6 +95,45 @@ def test_relative_bound_follows_the_run() -> None:
 def test_guard_needs_a_bound() -> None:
     with pytest.raises(ValueError, match="set max_norm, norm_factor or both"):
         GuardConfig()
+
+
+def test_a_relative_bound_needs_an_absolute_one_for_the_first_updates() -> None:
+    with pytest.raises(ValueError, match=r"norm_factor = 3 needs max_norm: .* until "
+                                         r"window // 2 = 25 are seen"):
+        GuardConfig(norm_factor=3.0)
+
+
+def test_the_guard_bounds_the_first_update() -> None:
+    # the first update, with no history to be relative to, is held to max_norm
+    g = UpdateGuard(GuardConfig(max_norm=10.0, norm_factor=3.0))
+    first = g.inspect(torch.full((4,), 1000.0), torch.zeros(4))
+    assert (first.params, first.action, first.bound) == (None, "rejected", 10.0)
+    assert first.norm == pytest.approx(2000.0)
+    assert g.rejected == 1
+
+
+def _round(flow: RoundsFlow, values: dict[int, float]) -> list[Step]:
+    steps = [flow.start(sorted(values), 0.0)]
+    for c, v in values.items():
+        d = flow.task(c, c + 1)
+        steps.append(flow.update(ClientResult(client=c, base_version=0,
+                                              params=torch.full((3,), v), num_samples=10,
+                                              task_id=d.task_id, round=d.round), 1.0))
+    return steps
+
+
+@pytest.mark.parametrize("action", ["reject", "clip"])
+def test_a_flow_reports_every_guarded_update(action: str) -> None:
+    flow = RoundsFlow(FedAvg(server_lr=1.0), torch.zeros(3), fraction=1.0, min_clients=1,
+                      over_selection=0.0, deadline=None, seed=0, total=3,
+                      guard=GuardConfig(max_norm=5.0, action=action))
+    steps = _round(flow, {0: 1000.0, 1: 1.0, 2: 2.0})
+    guarded = [g for s in steps for g in s.guarded]
+    past = "rejected" if action == "reject" else "clipped"
+    assert [(g.client, g.action, g.bound) for g in guarded] == [(0, past, 5.0)]
+    assert guarded[0].norm == pytest.approx(1000.0 * 3 ** 0.5)
+    discarded = [d.client for s in steps for d in s.discarded]
+    assert discarded == ([0] if action == "reject" else [])
 
 
 def test_a_round_with_median_resists_one_poisoned_client() -> None:

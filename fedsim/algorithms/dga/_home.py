@@ -102,6 +102,7 @@ class DGAFlow(ServerAlgorithm):
     """Server side of DGA: start everyone once, reduce and broadcast each round."""
 
     cadence = "rounds"
+    one_upload = False  # a session uploads once per round (the client's numbering)
 
     def __init__(self, cfg: DGAConfig, x0: torch.Tensor) -> None:
         self.cfg = cfg
@@ -139,6 +140,10 @@ class DGAFlow(ServerAlgorithm):
     def task(self, client: int, task_id: int) -> Dispatch:
         return Dispatch(client=client, task_id=task_id, version=self.version, round=0,
                         payload=self.x)
+
+    def least_steps(self, task_steps: int, upload_round: int) -> int:
+        """A session sends round ``t``'s accumulated gradient after its ``t K``-th step."""
+        return max(0, upload_round) * self.cfg.local_steps
 
     def update(self, upload: ClientResult, now: float) -> Step:
         if upload.client not in self.running:

@@ -1,0 +1,228 @@
+"""An insider with a valid key bends neither time, nor version, nor weight.
+
+Host-1 is authenticated and its messages are well-formed, but it lies: it
+back-dates every update's send time by 0.45 emulated seconds (inside
+``deploy.max_transit_ms``, so the window the server observes does not
+catch it), claims the base version after the one its task carried and a
+sample count of 10^12. The server takes time, version and weight from its
+own record (the task it sent, the partition the seed determines): the
+lies buy nothing, and the verdict fails by the insider's name. Honest runs
+of every kind of algorithm need no correction at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from actor_scenarios import build, of
+
+from fedsim.actors import worker as worker_module
+from fedsim.actors._setup import build_data
+from fedsim.actors.host import EXIT_REFUSED, ClientHost
+from fedsim.actors.inmemory import InMemoryRun, run_in_memory
+from fedsim.algorithms import ClientResult
+from fedsim.codec import encode_body, stamp
+from fedsim.messages import Message, Update, WorkerReady
+from fedsim.scenario import Scenario
+
+pytestmark = pytest.mark.timeout(120)
+
+INSIDER = 1  # host-1: clients 1, 3, 5
+BACKDATE = 0.45
+DOWN, UP, STEP, STEPS = 0.25, 0.25, 0.004, 3
+
+
+def _lying(run: InMemoryRun) -> None:
+    """Make host-1 back-date its updates and claim a newer base version and 10^12 samples."""
+    host = run.hosts[INSIDER]
+    honest = host.send
+
+    async def send(msg: Message) -> None:
+        if not isinstance(msg, Update):
+            await honest(msg)
+            return
+        forged = Update(client=msg.client, task_id=msg.task_id,
+                        base_version=msg.base_version + 1, round=msg.round,
+                        num_samples=10**12, steps=msg.steps, loss=msg.loss, model=msg.model)
+        sent_at = host.clock.now() - BACKDATE
+        await host.conn.send(stamp(encode_body(forged), sent_at=sent_at, seq=next(host.seq)))
+
+    host.send = send  # type: ignore[method-assign]
+
+
+def _watch_results(run: InMemoryRun) -> list[ClientResult]:
+    """Every ClientResult the server's algorithm is handed, in order."""
+    assert run.server is not None
+    strategy = run.server.strategy
+    seen: list[ClientResult] = []
+    update = strategy.update
+
+    def watched(upload: ClientResult, now: float) -> Any:
+        seen.append(upload)
+        return update(upload, now)
+
+    strategy.update = watched  # type: ignore[method-assign]
+    return seen
+
+
+def _insider_run(tmp_path: Path, algorithm: dict[str, Any], lie: bool = True,
+                 budget: float = 6.0) -> tuple[InMemoryRun, list[ClientResult]]:
+    sc = build(algorithm, run={"time_budget": budget},
+               network={"up": {"delay": UP}, "down": {"delay": DOWN}},
+               devices={"step_time": STEP}, client={"local_steps": STEPS})
+    watched: dict[str, list[ClientResult]] = {}
+
+    async def during(run: InMemoryRun) -> None:
+        if lie:
+            _lying(run)
+        watched["results"] = _watch_results(run)
+
+    run = run_in_memory(sc, tmp_path / ("lying" if lie else "honest"), hosts=2, during=during)
+    return run, watched["results"]
+
+
+def _partition(sc: Scenario) -> list[int]:
+    return [c.num_samples for c in build_data(sc).clients]
+
+
+@pytest.mark.parametrize("wide_clock", [False, True], ids=["measured-clock", "claimed-clock"])
+def test_a_back_dated_update_takes_the_emulated_time_and_fails_the_verdict_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wide_clock: bool) -> None:
+    if wide_clock:
+        # the insider also reports its clock as known to +-0.5 s only: that widens the
+        # window the server accepts claims in, never the bound the task record sets
+        sync = ClientHost.sync_clock
+
+        async def wide(self: ClientHost, *args: Any, **kwargs: Any) -> None:
+            await sync(self, *args, **kwargs)
+            if self.name == f"host-{INSIDER}":
+                self.clock_uncertainty = 0.5
+
+        monkeypatch.setattr(ClientHost, "sync_clock", wide)
+    run, results = _insider_run(tmp_path, {"name": "fedasync", "concurrency": 6})
+    s = run.summary
+    if wide_clock:
+        assert s["fidelity"]["clocks"]["host-1"]["uncertainty_ms"] == 500.0
+    assert s["status"] == "completed", s["status"]
+    events = run.events()
+    # the verdict fails, naming the insider and no one else
+    assert s["fidelity"]["verdict"] == "fail"
+    reasons = s["fidelity"]["reasons"]
+    assert any(r.startswith("send_times[host-1]:") for r in reasons), reasons
+    assert not any("host-0" in r for r in reasons), reasons
+    assert any(r.startswith("clock[host-1]:") for r in reasons) == wide_clock, reasons
+    # the base version is the version the task was sent with, never the claim
+    sends = {e["task_id"]: e for e in of(events, "send", dir="down", kind="task")}
+    sent_versions = {(e["client"], e["version"]) for e in sends.values()}
+    applied = of(events, "aggregate")
+    assert {(e["clients"][0], e["base_version"]) for e in applied} <= sent_versions
+    assert {r.client % 2 for r in results} == {0, 1}
+    assert all(r.base_version == sends[r.task_id]["version"] for r in results)
+    # the server's record decides the send time: no update was "sent" before its
+    # task could have arrived (the send time plus the downlink's delay) and been
+    # computed (3 steps of 4 ms), and each then took its uplink's full delay
+    ups = of(events, "deliver", dir="up", kind="update")
+    insider_ups = [e for e in ups if e["client"] % 2 == INSIDER]
+    assert len(insider_ups) >= 10
+    for e in ups:
+        task = sends[e["task_id"]]
+        assert e["sent_at"] >= task["sent_at"] + DOWN + STEPS * STEP - 1e-6, (e, task)
+        assert e["t"] - e["sent_at"] >= UP - 1e-9, e
+    # every insider update needed correcting, and was counted against its host
+    fixed = s["send_time_corrections"]
+    raised = [e for e in of(events, "warning") if "raised to" in (e.get("reason") or "")]
+    assert {e["client"] % 2 for e in raised} == {INSIDER}
+    # (those still on their uplink when the run ended were corrected too)
+    assert len(insider_ups) <= len(raised) <= len(insider_ups) + 3
+    assert fixed == {"out_of_window": 0, "before_record": len(raised)}
+    assert s["send_times_clamped"] == len(raised)
+    clocks = s["fidelity"]["clocks"]
+    assert clocks["host-1"]["send_times_corrected"] == len(raised)
+    assert clocks["host-0"]["send_times_corrected"] == 0
+    # so the insider's clients are no better off than the honest ones
+    count = {k: sum(1 for e in applied if e["clients"][0] % 2 == k) for k in (0, 1)}
+    assert count[INSIDER] <= count[1 - INSIDER] + 3, count
+    stale = {k: [e["staleness"] for e in applied if e["clients"][0] % 2 == k] for k in (0, 1)}
+    mean = {k: sum(v) / len(v) for k, v in stale.items()}
+    assert mean[INSIDER] >= 0.8 * mean[1 - INSIDER], mean
+
+
+WEIGHTED = [
+    {"name": "fedavg", "weighting": "samples"},
+    {"name": "fedprox", "weighting": "samples", "mu": 0.01},
+    {"name": "fedadam", "weighting": "samples"},
+    {"name": "scaffold", "weighting": "samples"},
+    {"name": "fedspeed", "weighting": "samples"},
+    {"name": "fedasync", "concurrency": 4},
+    {"name": "fedbuff", "concurrency": 4, "buffer_size": 2},
+    {"name": "asyncfeded", "concurrency": 4},
+]
+
+
+@pytest.mark.parametrize("algorithm", WEIGHTED, ids=[a["name"] for a in WEIGHTED])
+def test_a_claimed_sample_count_buys_no_weight(tmp_path: Path, algorithm: dict[str, Any]
+                                               ) -> None:
+    run, results = _insider_run(tmp_path, algorithm, budget=3.0)
+    assert run.summary["status"] == "completed", run.summary["status"]
+    assert run.server is not None
+    partition = _partition(run.server.sc)
+    assert {r.client % 2 for r in results} == {0, 1}
+    # every algorithm weighs a client by its partition, whatever the update says
+    assert [r.num_samples for r in results] == [partition[r.client] for r in results]
+
+
+HONEST = [
+    {"name": "fedasync", "concurrency": 4},
+    {"name": "fedavg"},
+    {"name": "fedbuff", "concurrency": 4, "buffer_size": 2},
+    {"name": "asyncfeded", "concurrency": 4},
+    {"name": "scaffold"},
+    {"name": "fedspeed"},
+    {"name": "dga", "local_steps": 4, "delay": 2},
+    {"name": "dga", "local_steps": 4, "delay": 6, "mode": "auto", "chunk_steps": 3},
+]
+
+
+@pytest.mark.parametrize("algorithm", HONEST,
+                         ids=[f"{a['name']}-{a.get('mode', '')}" for a in HONEST])
+def test_honest_hosts_need_no_correction(tmp_path: Path, algorithm: dict[str, Any]) -> None:
+    # links at their floor (a constant delay) or near it (jitter), a rate, devices of
+    # several speeds: an honest update meets the record's bound, often exactly
+    sc = build(algorithm, run={"time_budget": 3.0},
+               network={"up": {"delay": 0.03, "jitter": 0.01, "rate": 5e6},
+                        "down": {"delay": 0.02, "rate": 2e6}},
+               devices={"step_time": 0.004, "distribution": "uniform", "spread": 0.002})
+    run = run_in_memory(sc, tmp_path / "run", hosts=2)
+    s = run.summary
+    assert s["status"] == "completed", s["status"]
+    assert s["updates"] > 0
+    assert s["send_times_clamped"] == 0, [
+        e for e in of(run.events(), "warning") if "raised" in (e.get("reason") or "")][:3]
+    assert s["send_time_corrections"] == {"out_of_window": 0, "before_record": 0}
+    assert not [r for r in s["fidelity"]["reasons"] if r.startswith("send_times")]
+    assert s["rejected_messages"]["server"] == {}
+
+
+def test_a_host_registering_other_sample_counts_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    start = worker_module.InlineWorker.start
+
+    async def inflated(self: Any) -> WorkerReady:
+        ready = await start(self)
+        if self.worker.clients[:1] == [INSIDER]:  # host-1's worker
+            return WorkerReady(samples=tuple(10 * n for n in ready.samples), spec=ready.spec)
+        return ready
+
+    monkeypatch.setattr(worker_module.InlineWorker, "start", inflated)
+    sc = build({"name": "fedavg", "weighting": "samples"}, run={"time_budget": 2.0})
+    run = run_in_memory(sc, tmp_path / "run", hosts=2)
+    assert run.host_codes == [0, EXIT_REFUSED]
+    (refusal,) = [e for e in of(run.events(), "reject") if e["reason"] == "refused"]
+    n = _partition(sc)[1]
+    assert refusal["detail"].startswith(
+        f"client 1 registered {10 * n} training samples, but the scenario's partition "
+        f"gives it {n} (3 of 3 counts differ")
+    assert run.summary["clients_missing"] == [1, 3, 5]
+    assert run.summary["status"] == "completed"
