@@ -898,6 +898,33 @@ def test_runs_with_lost_client_work_are_named_and_never_counted(
         tmp_path / "docs" / "claims.md").read_text()
 
 
+def test_a_claim_also_reads_another_claims_runs(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """AF-1a judges its own runs (the authors' pass times) and AF-1's at P = 0.9 (4x slower
+    devices): ``also`` brings the second sweep's runs from their own directory."""
+    monkeypatch.setattr(writer, "DOCS", tmp_path / "docs")
+    claim = next(c for c in claims.CLAIMS if c.id == "AF-1a")
+    assert claim.also == ("af1.sweep.toml",)
+    out = tmp_path / "sweeps"
+    for name in ("af1a", "af1"):
+        sweep = _sweep(name)
+        (out / name).mkdir(parents=True)
+        (out / name / "sweep.json").write_text(json.dumps(sweep.to_json()))
+        make = _af(lambda m, p, n=name: (0.98 if m == "asyncfeded" else
+                                         0.35 if n == "af1a" else 0.9))
+        for p in sweep.points():
+            run = make(sweep, p)
+            run["summary"].update({"status": "completed", "fidelity": {"verdict": "pass"},
+                                   "real_seconds": 1.0})
+            run["files"] = {"summary.json": run["summary"]}
+            _write_run(out / name / "runs" / p.key, run)
+    rec = writer.run_claim(claim, out, "auto", execute=False)
+    assert rec["verdict"] == "reproduced", rec
+    assert ("Under AF-1's devices (20 ms a local step: pass times x 4) (measured): "
+            "**not reproduced**") in rec["why"]
+    assert (out / "af1a" / "claim-af-1a.png").exists()
+
+
 def test_the_table_goes_between_the_readme_markers(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     readme = tmp_path / "README.md"
