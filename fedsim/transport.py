@@ -247,7 +247,7 @@ class _Authenticator:
     """A ZAP handler: admits a CURVE client key only if it is on the allow-list."""
 
     def __init__(self, ctx: zmq.Context[Any], allowed: Mapping[bytes, str],
-                 on_refused: Callable[[str, str], None]) -> None:
+                 on_refused: Callable[[str, str, str], None]) -> None:
         self.allowed = {zmq.utils.z85.decode(k): name for k, name in allowed.items()}
         self.on_refused = on_refused
         sock = ctx.socket(zmq.REP)
@@ -274,7 +274,7 @@ class _Authenticator:
             why = (f"{mechanism.decode(errors='replace')} key "
                    f"{zmq.utils.z85.encode(key).decode() if len(key) == 32 else '?'} "
                    "is not on the allow-list")
-            self.on_refused(address or "local", why)
+            self.on_refused(address or "local", "unauthenticated", why)
             return [b"1.0", rid, _ZAP_DENIED, b"key not allowed", b"", b""]
         return [b"1.0", rid, _ZAP_OK, b"OK", name.encode(), b""]
 
@@ -316,15 +316,17 @@ class ZmqContext:
         return watched
 
     def endpoint(self, address: str, keys: ServerKeys | None = None,
-                 on_refused: Callable[[str, str], None] | None = None, *,
+                 on_refused: Callable[[str, str, str], None] | None = None, *,
                  max_message_bytes: int | None = None,
                  handshake_timeout: float | None = None) -> ZmqEndpoint:
         """Bind a ROUTER at ``address`` (``tcp://host:0`` picks a free port).
 
         With ``keys`` it is a CURVE server admitting only the allow-listed
-        keys; ``on_refused(source, why)`` hears of every refusal and failed
-        handshake, once (``source``: the peer's IP address, ``local`` for
-        ipc). ``max_message_bytes`` is its ``MAXMSGSIZE`` (default: the
+        keys; ``on_refused(source, reason, why)`` hears of every refusal and
+        failed handshake, once (``source``: the peer's IP address, ``local``
+        for ipc, ``?`` when it closed too soon to be read; ``reason``:
+        ``unauthenticated``, or ``handshake_timeout`` for a connection that
+        never began one). ``max_message_bytes`` is its ``MAXMSGSIZE`` (default: the
         context's), ``handshake_timeout`` (real seconds) its ``HANDSHAKE_IVL``.
         """
         return ZmqEndpoint(self, address, keys, on_refused,
@@ -510,8 +512,8 @@ class ZmqEndpoint:
     libzmq refuses a frame over ``MAXMSGSIZE`` by dropping its connection (it
     never buffers it); ``disconnects`` counts every established connection
     dropped, and ``on_disconnect(source)`` (if set) is called for each. With
-    ``keys`` the socket is a CURVE server. ``on_refused(source, why)`` hears
-    of every key refused and every other failed handshake, once each.
+    ``keys`` the socket is a CURVE server. ``on_refused(source, reason, why)``
+    hears of every key refused and every other failed handshake, once each.
     ``recv`` and ``send`` raise :class:`ConnectionError` once :meth:`close`
     was called (also a ``recv`` waiting then), as the in-memory endpoint of
     :mod:`fedsim.testing` does.
@@ -524,13 +526,14 @@ class ZmqEndpoint:
     """
 
     def __init__(self, owner: ZmqContext, address: str, keys: ServerKeys | None = None,
-                 on_refused: Callable[[str, str], None] | None = None, *,
+                 on_refused: Callable[[str, str, str], None] | None = None, *,
                  max_message_bytes: int = -1,
                  handshake_timeout: float | None = None) -> None:
         self.owner = owner
         self.on_refused = on_refused
         self.authenticated = keys is not None
         self._users: dict[bytes, str | None] = {}
+        self._addresses: dict[bytes, str] = {}
         sock = owner.socket(zmq.ROUTER, max_message_bytes)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer -> error, not silence
         if handshake_timeout is not None:
@@ -562,11 +565,11 @@ class ZmqEndpoint:
         self._monitor_sock = owner.watch(sock.get_monitor_socket(events))
         self._monitor = asyncio.ensure_future(self._watch())
 
-    def _refused(self, source: str, why: str) -> None:
+    def _refused(self, source: str, reason: str, why: str) -> None:
         if self.on_refused is not None:
-            self.on_refused(source, why)
+            self.on_refused(source, reason, why)
         else:
-            log.warning("refused a connection from %s: %s", source or "?", why)
+            log.warning("refused a connection from %s: %s: %s", source or "?", reason, why)
 
     async def _watch(self) -> None:
         failed: tuple[int, int] | None = None  # the last failed handshake: (event, value)
@@ -599,13 +602,15 @@ class ZmqEndpoint:
                    "handshake failed (protocol: a peer with a wrong server key)"
                    if value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC else
                    f"handshake failed (ZMTP protocol error 0x{value:x})")
+        reason = "unauthenticated"
         if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
             held = time.monotonic() - since
             timeout = self.handshake_timeout
-            why = (f"handshake timed out ({held:.1f} s without one)"
-                   if timeout is not None and held >= 0.9 * timeout
-                   else f"handshake failed (the peer closed it after {held:.1f} s)")
-        self._refused(source, why)
+            if timeout is not None and held >= 0.9 * timeout:
+                reason, why = "handshake_timeout", f"no handshake in {held:.1f} s: closed"
+            else:
+                why = f"handshake failed (the peer closed the connection after {held:.1f} s)"
+        self._refused(source, reason, why)
 
     def assigned(self, peer: bytes) -> bool:
         """Whether ``peer`` is a routing id this ROUTER assigned, not one the peer chose."""
@@ -614,16 +619,27 @@ class ZmqEndpoint:
     async def recv(self) -> tuple[bytes, list[Any]]:
         frames = await self.sock.recv()
         peer = frames[0].bytes
-        if self.authenticated and len(frames) > 1:
-            # the ZAP handler's answer for this connection's key
+        if len(frames) > 1:
             # pyzmq types every Frame.get() as int | str; a metadata property is a str
-            user = frames[1].get("User-Id")
-            self._users[peer] = user if isinstance(user, str) and user else None
+            if self.authenticated:  # the ZAP handler's answer for this connection's key
+                user = frames[1].get("User-Id")
+                self._users[peer] = user if isinstance(user, str) and user else None
+            if peer not in self._addresses:
+                try:
+                    address: int | str = frames[1].get("Peer-Address")
+                except zmq.ZMQError:  # inproc: no such property
+                    address = ""
+                self._addresses[peer] = (address if isinstance(address, str) and address
+                                         else "local")
         return peer, frames[1:]
 
     def user(self, peer: bytes) -> str | None:
         """The allow-list name of ``peer``'s key (None without CURVE)."""
         return self._users.get(peer)
+
+    def peer_address(self, peer: bytes) -> str | None:
+        """The IP address ``peer`` connected from (``local`` for ipc), once it has sent."""
+        return self._addresses.get(peer)
 
     async def send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
         try:

@@ -26,7 +26,12 @@ async def _exchange(server_keys: ServerKeys, client: ClientKeys | None,
     ctx = ZmqContext()
     refused: list[tuple[str, str]] = []
     states: list[tuple[str, str]] = []
-    endpoint = ctx.endpoint("tcp://127.0.0.1:0", server_keys, lambda a, w: refused.append((a, w)))
+
+    def on_refused(source: str, reason: str, why: str) -> None:
+        assert reason == "unauthenticated"
+        refused.append((source, why))
+
+    endpoint = ctx.endpoint("tcp://127.0.0.1:0", server_keys, on_refused)
     conn = ctx.connect(endpoint.address, identity, client,
                        on_state=lambda s, d: states.append((s, d)))
     await conn.send([b"hello"])
@@ -104,9 +109,9 @@ async def test_an_idle_connection_is_closed_at_the_handshake_timeout_and_reporte
     spub, ssec = _pair()
     cpub, _ = _pair()
     ctx = ZmqContext()
-    refused: list[tuple[str, str]] = []
+    refused: list[tuple[str, str, str]] = []
     endpoint = ctx.endpoint("tcp://127.0.0.1:0", ServerKeys(spub, ssec, {cpub: "host-0"}),
-                            lambda a, w: refused.append((a, w)), handshake_timeout=0.3)
+                            lambda *a: refused.append(a), handshake_timeout=0.3)
     host, port = endpoint.address.removeprefix("tcp://").rsplit(":", 1)
     idle = [socket.create_connection((host, int(port))) for _ in range(3)]  # not a byte sent
     try:
@@ -122,8 +127,9 @@ async def test_an_idle_connection_is_closed_at_the_handshake_timeout_and_reporte
                 pass
         assert closed == 3
         assert len(refused) == 3, refused
-        assert all(a == "127.0.0.1" and why.startswith("handshake timed out")
-                   for a, why in refused), refused
+        assert {(a, reason) for a, reason, _ in refused} == {
+            ("127.0.0.1", "handshake_timeout")}, refused
+        assert all(why.startswith("no handshake in 0.") for _, _, why in refused), refused
         assert endpoint.disconnects == 0   # never established: refusals, not drops
     finally:
         for s in idle:
