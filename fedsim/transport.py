@@ -325,9 +325,11 @@ class ZmqContext:
         keys; ``on_refused(source, reason, why)`` hears of every refusal and
         failed handshake, once (``source``: the peer's IP address, ``local``
         for ipc, ``?`` when it closed too soon to be read; ``reason``:
-        ``unauthenticated``, or ``handshake_timeout`` for a connection that
-        never began one). ``max_message_bytes`` is its ``MAXMSGSIZE`` (default: the
-        context's), ``handshake_timeout`` (real seconds) its ``HANDSHAKE_IVL``.
+        ``unauthenticated`` for a key the ZAP handler refused,
+        ``bad_handshake`` for another failed handshake, ``handshake_timeout``
+        for a connection that did not complete one in time).
+        ``max_message_bytes`` is its ``MAXMSGSIZE`` (default: the context's),
+        ``handshake_timeout`` (real seconds) its ``HANDSHAKE_IVL``.
         """
         return ZmqEndpoint(self, address, keys, on_refused,
                            max_message_bytes=(self.max_message_bytes if max_message_bytes
@@ -353,6 +355,7 @@ class ZmqContext:
             sock.curve_secretkey = keys.secret
         sock.setsockopt(zmq.RECONNECT_IVL, 50)
         conn = ZmqConnection(self, self.watch(sock))
+        conn.address = address
         if on_state is not None:
             conn.watch_state(on_state, curve=keys is not None)
         sock.connect(address)
@@ -403,12 +406,14 @@ class ZmqConnection:
     a reconnection: the ROUTER gave this connection a new routing id),
     ``disconnected`` when an established connection drops, and ``refused``
     once, with the cause: the server's ZAP handler refused the key, or
-    :data:`REFUSED_AFTER` handshakes in a row failed.
+    :data:`REFUSED_AFTER` handshakes in a row failed. Once refused, the
+    DEALER stops trying (it would knock every 50 ms).
     """
 
     def __init__(self, owner: ZmqContext, sock: LoopSocket) -> None:
         self.owner = owner
         self.sock = sock
+        self.address = ""
         self.handshakes = 0
         self._monitor: LoopSocket | None = None
         self._watcher: asyncio.Future[None] | None = None
@@ -445,21 +450,29 @@ class ZmqConnection:
                 elif refused:
                     continue
                 elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                    refused = True
+                    refused = self._give_up()
                     on_state("refused", f"the server refused this host's key (ZAP status "
                                         f"{msg['value']}: it is not on the server's allow-list)")
                 elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                    refused = True  # libzmq does not try again after a protocol error
+                    refused = self._give_up()
                     on_state("refused", "handshake failed: " + _protocol_error(msg["value"],
                                                                                 curve))
                 else:
                     failures += 1
                     if failures >= REFUSED_AFTER:
-                        refused = True
+                        refused = self._give_up()
                         on_state("refused", (
                             f"{failures} handshakes in a row failed: "
                             + ("the server's key (server.key) is not this server's" if curve
                                else "the server closed each one")))
+
+    def _give_up(self) -> bool:
+        """Stop connecting (a refused host would knock every 50 ms); True."""
+        if self.address and not self.sock.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                self.sock.sock.disconnect(self.address)
+            self.sock._pump()
+        return True
 
     def close(self, linger_ms: int = 200) -> None:
         if self._watcher is not None:
@@ -602,7 +615,7 @@ class ZmqEndpoint:
                    "handshake failed (protocol: a peer with a wrong server key)"
                    if value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC else
                    f"handshake failed (ZMTP protocol error 0x{value:x})")
-        reason = "unauthenticated"
+        reason = "bad_handshake"
         if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
             held = time.monotonic() - since
             timeout = self.handshake_timeout

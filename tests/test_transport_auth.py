@@ -28,7 +28,7 @@ async def _exchange(server_keys: ServerKeys, client: ClientKeys | None,
     states: list[tuple[str, str]] = []
 
     def on_refused(source: str, reason: str, why: str) -> None:
-        assert reason == "unauthenticated"
+        assert reason == ("unauthenticated" if "allow-list" in why else "bad_handshake")
         refused.append((source, why))
 
     endpoint = ctx.endpoint("tcp://127.0.0.1:0", server_keys, on_refused)

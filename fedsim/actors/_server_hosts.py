@@ -298,9 +298,10 @@ class HostSide:
             return
         old = self.hosts.hosts.get(msg.host)
         if (old is not None and old.alive and self.started and old.user == user
-                and old.peer == peer and self.hosts.is_restart(old, msg)):
-            # its process was restarted before its silence gave it away: a ROUTER
-            # takes a connection under a routing id only once the old one is gone
+                and self.hosts.is_restart(old, msg)
+                and (old.peer == peer or not await self._connected(old.peer))):
+            # its process was restarted before its silence gave it away (a new
+            # connection, and the old one is gone: a live one is not displaced)
             restarted = "restarted (a new process registered under its name)"
             lost = self.hosts.lose(msg.host, restarted, self._now())
             self.queue.put_nowait(HostExited(msg.host, restarted, tuple(lost)))
@@ -430,6 +431,16 @@ class HostSide:
         body = encode_body(msg)
         self.phases.add("encode.server", perf_counter() - t0)
         return body
+
+    async def _connected(self, peer: bytes) -> bool:
+        """Whether ``peer``'s connection is still there (a ClockReply no host can take
+        for its own goes to it: the send fails when it is gone)."""
+        try:
+            await self.endpoint.send(peer, encode(ClockReply(seq=0, t_sent=-1e9,
+                                                             t_server=self.real_clock())))
+        except PeerGone:
+            return False
+        return True
 
     async def _to_host(self, peer: bytes, frames: list[Any]) -> None:
         try:
