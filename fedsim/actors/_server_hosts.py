@@ -234,7 +234,7 @@ class HostSide:
                           f"{host.name} sent over {self.sc.deploy.max_host_rate:g} messages/s")
         if not self.gate.host_ready(host.name, now):
             raise Refusal("rate_limited", f"{host.name}'s messages took over "
-                          f"{self.sc.deploy.max_host_cpu:.0%} of the server's time")
+                          f"{self.sc.deploy.max_host_cpu * 100:g} % of the server's time")
         if meta.kind == "HostBye" and (not self._stopping or host.bye is not None):
             raise Refusal("out_of_order", "a goodbye before the server said stop"
                           if not self._stopping else f"a second goodbye from {host.name}")

@@ -20,7 +20,9 @@ parts (mixins that hold no state of their own) in their own modules:
 uplinks, sending, the hosts' goodbyes), :mod:`.checkpoint` (writing and
 restoring checkpoints; :func:`~fedsim.actors.checkpoint.load_checkpoint`,
 also importable from here) and :mod:`._server_measure` (the fidelity
-verdict and the totals). What its queue carries is in :mod:`._server_queue`.
+verdict and the totals). What its queue carries is in :mod:`._server_queue`;
+the limits its reader applies before it unpacks a message (sizes, budgets,
+the rejections' log) are in :mod:`._server_gate`.
 """
 
 from __future__ import annotations
