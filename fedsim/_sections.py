@@ -234,8 +234,9 @@ class DeployConfig(SchemaModel):
     max_unregistered_rate: Pos = 10.0
     # the share of the server's time one client host's messages may take
     # (decoding and handling them, measured), averaged over 5 s; beyond it its
-    # messages are rejected unread (counted) until its share is back under
-    max_host_cpu: Annotated[float, Field(gt=0.0, le=1.0)] = 0.25
+    # control messages (event batches, probes) are rejected unread (counted)
+    # until its share is back under; its clients' messages go on
+    max_host_cpu: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
     # rejections logged (and written to events.jsonl) per source and reason;
     # the rest are counted, and summarised once at the end
     max_logged_rejects: Annotated[int, Field(ge=0)] = 10

@@ -12,7 +12,8 @@ it, and every refusal is counted:
   budget of messages per second for every connection that has not
   registered (its key's, with CURVE), and a budget of the server's own
   time for every registered host (what decoding and handling its messages
-  really took, measured).
+  really took, measured): over it, its control messages wait (its clients'
+  messages, each client rate-limited, go on).
 * :class:`RecordBudget`: a host writes event-log records about its clients
   only as many as the server's own traffic with each client allows.
 * :class:`Rejections`: every rejection counted by reason; the first

@@ -72,6 +72,9 @@ __all__ = ["HostSide"]
 # the server actor's logger: its records keep their name wherever the code lives
 log = logging.getLogger("fedsim.actors.server")
 
+#: what a client sends (through its emulated uplink), as envelope kinds
+_CLIENT_KINDS = frozenset({"Update", "Ready", "Failed", "Leave"})
+
 
 class HostSide:
     """The server's traffic with its client hosts, both ways (a mixin of Server)."""
@@ -205,7 +208,8 @@ class HostSide:
         messages a second (per key with CURVE; per connection without). A
         registered host's connection must be the one it registered with its
         key; its sequence numbers must be new, its rate within
-        ``deploy.max_host_rate`` and its share of the server's time within
+        ``deploy.max_host_rate`` and, for its control messages, its share of
+        the server's time (every message it sent counts) within
         ``deploy.max_host_cpu``; its goodbye comes once, after the stop; a
         message without a model is at most ``deploy.max_control_mb``.
         Returns the live host (None: not registered).
@@ -232,7 +236,8 @@ class HostSide:
         if not host.rate.take(now):
             raise Refusal("rate_limited",
                           f"{host.name} sent over {self.sc.deploy.max_host_rate:g} messages/s")
-        if not self.gate.host_ready(host.name, now):
+        if meta.kind not in _CLIENT_KINDS and not self.gate.host_ready(host.name, now):
+            # its control messages wait; its clients' (rate-limited per client) go on
             raise Refusal("rate_limited", f"{host.name}'s messages took over "
                           f"{self.sc.deploy.max_host_cpu * 100:g} % of the server's time")
         if meta.kind == "HostBye" and (not self._stopping or host.bye is not None):
