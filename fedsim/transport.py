@@ -389,9 +389,9 @@ class ZmqContext:
         self.ctx.term()
 
 
-#: Failed handshakes in a row (none succeeding) after which a host takes
-#: itself for refused: libzmq retries every 50 ms, so about a quarter second.
-REFUSED_AFTER = 5
+#: Handshakes in a row closed without a reason (none succeeding) after which
+#: a host hears ``failing``: libzmq tries every 50 ms, so about a quarter second.
+FAILING_AFTER = 5
 
 
 class ZmqConnection:
@@ -404,10 +404,14 @@ class ZmqConnection:
     A DEALER's state (:meth:`watch_state`) comes from its socket monitor:
     ``connected`` when a handshake succeeds (the detail says ``again`` after
     a reconnection: the ROUTER gave this connection a new routing id),
-    ``disconnected`` when an established connection drops, and ``refused``
-    once, with the cause: the server's ZAP handler refused the key, or
-    :data:`REFUSED_AFTER` handshakes in a row failed. Once refused, the
-    DEALER stops trying (it would knock every 50 ms).
+    ``disconnected`` when an established connection drops, ``refused``
+    once, with the cause, when the server's ZAP handler refused the key or
+    a handshake failed for a protocol error (one side without CURVE, a key
+    that does not match): then the DEALER stops trying (it would knock
+    every 50 ms). ``failing`` when :data:`FAILING_AFTER` handshakes in a row
+    were closed without a reason: the server closes a handshake it cannot
+    decrypt (this host's ``server.key`` is not the server's), but so does a
+    proxy in front of a server not listening yet, so the DEALER tries on.
     """
 
     def __init__(self, owner: ZmqContext, sock: LoopSocket) -> None:
@@ -459,12 +463,13 @@ class ZmqConnection:
                                                                                 curve))
                 else:
                     failures += 1
-                    if failures >= REFUSED_AFTER:
-                        refused = self._give_up()
-                        on_state("refused", (
-                            f"{failures} handshakes in a row failed: "
-                            + ("the server's key (server.key) is not this server's" if curve
-                               else "the server closed each one")))
+                    if failures == FAILING_AFTER:
+                        on_state("failing", (
+                            f"{failures} handshakes in a row were closed: "
+                            + ("the server's key (server.key) may not be this server's, or "
+                               "the server is not listening yet behind a proxy" if curve
+                               else "the server may use CURVE (give --keys DIR), or not be "
+                               "listening yet behind a proxy")))
 
     def _give_up(self) -> bool:
         """Stop connecting (a refused host would knock every 50 ms); True."""

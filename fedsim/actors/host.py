@@ -15,8 +15,10 @@ overruns, rejected messages). Its tasks run in one ``asyncio.TaskGroup``.
 
 It says what is happening: one INFO line per phase (connected, registered,
 started, done). Over ZeroMQ its connection's monitor tells it within
-milliseconds when the server refuses its key or its handshakes fail: it
-logs the cause and exits 4 (:data:`EXIT_REFUSED`). When the connection
+milliseconds when the server refuses its key, or a handshake fails for a
+protocol error: it logs the cause and exits 4 (:data:`EXIT_REFUSED`);
+handshakes that keep being closed (a wrong ``server.key``, or a server not
+listening yet behind a proxy) it warns about at once, and tries on. When the connection
 drops and comes back, the server knows it under a new routing id: the host
 registers again over it.
 
@@ -228,6 +230,8 @@ class ClientHost:
             self._refused.set()
         elif state == "disconnected":
             log.warning("%s: lost the connection to the server; connecting again", self.name)
+        elif state == "failing":
+            log.warning("%s: %s; trying on", self.name, detail)
         elif state == "connected" and detail == "again" and self._hello is not None \
                 and not self._stop.is_set():
             # a new connection has a new routing id: the server knows this host by its
@@ -243,6 +247,9 @@ class ClientHost:
         refused = asyncio.ensure_future(self._refused.wait())
         try:
             await asyncio.wait({task, refused}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled (a timeout around it): so is what it waits for
+            task.cancel()
+            raise
         finally:
             refused.cancel()
         if not task.done():
