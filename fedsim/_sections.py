@@ -207,7 +207,11 @@ class DeployConfig(SchemaModel):
     # otherwise idle machine (a benchmark): runs side by side would all put
     # their trainers on the same CPUs
     pin_trainers: bool = False
-    max_message_mb: Pos = 512.0
+    # the largest message the server and its hosts accept from each other, in
+    # MB; unset: the largest legitimate one of the scenario's algorithm and
+    # model (a task or update of its model copies, a host's registration or
+    # goodbye). A larger frame is dropped unread (and counted)
+    max_message_mb: Pos | None = None
     # real seconds to wait for client hosts to register before the federation
     # starts with those present (the missing ones are named)
     start_timeout: Pos = 120.0
@@ -225,3 +229,18 @@ class DeployConfig(SchemaModel):
     # send (event batches, goodbyes), in MB
     max_client_rate: Pos = 200.0
     max_control_mb: Pos = 16.0
+    # real seconds a connection may take to complete its handshake (CURVE with
+    # keys) before the server closes it
+    handshake_timeout: Pos = 5.0
+    # messages per real second from one source that has not registered (a
+    # key, or a connection without keys: clock probes, the registration),
+    # averaged over 5 s; beyond it they are rejected unread (counted)
+    max_unregistered_rate: Pos = 10.0
+    # the share of the server's time one client host's messages may take
+    # (decoding and handling them, measured), averaged over 5 s; beyond it its
+    # control messages (event batches, probes) are rejected unread (counted)
+    # until its share is back under; its clients' messages go on
+    max_host_cpu: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
+    # rejections logged (and written to events.jsonl) per source and reason;
+    # the rest are counted, and summarised once at the end
+    max_logged_rejects: Annotated[int, Field(ge=0)] = 10

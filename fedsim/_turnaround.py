@@ -41,14 +41,15 @@ def measure_turnaround(sc: Scenario, spec: TensorSpec, messages: int, bursts: in
     import numpy as np
     import zmq
 
-    from fedsim.codec import decode, encode_body, stamp
+    from fedsim.codec import decode, encode_body, header_bound, max_message_bytes, stamp
     from fedsim.messages import Model, Task
     from fedsim.plugins import child_env
     from fedsim.transport import ipc_address
 
     burst = max(1, min(messages, MAX_BURST))
     flat = np.zeros(spec.nbytes // 4, dtype=np.float32)
-    max_bytes = int(sc.deploy.max_message_mb * 1e6)
+    max_bytes = (max_message_bytes(spec) if sc.deploy.max_message_mb is None
+                 else int(sc.deploy.max_message_mb * 1e6))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -71,7 +72,8 @@ def measure_turnaround(sc: Scenario, spec: TensorSpec, messages: int, bursts: in
                                         model=Model.from_flat(flat, spec)))
                 sock.send_multipart([peer, *stamp(body, sent_at=0.0, seq=i)], copy=False)
             for _ in range(burst):
-                decode(sock.recv_multipart(copy=False)[1:], max_bytes=max_bytes, spec=spec)
+                decode(sock.recv_multipart(copy=False)[1:], max_bytes=max_bytes,
+                       max_header=header_bound(spec), spec=spec)
             if b:
                 times.append(time.perf_counter() - t0)
         sock.send_multipart([peer, b"bye"])
@@ -102,7 +104,7 @@ async def _echo(address: str, max_bytes: int) -> None:
             frames = await conn.recv()
             if len(frames) == 1:
                 return
-            msg, _ = decode(frames, max_bytes=max_bytes)
+            msg, _ = decode(frames, max_bytes=max_bytes, max_header=None)
             assert isinstance(msg, Task)
             body = encode_body(Update(client=msg.client, task_id=msg.task_id, base_version=0,
                                       round=0, num_samples=1, steps=1, loss=None,

@@ -161,6 +161,14 @@ def cli(verbose: int) -> None:
     os.environ.setdefault("FEDSIM_LOG", logging.getLevelName(level))
 
 
+def _services_say_info() -> None:
+    """``fedsim server`` and ``fedsim clients`` run unattended on other machines: their
+    own INFO lines (listening, each phase of a host) show without ``-v``."""
+    fedsim_log = logging.getLogger("fedsim")
+    if fedsim_log.getEffectiveLevel() > logging.INFO:
+        fedsim_log.setLevel(logging.INFO)
+
+
 def _scenario_or_resume(scenario: str | None, resume: str | None, sets: tuple[str, ...],
                         dilation: str | None, out: str | None) -> Scenario | None:
     """The scenario to run, or None when resuming (the run directory holds it)."""
@@ -327,6 +335,11 @@ def _report(result: Any) -> None:
     if rejected:
         click.echo("  rejected         " + ", ".join(f"{k} {v}" for k, v in sorted(
             rejected.items())))
+    unlogged = (s.get("rejected_messages") or {}).get("unlogged") or {}
+    if unlogged:
+        click.echo(f"    of which {sum(unlogged.values())} counted, not logged (over "
+                   "deploy.max_logged_rejects per source): " + ", ".join(
+                       f"{k} {v}" for k, v in sorted(unlogged.items(), key=lambda kv: -kv[1])))
     for line in _phase_lines(s):
         click.echo(line)
     click.echo(f"  run directory    {result.run_dir}")
@@ -584,6 +597,7 @@ def server(scenario: str | None, bind: str, keys_dir: str | None, insecure: bool
     """
     from fedsim.deploy.run import run_server
 
+    _services_say_info()
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
     progress = ProgressLine(not no_progress)
     # unlike `run`: a RunFailed prints its message, not a summary, and a
@@ -623,6 +637,7 @@ def clients(scenario: str, connect: str, ids: str, name: str | None, keys_dir: s
     from fedsim._ids import parse_ids
     from fedsim.deploy.run import run_clients
 
+    _services_say_info()
     sc = _load(scenario, sets)
     try:
         id_list = parse_ids(ids, sc.data.num_clients)

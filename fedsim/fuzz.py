@@ -248,8 +248,9 @@ async def _fuzzing_host(args: Any, sc: Any, data: dict[str, Any],
 
     ids = parse_ids(args.ids, sc.data.num_clients)
     keys = client_keys(args.connect, args.keys, args.name, args.insecure)
-    zmq_ctx = ZmqContext(max_message_bytes=int(sc.deploy.max_message_mb * 1e6))
-    conn = zmq_ctx.connect(args.connect, args.name.encode(), keys)
+    zmq_ctx = ZmqContext(max_message_bytes=-1 if sc.deploy.max_message_mb is None
+                         else int(sc.deploy.max_message_mb * 1e6))
+    conn = zmq_ctx.connect(args.connect, None, keys)  # the server assigns its routing id
     sent: Counter[str] = Counter()
     window: dict[str, float] = {}
     trainer = WorkerHandle(zmq_ctx, ipc_address(f"fuzz-{os.getpid()}", "trainer"),

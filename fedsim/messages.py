@@ -155,6 +155,7 @@ Reason = Literal[
     "wrong_version",  # envelope's schema version is not SCHEMA_VERSION
     "unknown_kind",  # envelope names a message kind this schema does not have
     "oversize",  # total bytes over max_bytes (checked before any frame is parsed)
+    "oversize_header",  # frame 0 or 1 over its limit (checked before it is unpacked)
     "frame_count",  # number of frames != 2 + number of model buffers
     "bad_dtype",  # a dtype outside WIRE_DTYPES
     "shape_mismatch",  # tensor count or shape differs from the expected TensorSpec

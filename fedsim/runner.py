@@ -125,11 +125,12 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     """
     from fedsim.actors._local_hosts import start_hosts
     from fedsim.actors._proc import fedsim_version
+    from fedsim.actors._server_gate import message_limit
     from fedsim.actors._setup import build_data, build_model, model_shapes
     from fedsim.actors._workers import WorkerHandle
     from fedsim.actors.checkpoint import load_checkpoint
     from fedsim.actors.server import Server
-    from fedsim.algorithms import flatten
+    from fedsim.algorithms import flatten, get
     from fedsim.messages import TensorSpec
     from fedsim.plugins import child_env
     from fedsim.scenario import scenario_hash
@@ -143,26 +144,16 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
             ckpt = load_checkpoint(run_dir, fedsim_version(), scenario_hash(data))
         except (FileNotFoundError, ValueError) as exc:
             raise ResumeError(str(exc)) from None
-    zmq_ctx = ZmqContext(max_message_bytes=int(sc.deploy.max_message_mb * 1e6))
+    zmq_ctx = ZmqContext()
     if bind is None:
         bind = (ipc_address(run_id, "server") if sc.deploy.transport == "ipc"
                 else "tcp://127.0.0.1:0")
-    endpoint = zmq_ctx.endpoint(bind, keys)
-    stopping = {"flag": False}
-    # The hosts start first (if not started yet): they import and connect
-    # while the data and the model are built (here, or in the zygote the
-    # trainers fork from).
-    procs = started if started is not None else start_hosts(
-        local_hosts or [], connect=endpoint.address, scenario_file=scenario_file,
-        run_id=run_id, zygote=None if zygote is None else zygote.name,
-        trainer_cpus=trainer_cpus, env=child_env())
-    write_json_atomic(run_dir / "endpoints.json", {
-        "server": endpoint.address, "run_id": run_id, "pid": os.getpid(),
-        "node": socket.gethostname(), "authenticated": keys is not None,
-        "hosts": {n: {"pid": p.pid, "clients": (local_hosts or [])[i]}
-                  for i, (n, p) in enumerate(procs.items())},
-    })
+    procs: dict[str, HostProcess] = dict(started or {})
     try:
+        # The data and the model first: the server's socket bounds every frame
+        # by the largest message the model allows, set when it binds. Hosts
+        # started already connect meanwhile (libzmq tries again every 50 ms);
+        # they need the data too before they register.
         if fed is None and zygote is not None:  # the zygote built it: no second copy
             shape = await zygote.describe()
             input_shape, num_classes = tuple(shape["input_shape"]), int(shape["num_classes"])
@@ -177,16 +168,32 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
         # server's record of the weights (a host must register these counts)
         partition = [int(c["num_samples"]) for c in stats["clients"]]
         model = build_model(sc, input_shape, num_classes)
+        spec = TensorSpec([("float32", s) for s in model_shapes(model)])
+        alg = get(sc.algorithm.name)
+        endpoint = zmq_ctx.endpoint(
+            bind, keys, max_message_bytes=message_limit(
+                sc, spec, max(alg.task_copies, alg.update_copies)),
+            handshake_timeout=sc.deploy.handshake_timeout)
     except BaseException:  # no federation: the hosts started for it go
         for p in procs.values():
             with contextlib.suppress(ProcessLookupError):
                 p.kill()
             await p.wait()
-        endpoint.close()
         zmq_ctx.close(linger_ms=0)
         raise
+    stopping = {"flag": False}
+    if started is None:
+        procs = start_hosts(
+            local_hosts or [], connect=endpoint.address, scenario_file=scenario_file,
+            run_id=run_id, zygote=None if zygote is None else zygote.name,
+            trainer_cpus=trainer_cpus, env=child_env())
+    write_json_atomic(run_dir / "endpoints.json", {
+        "server": endpoint.address, "run_id": run_id, "pid": os.getpid(),
+        "node": socket.gethostname(), "authenticated": keys is not None,
+        "hosts": {n: {"pid": p.pid, "clients": (local_hosts or [])[i]}
+                  for i, (n, p) in enumerate(procs.items())},
+    })
     x0 = flatten([p for p in model.parameters() if p.requires_grad])
-    spec = TensorSpec([("float32", s) for s in model_shapes(model)])
     del model
     evaluator = WorkerHandle(zmq_ctx, ipc_address(run_id, "eval"), scenario_file, "evaluator",
                              zygote=None if zygote is None else zygote.name)
@@ -202,8 +209,8 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
             server.host_exited(name, f"exit code {code}")
 
     if local_hosts is None:
-        log.warning("server listening at %s%s; waiting for client hosts", endpoint.address,
-                    " (CURVE)" if keys is not None else "")
+        log.info("server listening at %s%s; waiting for client hosts", endpoint.address,
+                 " (CURVE)" if keys is not None else "")
     watchers = [asyncio.create_task(watch(n, p)) for n, p in procs.items()]
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()

@@ -790,6 +790,95 @@ def test_oversize_is_checked_before_the_envelope() -> None:
     _check_rejected([b"\xc1" * 100, b"\xc1"], "oversize", "101 bytes", max_bytes=10)
 
 
+def _hostile_header(nbytes: int) -> bytes:
+    """A msgpack array of ``nbytes`` empty arrays: about 64 bytes of objects per byte."""
+    return b"\xdd" + nbytes.to_bytes(4, "big") + b"\x90" * nbytes
+
+
+def test_an_oversize_header_is_refused_without_being_unpacked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    unpacked: list[int] = []
+    real = msgpack.unpackb
+
+    def spy(data: Any, **kwargs: Any) -> Any:
+        unpacked.append(len(memoryview(data)))
+        return real(data, **kwargs)
+
+    monkeypatch.setattr(codec.msgpack, "unpackb", spy)
+    envelope = _envelope("EventBatch")
+    header = _hostile_header(30 * 1024 * 1024)   # 30 MB: once +230 MB of RSS on a server
+    _check_rejected([envelope, header], "oversize_header",
+                    f"EventBatch: frame 1 (header) of {len(header)} bytes > max_header=65536")
+    assert unpacked == [len(envelope)]           # the envelope only
+    # a receiver may allow a kind more, and a trusted channel no limit at all
+    small = _hostile_header(100_000)
+    _check_rejected([envelope, small], "bad_field", "EventBatch", max_header=200_000)
+    _check_rejected([envelope, small], "bad_field", "EventBatch", max_header=None)
+    unpacked.clear()
+    _check_rejected([envelope + b"\x00" * 100, b"\x90"], "oversize_header",
+                    f"frame 0 (envelope) of {len(envelope) + 100} bytes "
+                    "(an envelope has at most 64)")
+    assert unpacked == []
+
+
+def test_the_header_limit_is_checked_after_the_total_size() -> None:
+    frames = [_envelope("ClockProbe"), _hostile_header(codec.MAX_HEADER_BYTES)]
+    _check_rejected(frames, "oversize", "bytes > max_bytes=1000", max_bytes=1000)
+
+
+def test_a_30_mb_header_costs_no_memory() -> None:
+    """Measured in a fresh process: the peak RSS decoding it adds beyond the frame itself."""
+    script = """
+import resource
+from fedsim.codec import decode
+from fedsim.messages import SCHEMA_VERSION, WireError
+import msgpack
+env = msgpack.packb([SCHEMA_VERSION, "EventBatch", 0.0, 0])
+header = b"\\xdd" + (30 << 20).to_bytes(4, "big") + b"\\x90" * (30 << 20)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    decode([env, header])
+except WireError as exc:
+    reason = exc.reason
+print(reason, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out[0] == "oversize_header"
+    assert int(out[1]) < 4 * 1024, f"peak RSS grew by {out[1]} KB"   # unpacked: ~2 GB
+
+
+@pytest.mark.parametrize("copies", [1, 2, 3])
+def test_max_message_bytes_bounds_every_message_with_the_spec(copies: int) -> None:
+    spec = TensorSpec([("float32", (64, 60)), ("float32", (64,)), ("int64", (3, 3))])
+    bound = codec.max_message_bytes(spec, copies)
+    full = spec.repeated(copies)
+    assert bound == (codec.MAX_ENVELOPE_BYTES + codec.MAX_HEADER_BYTES
+                     + len(msgpack.packb(full.to_wire())) + full.nbytes)
+    model = Model.from_arrays([np.zeros(s, WIRE_DTYPES[d]) for d, s in full.entries])
+    big = Update(client=2**62, task_id=2**62, base_version=2**62, round=2**62,
+                 num_samples=2**62, steps=2**62, loss=1.0, model=model)
+    frames = encode(big, sent_at=1.0, seq=2**63)
+    assert encode_body(big).nbytes <= bound
+    assert decode(frames, max_bytes=bound, max_header=codec.header_bound(full),
+                  spec=full)[0].client == 2**62
+    assert codec.header_bound(None) == codec.MAX_HEADER_BYTES
+
+
+def test_peek_reads_the_envelope_only() -> None:
+    _, frames = _good()
+    meta = codec.peek(frames)
+    assert (meta.kind, meta.seq, meta.nbytes) == ("Task", 1, sum(len(f) for f in frames))
+    frames[1] = b"\xc1"  # a broken header is not peek's business
+    assert codec.peek(frames).kind == "Task"
+    with pytest.raises(WireError) as info:
+        codec.peek(frames, max_bytes=10)
+    assert info.value.reason == "oversize"
+    with pytest.raises(WireError) as info:
+        codec.peek([b"\xc1", b""])
+    assert info.value.reason == "bad_envelope"
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_rejected(dtype: type, bad: float) -> None:
@@ -1129,6 +1218,7 @@ def test_wire_error() -> None:
         WireError("nope", "x")  # type: ignore[arg-type]
     tested = {c[2] for c in ENVELOPE_CASES + HEADER_CASES + FRAME_CASES} | {
         "oversize", "non_finite", "bad_value", "shape_mismatch", "dtype_mismatch",
+        "oversize_header",  # test_an_oversize_header_is_refused_without_being_unpacked
     }
     assert tested == REASONS
 

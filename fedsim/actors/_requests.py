@@ -122,7 +122,7 @@ class Preemption:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            self.waiting.push(decode(frames, check_finite=False)[0])
+            self.waiting.push(decode(frames, max_header=None, check_finite=False)[0])
 
     #: Real seconds between looks at the socket in the middle of a run (a look
     #: costs about 3 % of a small model's step; a run lets another in at most

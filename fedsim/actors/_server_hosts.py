@@ -2,8 +2,10 @@
 
 :class:`HostSide` is a part of :class:`~fedsim.actors.server.Server` (a
 mixin: it holds no state of its own and declares what of the server's it
-uses). Every message a host sends is decoded, checked (its host, sequence
-number, rate and size) and routed here: control messages (registration,
+uses). Every message a host sends is checked before it is unpacked (a
+routing id the server assigned, the envelope, its sender's budgets, its
+header's size: :mod:`._server_gate`), then decoded, checked (its host,
+sequence number, rate and size) and routed here: control messages (registration,
 clock probes, event batches, goodbyes) are handled at once, and a client's
 message is held by the timer heap until that client's emulated uplink
 delivers it, then put on the server's queue as a
@@ -29,6 +31,7 @@ from typing import Any
 
 from fedsim._ids import format_ids
 from fedsim.actors._refusal import Refusal
+from fedsim.actors._server_gate import Gate, RecordBudget, Rejections
 from fedsim.actors._server_queue import (
     ClientMessage,
     FromClient,
@@ -41,7 +44,7 @@ from fedsim.actors._server_tasks import TOLERANCE, TaskBook, TaskRecord
 from fedsim.actors.hosts import HostInfo, HostTable, RateLimit
 from fedsim.actors.runstate import RunState
 from fedsim.algorithms.api import AlgorithmSpec, ServerAlgorithm
-from fedsim.codec import Body, decode, encode, encode_body, stamp
+from fedsim.codec import Body, decode, encode, encode_body, peek, stamp
 from fedsim.messages import (
     Average,
     ClockProbe,
@@ -73,6 +76,9 @@ __all__ = ["HostSide"]
 
 # the server actor's logger: its records keep their name wherever the code lives
 log = logging.getLogger("fedsim.actors.server")
+
+#: what a client sends (through its emulated uplink), as envelope kinds
+_CLIENT_KINDS = frozenset({"Update", "Ready", "Failed", "Leave"})
 
 
 class HostSide:
@@ -114,13 +120,17 @@ class HostSide:
     _reader: asyncio.Task[None] | None
     _sends: set[asyncio.Future[None]]
     _shared_up: Any
-    _early_rejects: list[tuple[str, str, str]]
     _client_rates: dict[int, RateLimit]
+    gate: Gate
+    records: RecordBudget
+    rejections: Rejections
+    unregistered_messages: int
 
     # -- from the outside world --------------------------------------------------------
-    def refused_connection(self, address: str, why: str) -> None:
-        """The transport refused a connection (a key not on the allow-list, a failed handshake)."""
-        self._reject(address.encode() or b"?", "unauthenticated", why)
+    def refused_connection(self, source: str, reason: str, why: str) -> None:
+        """The transport refused a connection (a key not on the allow-list, a failed
+        or timed-out handshake): counted, and logged within the per-source cap."""
+        self.rejections.add(source, reason, why, what="a connection")
 
     def host_exited(self, host: str, why: str) -> None:
         """A host process ended (reported by whoever watches it)."""
@@ -129,53 +139,103 @@ class HostSide:
 
     # -- receiving -----------------------------------------------------------------------
     async def _read(self) -> None:
-        """Decode and route every message; a bad one is rejected, logged and skipped.
+        """Check, decode and route every message; a bad one is rejected, logged and skipped.
 
         Total: whatever a peer sends, the reader goes on. A message that
         breaks a handler (a bug, since every message is validated first) is
-        rejected as ``internal_error`` with its traceback in the log.
+        rejected as ``internal_error`` with its traceback in the log. What a
+        registered host's message took (checks, decoding, handling) is
+        charged to its budget of the server's time; after a millisecond of
+        work the reader lets the loop run what is due (timers, deliveries).
         """
+        chosen = getattr(self.endpoint, "assigned", None)
+        worked = 0.0
         while True:
             peer, frames = await self.endpoint.recv()
+            t0 = perf_counter()
+            host: HostInfo | None = None
             try:
-                t0 = perf_counter()
-                msg, meta = decode(frames, max_bytes=self.max_bytes, spec=self.update_spec)
+                if chosen is not None and not chosen(peer):
+                    raise Refusal("routing_id", f"routing id {peer[:32]!r} was chosen by the "
+                                  "peer (a fedsim host lets the server assign its own)")
+                envelope = peek(frames, max_bytes=self.max_bytes)
+                host = self._admit(peer, envelope)
+                limit = self.gate.header_limit(envelope.kind, self.endpoint.user(peer))
+                msg, meta = decode(frames, max_bytes=self.max_bytes, max_header=limit,
+                                   spec=self.update_spec)
                 if isinstance(msg, Update | Ready | Failed | Leave):
                     self.phases.add("decode.server", perf_counter() - t0)
-                await self._route(peer, msg, meta)
+                await self._route(peer, msg, meta, host)
             except (WireError, Refusal) as exc:
                 self._reject(peer, exc.reason, exc.detail)
             except Exception as exc:
                 log.exception("a message from %r broke its handler", peer)
                 self._reject(peer, "internal_error", f"{type(exc).__name__}: {exc}")
+            took = perf_counter() - t0
+            if host is not None:
+                self.gate.charge(host.name, self.real_clock(), took)
+            worked += took
+            if worked > 1e-3:
+                worked = 0.0
+                await asyncio.sleep(0)
+
+    def _source(self, peer: bytes) -> str:
+        """Who ``peer`` is, for the log and the per-source caps: its host, its key, or
+        where it connected from."""
+        host = self.hosts.by_peer(peer)
+        if host is not None:
+            return host.name
+        user = self.endpoint.user(peer)
+        if user is not None:
+            return f"key {user}"
+        address = getattr(self.endpoint, "peer_address", None)
+        where = address(peer) if address is not None else None
+        if where:  # every connection from one address is one source
+            return str(where)
+        text = peer.decode("ascii", errors="replace")
+        return text if text.isprintable() and text else peer.hex()
 
     def _reject(self, peer: bytes, reason: str, detail: str) -> None:
-        sender = peer.decode(errors="replace")
-        if self.state is None:
-            log.warning("rejected a message from %s: %s: %s", sender, reason, detail)
-            self._early_rejects.append((sender, reason, detail))
-        else:
-            self.state.rejected(self._now(), sender, reason, detail)
+        self.rejections.add(self._source(peer), reason, detail)
 
-    def _disconnected(self) -> None:
-        """libzmq dropped a connection: how it refuses an oversize message, or a peer left."""
-        if self.started and self.stop_reason is None:
-            self._reject(b"?", "connection_dropped",
-                         "a connection was dropped (a message over deploy.max_message_mb, "
-                         "or a peer that went away)")
+    def _disconnected(self, source: str = "?") -> None:
+        """libzmq dropped an established connection: how it refuses an oversize frame, or a
+        peer left."""
+        if self.started and not self._stopping:
+            self.rejections.add(source, "connection_dropped",
+                                "a connection was dropped (a frame over deploy.max_message_mb "
+                                f"= {self.max_bytes / 1e6:g} MB, or a peer that went away)",
+                                what="a connection")
 
     def _now(self) -> float:
         return self.clock.now() if self.clock is not None else 0.0
 
-    def _checked_host(self, peer: bytes, meta: Any) -> HostInfo | None:
-        """The live host behind ``peer``, its sequence and rate checked (None: unregistered)."""
+    def _admit(self, peer: bytes, meta: Any) -> HostInfo | None:
+        """Checks before a message is unpacked: its sender, from its envelope and size.
+
+        A connection that has not registered may send ``deploy.max_unregistered_rate``
+        messages a second (per key with CURVE; per connection without). A
+        registered host's connection must be the one it registered with its
+        key; its sequence numbers must be new, its rate within
+        ``deploy.max_host_rate`` and, for its control messages, its share of
+        the server's time (every message it sent counts) within
+        ``deploy.max_host_cpu``; its goodbye comes once, after the stop; a
+        message without a model is at most ``deploy.max_control_mb``.
+        Returns the live host (None: not registered).
+        """
+        now = self.real_clock()
         host = self.hosts.by_peer(peer)
         if host is None or not host.alive:
+            user = self.endpoint.user(peer)
+            source = f"key {user}" if user is not None else repr(peer)
+            if not self.gate.unregistered(source, now):
+                raise Refusal("rate_limited", f"over {self.sc.deploy.max_unregistered_rate:g} "
+                              "messages/s from a connection that has not registered")
+            self.unregistered_messages += 1
             return None
         if self.endpoint.user(peer) != host.user:
             raise Refusal("unauthenticated",
                           f"this connection is not the one {host.name} registered with its key")
-        now = self.real_clock()
         if not host.seen.add(meta.seq):
             raise Refusal("replay", f"sequence number {meta.seq} was already received")
         host.last_seen = now
@@ -185,19 +245,28 @@ class HostSide:
         if not host.rate.take(now):
             raise Refusal("rate_limited",
                           f"{host.name} sent over {self.sc.deploy.max_host_rate:g} messages/s")
+        if meta.kind not in _CLIENT_KINDS and not self.gate.host_ready(host.name, now):
+            # its control messages wait; its clients' (rate-limited per client) go on
+            raise Refusal("rate_limited", f"{host.name}'s messages took over "
+                          f"{self.sc.deploy.max_host_cpu * 100:g} % of the server's time")
+        if meta.kind == "HostBye" and (not self._stopping or host.bye is not None):
+            raise Refusal("out_of_order", "a goodbye before the server said stop"
+                          if not self._stopping else f"a second goodbye from {host.name}")
+        if (meta.kind in ("EventBatch", "HostBye")
+                and meta.nbytes > self.sc.deploy.max_control_mb * 1e6):
+            raise Refusal("oversize", f"a {meta.kind} of {meta.nbytes} bytes (control messages: "
+                          f"deploy.max_control_mb = {self.sc.deploy.max_control_mb:g})")
         return host
 
-    async def _route(self, peer: bytes, msg: Any, meta: Any) -> None:
+    async def _route(self, peer: bytes, msg: Any, meta: Any, host: HostInfo | None) -> None:
         if isinstance(msg, HostHello):
             await self._hello(peer, msg, meta)
             return
         if isinstance(msg, ClockProbe):  # also a heartbeat; answered before registration too
-            self._checked_host(peer, meta)
             reply = ClockReply(seq=msg.seq, t_sent=msg.t_sent, t_server=self.real_clock(),
                                server=self.incarnation)
             await self._to_host(peer, encode(reply))
             return
-        host = self._checked_host(peer, meta)
         if host is None:
             raise Refusal("unknown_client",
                           f"a {type(msg).__name__} from a connection no host registered")
@@ -212,24 +281,21 @@ class HostSide:
             if not limit.take(self.real_clock()):
                 raise Refusal("rate_limited", f"client {msg.client} sent over "
                               f"{self.sc.deploy.max_client_rate:g} messages/s")
+            self.records.received(msg.client)
             self._uplink(host, msg.client, msg, meta)
             return
-        if meta.nbytes > self.sc.deploy.max_control_mb * 1e6:
-            raise Refusal("oversize", f"a {meta.kind} of {meta.nbytes} bytes (control messages: "
-                          f"deploy.max_control_mb = {self.sc.deploy.max_control_mb:g})")
         if isinstance(msg, EventBatch):
             if msg.host != host.name or self.state is None:
                 raise Refusal("unknown_client", f"events from {msg.host!r} on {host.name}'s "
                               "connection" if msg.host != host.name else "events before the start")
-            bad = self.state.write_events(msg.events, host.name, host.samples.keys())
+            now = self._now()
+            bad = self.state.write_events(
+                msg.events, host.name, host.samples.keys(),
+                budget=lambda client: self.records.take(host.name, client, now + 1.0))
             for why in bad:
                 self._reject(peer, "bad_event", why)
             self.state.host_phases(msg.phases)
-            # batches may come back to back (a host's t = 0): timers due run between them
-            await asyncio.sleep(0)
         elif isinstance(msg, HostBye):
-            if not self._stopping:
-                raise Refusal("out_of_order", "a goodbye before the server said stop")
             if msg.host != host.name or self.hosts.goodbye(peer, msg) is None:
                 raise Refusal("out_of_order", f"a goodbye from {msg.host!r}, not expected")
             self._bye.set()
@@ -238,11 +304,19 @@ class HostSide:
 
     async def _hello(self, peer: bytes, msg: HostHello, meta: Any) -> None:
         user = self.endpoint.user(peer)
+        moved = self.hosts.reconnect(peer, msg, user)
+        if moved is not None:  # its connection dropped and came back: the same host
+            moved.seen.add(meta.seq)
+            moved.last_seen = self.real_clock()
+            log.warning("client host %s connected again (a new connection); it goes on",
+                        msg.host)
+            return
         old = self.hosts.hosts.get(msg.host)
         if (old is not None and old.alive and self.started and old.user == user
-                and old.peer == peer and self.hosts.is_restart(old, msg)):
-            # its process was restarted before its silence gave it away: a ROUTER
-            # takes a connection under a routing id only once the old one is gone
+                and self.hosts.is_restart(old, msg)
+                and (old.peer == peer or not await self._connected(old.peer))):
+            # its process was restarted before its silence gave it away (a new
+            # connection, and the old one is gone: a live one is not displaced)
             restarted = "restarted (a new process registered under its name)"
             lost = self.hosts.lose(msg.host, restarted, self._now())
             self.queue.put_nowait(HostExited(msg.host, restarted, tuple(lost)))
@@ -250,8 +324,7 @@ class HostSide:
         if why is None and self.stop_reason is not None:
             why = "the federation is ending"
         if why is not None:
-            log.error("refused client host %s: %s", msg.host, why)
-            self._reject(peer, "refused", why)
+            self._reject(peer, "refused", f"client host {msg.host!r}: {why}")
             await self._to_host(peer, encode(Refused(reason=why)))
             return
         info = self.hosts.hosts[msg.host]
@@ -322,6 +395,16 @@ class HostSide:
         if av is None:
             av = self.availability[cid] = self.plan.availability(cid)
         return av
+
+    def _availability_changes(self, cid: int, t0: float, t1: float) -> int:
+        """How often ``cid``'s availability changes in ``(t0, t1]`` (emulated s)."""
+        av, n, t = self._availability(cid), 0, t0
+        while n < 100_000:
+            t, _ = av.next_change(t)
+            if t > t1:
+                break
+            n += 1
+        return n
 
     def _uplink(self, host: HostInfo, cid: int, msg: ClientMessage, meta: Any) -> None:
         assert self.timers is not None
@@ -394,6 +477,16 @@ class HostSide:
         self.phases.add("encode.server", perf_counter() - t0)
         return body
 
+    async def _connected(self, peer: bytes) -> bool:
+        """Whether ``peer``'s connection is still there (a ClockReply no host can take
+        for its own goes to it: the send fails when it is gone)."""
+        try:
+            await self.endpoint.send(peer, encode(ClockReply(seq=0, t_sent=-1e9,
+                                                             t_server=self.real_clock())))
+        except PeerGone:
+            return False
+        return True
+
     async def _to_host(self, peer: bytes, frames: list[Any]) -> None:
         try:
             await self.endpoint.send(peer, frames)
@@ -439,6 +532,9 @@ class HostSide:
                 delivered=now + self.plan.least_transfer(cid, "down", body.nbytes, now),
                 steps=steps))
         self.state.bytes_down += body.nbytes
+        owner = self.hosts.owner_info(cid)
+        if owner is not None:
+            self.records.sent(cid, owner.name)
         self.state.event(now, "send", client=cid, dir="down", bytes=body.nbytes, sent_at=now,
                          **fields)
 

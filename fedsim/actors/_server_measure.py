@@ -14,6 +14,7 @@ import copy
 import logging
 from typing import Any
 
+from fedsim.actors._server_gate import Rejections
 from fedsim.actors.hosts import HostTable
 from fedsim.network import NetPlan
 from netem.clock import Clock
@@ -40,6 +41,8 @@ class Measurements:
     hosts: HostTable
     clamped: int
     corrections: dict[str, int]
+    rejections: Rejections
+    unregistered_messages: int
 
     def _totals(self) -> dict[str, Any]:
         byes = self.hosts.byes()
@@ -50,6 +53,8 @@ class Measurements:
                 "clamped": self.clamped,
                 "corrections": dict(self.corrections),
                 "late_arrivals": sum(h.late_arrivals for h in hosts),
+                "unlogged": self.rejections.not_logged(),
+                "unregistered_messages": self.unregistered_messages,
                 "hosts": {"registered": len(self.hosts.hosts), "reported": len(byes),
                           "lost": [h.name for h in hosts if not h.alive],
                           "unreported": [h.name for h in hosts if h.bye is None]}}

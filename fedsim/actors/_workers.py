@@ -106,7 +106,7 @@ class WorkerHandle:
         if hello not in done:
             hello.cancel()
             raise WorkerDied(f"{self.role} worker did not start (exit {self.returncode})")
-        msg, _ = decode(hello.result(), check_finite=False)
+        msg, _ = decode(hello.result(), max_header=None, check_finite=False)
         if not isinstance(msg, WorkerReady):
             raise WorkerDied(f"{self.role} worker sent {type(msg).__name__} instead of ready")
         if self.cpus is not None and self.proc is not None:
@@ -136,7 +136,7 @@ class WorkerHandle:
         while True:
             frames = await self.conn.recv()
             try:
-                msg, _ = decode(frames, check_finite=False)
+                msg, _ = decode(frames, max_header=None, check_finite=False)
             except WireError as exc:
                 log.error("%s worker sent an unreadable reply: %s", self.role, exc)
                 continue

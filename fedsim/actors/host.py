@@ -17,6 +17,15 @@ the host's clock probes with a new incarnation (:class:`~fedsim.messages.Start`)
 the host then drops its clients' work under way and registers them again,
 as at a start, keeping its worker and the clients' algorithm state.
 
+It says what is happening: one INFO line per phase (connected, registered,
+started, done). Over ZeroMQ its connection's monitor tells it within
+milliseconds when the server refuses its key, or a handshake fails for a
+protocol error: it logs the cause and exits 4 (:data:`EXIT_REFUSED`);
+handshakes that keep being closed (a wrong ``server.key``, or a server not
+listening yet behind a proxy) it warns about at once, and tries on. When the connection
+drops and comes back, the server knows it under a new routing id: the host
+registers again over it.
+
 Run as ``python -m fedsim.actors.host --connect ADDR --host-id N --clients
 0,2,4 --scenario FILE`` (``--clients 0:10000:2``: every second id below 10,000).
 """
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -32,14 +42,24 @@ import os
 import sys
 from collections.abc import Callable, Coroutine
 from time import perf_counter
-from typing import Any
+from typing import Any, TypeVar
 
 from fedsim._ids import format_ids, parse_id_list
 from fedsim.actors import _proc
 from fedsim.actors._refusal import Refusal
+from fedsim.actors._server_gate import BYE_HEADER_BYTES
 from fedsim.actors._setup import local_config
 from fedsim.actors.client import ClientActor
-from fedsim.codec import decode, encode, encode_body, stamp
+from fedsim.codec import (
+    DEFAULT_MAX_BYTES,
+    MAX_HEADER_BYTES,
+    decode,
+    encode,
+    encode_body,
+    header_bound,
+    max_message_bytes,
+    stamp,
+)
 from fedsim.messages import (
     HOST_PHASES,
     Average,
@@ -73,6 +93,8 @@ __all__ = ["ClientHost", "main", "serve_host"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Exit code of a host the server refused.
 EXIT_REFUSED = 4
 #: Exit code of a host whose torch worker did not start (its log says why: a
@@ -102,7 +124,12 @@ class ClientHost:
         self.use_timerfd = use_timerfd
         self.plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
         self.local = local_config(sc)
-        self.max_bytes = int(sc.deploy.max_message_mb * 1e6)
+        #: what the server may send: any size before the start (it is trusted:
+        #: its key is known), then the largest task of the model (or the scenario's
+        #: deploy.max_message_mb)
+        self.max_bytes = (DEFAULT_MAX_BYTES if sc.deploy.max_message_mb is None
+                          else int(sc.deploy.max_message_mb * 1e6))
+        self.max_header: int | None = None
         self.clock = Clock()
         self.timers: TimerHeap = None  # type: ignore[assignment]  # set at Start
         self.monitor = FidelityMonitor()
@@ -131,6 +158,12 @@ class ClientHost:
         #: and whether a reply from another one came (it restarted: register again)
         self.server_id = ""
         self.server_restarted = False
+        #: why the server refused this host's connection (its monitor said so)
+        self.refused: str | None = None
+        self._refused = asyncio.Event()
+        self._hello: HostHello | None = None
+        self._again: set[asyncio.Future[None]] = set()
+        self.stop_reason = ""
 
     # -- what client actors use ------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
@@ -199,13 +232,51 @@ class ClientHost:
         self.clock_offset, self.clock_uncertainty = best[1], best[0] / 2
         self.offsets = [best[1]]
 
+    # -- the connection's state (a ZeroMQ connection's monitor) ----------------------
+    def connection_state(self, state: str, detail: str) -> None:
+        """What the connection's monitor reports: ``refused`` (why), ``connected``
+        (``again`` after a drop: register again), ``disconnected``."""
+        if state == "refused" and self.refused is None:
+            self.refused = detail
+            self._refused.set()
+        elif state == "disconnected":
+            log.warning("%s: lost the connection to the server; connecting again", self.name)
+        elif state == "failing":
+            log.warning("%s: %s; trying on", self.name, detail)
+        elif state == "connected" and detail == "again" and self._hello is not None \
+                and not self._stop.is_set():
+            # a new connection has a new routing id: the server knows this host by its
+            # registration (and its key), so it registers again over it
+            log.warning("%s: connected to the server again; registering again", self.name)
+            task = asyncio.ensure_future(self._control(self._hello))
+            self._again.add(task)
+            task.add_done_callback(self._again.discard)
+
+    async def _unless_refused(self, aw: Coroutine[Any, Any, T]) -> T:
+        """``await aw``, unless the server refuses this host first (ConnectionRefusedError)."""
+        task = asyncio.ensure_future(aw)
+        refused = asyncio.ensure_future(self._refused.wait())
+        try:
+            await asyncio.wait({task, refused}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled (a timeout around it): so is what it waits for
+            task.cancel()
+            raise
+        finally:
+            refused.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ConnectionRefusedError(self.refused)
+        return task.result()
+
     async def _recv_control(self, wait: float) -> Message | None:
         try:
-            frames = await asyncio.wait_for(self.conn.recv(), wait)
+            frames = await asyncio.wait_for(self._unless_refused(self.conn.recv()), wait)
         except TimeoutError:
             return None
         try:
-            msg, _ = decode(frames, max_bytes=self.max_bytes)
+            msg, _ = decode(frames, max_bytes=self.max_bytes, max_header=self.max_header)
         except WireError as exc:
             log.warning("%s: rejected a message before the start: %s", self.name, exc)
             return None
@@ -242,10 +313,13 @@ class ClientHost:
         from fedsim.actors._workers import WorkerDied
 
         try:
-            ready = await self.trainer.start()
+            ready = await self._unless_refused(self.trainer.start())
         except WorkerDied as exc:
             log.error("%s: %s (its own error is logged above)", self.name, exc)
             return EXIT_NO_WORKER
+        except ConnectionRefusedError as exc:
+            log.error("%s: the server refused this host: %s", self.name, exc)
+            return EXIT_REFUSED
         samples = dict(zip(self.client_ids, ready.samples, strict=True))
         self.build_clients(samples)
         _proc.freeze_heap()  # set-up done: no collection of the run walks it
@@ -282,24 +356,36 @@ class ClientHost:
         except ConnectionRefusedError as exc:
             log.error("%s: the server refused this host: %s", self.name, exc)
             return None
-        await self._control(HostHello(
+        log.info("%s: connected to the server (clock offset %+.6f s +- %.3f ms)", self.name,
+                 self.clock_offset, self.clock_uncertainty * 1e3)
+        self._hello = HostHello(
             host=self.name, pid=os.getpid(), clients=tuple(self.client_ids),
             samples=tuple(samples[c] for c in self.client_ids), boot_id=boot_id(),
             fedsim_version=self.fedsim_version, scenario_hash=self.scenario_hash,
-            clock_offset=self.clock_offset, clock_uncertainty=self.clock_uncertainty))
-        return await self._await_start()
+            clock_offset=self.clock_offset, clock_uncertainty=self.clock_uncertainty)
+        await self._control(self._hello)
+        log.info("%s: registered clients %s; waiting for the federation to start",
+                 self.name, format_ids(self.client_ids))
+        try:
+            return await self._await_start()
+        except ConnectionRefusedError as exc:
+            log.error("%s: the server refused this host: %s", self.name, exc)
+            return None
 
     async def _session(self, start: Start) -> bool:
         """Run the clients from ``start`` until the server says stop (then say goodbye:
         False) or turns out to have restarted (True)."""
         self._heard = self.real_clock()
         self.begin(start)
+        log.info("%s: the federation started (dilation %g): %d clients", self.name,
+                 start.dilation, len(self.clients))
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 reader = tg.create_task(self._read(), name=f"{self.name}-reader")
                 flusher = tg.create_task(self._flusher(), name=f"{self.name}-events")
                 prober = tg.create_task(self._prober(), name=f"{self.name}-clock")
+                watcher = tg.create_task(self._watch_refusal(), name=f"{self.name}-refusal")
                 await self.timers.sleep_until(start.t0)
                 for i, a in enumerate(self.clients.values(), 1):
                     a.start(start.t0)   # not from 0: no replay of the absences before
@@ -314,6 +400,7 @@ class ClientHost:
                 flusher.cancel()
                 prober.cancel()
                 reader.cancel()
+                watcher.cancel()
             if self.server_restarted:
                 return True
             await self.flush_events()
@@ -324,11 +411,11 @@ class ClientHost:
                 elif a.kind not in kinds:  # its kind is known, even if no message came
                     self.monitor.record_loss(a.kind, LossStats())
                 kinds.add(a.kind)
-            await self._control(HostBye(
-                host=self.name, overruns=self.overruns,
-                compute_deadlines=self.compute_deadlines,
-                rejected=self.rejected + sum(a.rejected for a in self.clients.values()),
-                fidelity=self.monitor.export(), clock_offsets=tuple(self.offsets)))
+            rejected = self.rejected + sum(a.rejected for a in self.clients.values())
+            if self.refused is None:
+                await self._control(self._goodbye(rejected))
+                log.info("%s: done (%s): measurements sent; %d messages rejected", self.name,
+                         self.stop_reason or "stopped", rejected)
         finally:
             self.timers.close()
         return False
@@ -355,6 +442,24 @@ class ClientHost:
         self.overruns = self.compute_deadlines = self.rejected = 0
         self.build_clients(samples)
 
+    def _goodbye(self, rejected: int) -> HostBye:
+        """The goodbye, its fidelity samples thinned until its header fits the server's limit."""
+        samples = 20000
+        while True:
+            bye = HostBye(host=self.name, overruns=self.overruns,
+                          compute_deadlines=self.compute_deadlines, rejected=rejected,
+                          fidelity=self.monitor.export(samples), clock_offsets=tuple(self.offsets))
+            if samples <= 16 or encode_body(bye).nbytes < BYE_HEADER_BYTES - 1024:
+                return bye
+            samples //= 2
+
+    async def _watch_refusal(self) -> None:
+        """The server refused this host's connection during the run: stop (exit 4)."""
+        await self._refused.wait()
+        log.error("%s: the server refused this host: %s", self.name, self.refused)
+        self.exit_code = EXIT_REFUSED
+        self._stop.set()
+
     def build_clients(self, samples: dict[int, int]) -> None:
         """Build the client actors (set-up: before the host registers, so that none
         of this work falls after the emulated clock starts)."""
@@ -377,6 +482,9 @@ class ClientHost:
         self.server_id = start.server
         self.model_spec = start.spec
         self.task_spec = start.spec.repeated(start.task_copies)
+        if self.sc.deploy.max_message_mb is None:
+            self.max_bytes = max_message_bytes(start.spec, max(1, start.task_copies))
+        self.max_header = header_bound(self.task_spec)
         self.started.set()
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -415,7 +523,7 @@ class ClientHost:
             self._heard = self.real_clock()
             try:
                 t0 = perf_counter()
-                msg, meta = decode(frames, max_bytes=self.max_bytes)
+                msg, meta = decode(frames, max_bytes=self.max_bytes, max_header=self.max_header)
                 if isinstance(msg, Task | Average):
                     self.phases.add("decode.hosts", perf_counter() - t0)
                     want = self.task_spec if isinstance(msg, Task) else self.model_spec
@@ -426,6 +534,7 @@ class ClientHost:
                         raise Refusal("unknown_client", f"client {msg.client} is not here")
                     actor.arrived(msg, meta)
                 elif isinstance(msg, Stop):
+                    self.stop_reason = msg.reason
                     self._stop.set()
                 elif isinstance(msg, ClockReply):
                     if msg.server != self.server_id:
@@ -455,8 +564,19 @@ class ClientHost:
                 await asyncio.sleep(0)  # let timers due meanwhile run
             batch = tuple(events[i:i + _CHUNK])
             if batch or phases:
-                await self._control(EventBatch(host=self.name, events=batch, phases=phases))
+                for part in _fitting(EventBatch(host=self.name, events=batch, phases=phases)):
+                    await self._control(part)
             phases = ()
+
+
+def _fitting(batch: EventBatch) -> list[EventBatch]:
+    """``batch``, split until each part's header is within the server's limit."""
+    if len(batch.events) <= 1 or encode_body(batch).nbytes < MAX_HEADER_BYTES - 1024:
+        return [batch]
+    half = len(batch.events) // 2
+    return [*_fitting(EventBatch(host=batch.host, events=batch.events[:half],
+                                 phases=batch.phases)),
+            *_fitting(EventBatch(host=batch.host, events=batch.events[half:]))]
 
 
 async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, connect: str,
@@ -480,8 +600,19 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
 
     if cpus:
         _proc.pin_process(os.getpid(), cpus)
-    zmq_ctx = ZmqContext(max_message_bytes=int(sc.deploy.max_message_mb * 1e6))
-    conn = zmq_ctx.connect(connect, name.encode(), keys)
+    zmq_ctx = ZmqContext(max_message_bytes=-1 if sc.deploy.max_message_mb is None
+                         else int(sc.deploy.max_message_mb * 1e6))
+    hosts: list[ClientHost] = []   # the host, once made: the connection's state goes to it
+    early: list[tuple[str, str]] = []
+
+    def on_state(state: str, detail: str) -> None:
+        if hosts:
+            hosts[0].connection_state(state, detail)
+        else:
+            early.append((state, detail))
+
+    # no routing id: the server's ROUTER assigns one to each connection
+    conn = zmq_ctx.connect(connect, None, keys, on_state=on_state)
     state = None
     if state_dir is not None:
         os.makedirs(state_dir, exist_ok=True)
@@ -492,6 +623,9 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
     host = ClientHost(sc, name, clients, conn, trainer,
                       fedsim_version=_proc.fedsim_version(),
                       scenario_hash=scenario_hash(raw))
+    hosts.append(host)
+    for item in early:
+        host.connection_state(*item)
     try:
         return await host.run()
     finally:

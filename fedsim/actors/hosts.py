@@ -10,7 +10,8 @@ is its partition's size, never what a host says). With
 an allow-list (CURVE), the host's name is the one its key was issued to
 (the connection's authenticated ``user``) and it may claim only the client
 ids listed for that key. A host that was lost may register again (a
-restarted process): it takes its clients back.
+restarted process): it takes its clients back; a live host whose connection
+dropped registers again over its new one (:meth:`HostTable.reconnect`).
 The table then answers "which host speaks for client ``c``" (the server
 accepts a client's message only from that host), collects each host's
 goodbye (its own measurements), and marks hosts lost when they exit.
@@ -82,6 +83,7 @@ class HostInfo:
     clients: tuple[int, ...]
     samples: dict[int, int]
     user: str | None = None
+    boot_id: str = ""
     clock_offset: float = 0.0
     clock_uncertainty: float = 0.0
     last_seen: float = 0.0
@@ -161,7 +163,7 @@ class HostTable:
                         "built from the scenario's seed)")
         info = HostInfo(name=msg.host, peer=peer, pid=msg.pid, clients=tuple(msg.clients),
                         samples=dict(zip(msg.clients, msg.samples, strict=True)), user=user,
-                        clock_offset=msg.clock_offset,
+                        boot_id=msg.boot_id, clock_offset=msg.clock_offset,
                         clock_uncertainty=msg.clock_uncertainty)
         if old is not None:  # a lost host back (restarted): its old entry goes
             self._by_peer.pop(old.peer, None)
@@ -170,6 +172,29 @@ class HostTable:
         for c in msg.clients:
             self._owner[c] = info
         return None
+
+    def reconnect(self, peer: bytes, msg: HostHello, user: str | None) -> HostInfo | None:
+        """A live host's registration again, over a new connection: the host, moved to it.
+
+        Its connection dropped and came back, and the server's ROUTER gave the
+        new one a new routing id: the same process (pid and boot id), the same
+        key and clients, from another peer. None: not that (a hello to refuse
+        or to register as usual).
+        """
+        old = self.hosts.get(msg.host)
+        if (old is None or not old.alive or old.peer == peer or peer in self._by_peer
+                or old.user != user or old.pid != msg.pid or old.boot_id != msg.boot_id
+                or tuple(msg.clients) != old.clients or not self.is_current(msg)):
+            return None
+        self._by_peer.pop(old.peer, None)
+        old.peer = peer
+        self._by_peer[peer] = old
+        return old
+
+    def is_current(self, msg: HostHello) -> bool:
+        """Whether ``msg`` comes from this server's fedsim version and scenario."""
+        return (msg.fedsim_version == self.fedsim_version
+                and msg.scenario_hash == self.scenario_hash)
 
     def is_restart(self, old: HostInfo, msg: HostHello) -> bool:
         """Whether ``msg`` is ``old``'s process started again: a new pid, the

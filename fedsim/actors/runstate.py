@@ -177,16 +177,22 @@ class RunState:
         self.events.write(rec)
 
     def write_events(self, events: tuple[Event, ...], host: str,
-                     clients: AbstractSet[int]) -> list[str]:
+                     clients: AbstractSet[int],
+                     budget: Callable[[int | None], str | None] | None = None) -> list[str]:
         """Write the records a host sent, stamped with its name; return why others were not.
 
         A host may report only what happens on its side (``HOST_EVENT_KINDS``)
         to its own clients, with plain extra fields: nothing it sends can
-        pass for the server's records (an evaluation, an aggregation).
+        pass for the server's records (an evaluation, an aggregation). With
+        ``budget`` (``budget(client)``: why a record about ``client``, None
+        for the host itself, is one too many, or None), only as many records
+        as the server's traffic with each client allows.
         """
         bad: list[str] = []
         for e in events:
             why = _host_event_problem(e, host, clients)
+            if why is None and budget is not None:
+                why = budget(e.client)
             if why is not None:
                 bad.append(why)
                 continue
@@ -220,12 +226,6 @@ class RunState:
         return {"runs": len(self.lost), "by_reason": by_reason, "by_client": by_client,
                 "clients": sorted(int(c) for c in by_client),
                 "first_reason": dict(list(first.items())[:50])}
-
-    def rejected(self, t: float, sender: str, reason: str, detail: str) -> None:
-        """A message was refused: counted by reason, logged, and recorded."""
-        self.rejects[reason] = self.rejects.get(reason, 0) + 1
-        log.warning("rejected a message from %s: %s: %s", sender, reason, detail[:300])
-        self.event(t, "reject", reason=reason, sender=sender, detail=detail[:300])
 
     def flush(self) -> None:
         """Write pending event records; rewrite the summary if it is 10 real seconds old.
@@ -406,7 +406,9 @@ class RunState:
             "transfer": self.transfers.summary(self.delays_ms),
             "phases": self.phases.summary(),
             "rejected_messages": {"server": dict(self.rejects),
-                                  "clients": totals.get("rejected", 0)},
+                                  "clients": totals.get("rejected", 0),
+                                  "unlogged": totals.get("unlogged", {})},
+            "unregistered_messages": totals.get("unregistered_messages", 0),
             "host_failures": self.host_failures,
             "lost_work": self.lost_work(),
             "hosts": totals.get("hosts"),

@@ -20,7 +20,9 @@ parts (mixins that hold no state of their own) in their own modules:
 uplinks, sending, the hosts' goodbyes), :mod:`.checkpoint` (writing and
 restoring checkpoints; :func:`~fedsim.actors.checkpoint.load_checkpoint`,
 also importable from here) and :mod:`._server_measure` (the fidelity
-verdict and the totals). What its queue carries is in :mod:`._server_queue`.
+verdict and the totals). What its queue carries is in :mod:`._server_queue`;
+the limits its reader applies before it unpacks a message (sizes, budgets,
+the rejections' log) are in :mod:`._server_gate`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 
 from fedsim._ids import format_ids
 from fedsim.actors._proc import freeze_heap, process_age, thaw_heap, to_foreground
+from fedsim.actors._server_gate import Gate, RecordBudget, Rejections, message_limit
 from fedsim.actors._server_hosts import HostSide
 from fedsim.actors._server_measure import Measurements
 from fedsim.actors._server_queue import (
@@ -141,7 +144,13 @@ class Server(HostSide, Checkpoints, Measurements):
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.clients: set[int] = set()
         self._failed: set[int] = set()
-        self.max_bytes = int(sc.deploy.max_message_mb * 1e6)
+        self.max_bytes = message_limit(sc, model_spec,
+                                       max(self.alg.task_copies, self.alg.update_copies))
+        self.gate = Gate(sc, self.update_spec, allowed)
+        self.rejections = Rejections(sc.deploy.max_logged_rejects)
+        self.records = RecordBudget(self._availability_changes)
+        #: messages taken from connections that had not registered (probes, hellos)
+        self.unregistered_messages = 0
         self.task_ids = itertools.count(1)
         self.seq = itertools.count()
         self.stop_reason: str | None = None
@@ -167,7 +176,6 @@ class Server(HostSide, Checkpoints, Measurements):
         self.state: RunState | None = None
         self._registered = asyncio.Event()
         self._bye = asyncio.Event()
-        self._early_rejects: list[tuple[str, str, str]] = []
         self._sends: set[asyncio.Future[None]] = set()
         self._reader: asyncio.Task[None] | None = None
         #: messages whose claimed send time was corrected, and why: outside the
@@ -230,7 +238,12 @@ class Server(HostSide, Checkpoints, Measurements):
             if self.timers is not None:
                 self.timers.close()
             if self.state is None:
-                self.state = self._new_state(self._clock(0.0))
+                self.state = state = self._new_state(self._clock(0.0))
+                self.rejections.attach(state.rejects, lambda source, reason, detail: state.event(
+                    0.0, "reject", reason=reason, sender=source, detail=detail))
+            for line in self.rejections.summarise():
+                self.state.event(self.state.stopped_at or max(0.0, self._now()), "warning",
+                                 reason=line)
             self.state.finish(self.stop_reason or "completed")
         return self.state.summary
 
@@ -258,8 +271,8 @@ class Server(HostSide, Checkpoints, Measurements):
         state.t0_wall = time.time() + 0.05
         if self.resume is not None:
             self._restore(self.resume)
-        for sender, reason, detail in self._early_rejects:
-            state.rejected(t0, sender, reason, detail)
+        self.rejections.attach(state.rejects, lambda source, reason, detail: state.event(
+            max(t0, self._now()), "reject", reason=reason, sender=source, detail=detail))
         if self.stop_reason is not None:
             return
         self.started = True

@@ -271,8 +271,9 @@ class InlineWorker:
 
     async def request(self, msg: Message) -> Message:
         """Answer at once (the work runs on this loop; virtual time does not move)."""
-        request, _ = decode(encode(msg), check_finite=False)
-        reply, _ = decode(encode(self.worker.handle(request)), check_finite=False)
+        request, _ = decode(encode(msg), max_header=None, check_finite=False)
+        reply, _ = decode(encode(self.worker.handle(request)), max_header=None,
+                          check_finite=False)
         return reply
 
     async def close(self) -> None:
@@ -299,7 +300,8 @@ def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
     try:
         while True:
             if not waiting:
-                waiting.push(decode(sock.recv_multipart(copy=False), check_finite=False)[0])
+                waiting.push(decode(sock.recv_multipart(copy=False), max_header=None,
+                                            check_finite=False)[0])
             preempt.read()
             msg = waiting.pop()
             if isinstance(msg, Shutdown):

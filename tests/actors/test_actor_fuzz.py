@@ -62,10 +62,13 @@ def test_hostile_frames_from_an_insider_crash_nothing_and_are_all_counted(
     must = sum(n for r, n in sent.items() if r is not None)
     assert sum(rejects.values()) >= must
     assert "internal_error" not in rejects, rejects
-    # each rejection is in the event log, and nothing forged is
+    # each rejection is in the event log, or counted beyond the per-source cap of the
+    # log (deploy.max_logged_rejects), and nothing forged is
     events = fuzzed.events()
     server_rejects = [e for e in of(events, "reject") if "sender" in e]  # (hosts log theirs)
-    assert len(server_rejects) == sum(rejects.values())
+    unlogged = s["rejected_messages"]["unlogged"]
+    assert len(server_rejects) + sum(unlogged.values()) == sum(rejects.values())
+    assert set(unlogged) == {"host-1"}
     assert not [e for e in of(events, "evaluate") if e.get("accuracy") == 0.999]
     assert s["send_times_clamped"] >= categories["send_time"]
     # the insider's corrected send times fail the verdict by its name; nothing else does

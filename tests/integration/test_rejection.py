@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from fedsim.codec import encode
-from fedsim.messages import Model, TensorSpec, Update
+from fedsim.messages import SCHEMA_VERSION, Model, TensorSpec, Update
 from fedsim.metrics import read_events
 
 from .conftest import fedsim, finish, wait_for, wait_for_events, write_scenario
@@ -41,9 +41,10 @@ concurrency = 4
     wait_for_events(out, "aggregate", count=3)
     ctx = zmq.Context()
     try:
-        def rogue(identity: bytes, frames: list) -> None:
+        def rogue(frames: list, identity: bytes | None = None) -> None:
             s = ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.ROUTING_ID, identity)
+            if identity is not None:
+                s.setsockopt(zmq.ROUTING_ID, identity)
             s.setsockopt(zmq.LINGER, 1000)
             s.connect(endpoints["server"])
             s.send_multipart(frames)
@@ -51,20 +52,21 @@ concurrency = 4
 
         ok = [np.zeros(s, np.float32) for s in SHAPES]
         old = [msgpack.packb([1, "Update", 0.0, 0]), msgpack.packb([])]
-        # Each rogue has its own routing id: libzmq ignores a second peer that
-        # reuses a connected peer's id (ROUTER_HANDOVER off), itself a defence.
-        rogue(b"r1", [b"\x00garbage"])                                       # malformed
-        rogue(b"r2", old)                                                     # wrong version
-        rogue(b"r3", _update([np.full(s, np.nan, np.float32) for s in SHAPES]))  # non-finite
-        rogue(b"r4", _update(ok[:2]))                                         # wrong shapes
-        rogue(b"r5", _update([np.zeros(s, np.float64) for s in SHAPES]))      # dtype
-        rogue(b"r6", _update(ok, client=1))             # a client another host runs
-        rogue(b"host-0", _update(ok, client=999))       # no such client
+        # each rogue's connection gets a routing id of the server's
+        rogue([b"\x00garbage"])                                               # malformed
+        rogue(old)                                                            # wrong version
+        rogue(_update([np.full(s, np.nan, np.float32) for s in SHAPES]))      # non-finite
+        rogue(_update(ok[:2]))                                                # wrong shapes
+        rogue(_update([np.zeros(s, np.float64) for s in SHAPES]))             # dtype
+        rogue(_update(ok, client=1))                    # a client another host runs
+        rogue(_update(ok, client=999), b"host-0")       # a routing id of its own choosing
+        # a header over 64 KiB
+        rogue([msgpack.packb([SCHEMA_VERSION, "EventBatch", 0.0, 0]), b"\x90" * 100_000])
         big = [np.zeros(400_000, np.float32)]
-        rogue(b"r7", encode(Update(client=1, task_id=1, base_version=0, round=0,
-                                   num_samples=1, steps=1, loss=None,
-                                   model=Model.from_flat(big[0], TensorSpec(
-                                       [("float32", (400_000,))])))))  # over max_message_mb
+        rogue(encode(Update(client=1, task_id=1, base_version=0, round=0,
+                            num_samples=1, steps=1, loss=None,
+                            model=Model.from_flat(big[0], TensorSpec(
+                                [("float32", (400_000,))])))))  # over max_message_mb
     finally:
         ctx.term()
     code, _, stderr = finish(proc)
@@ -73,7 +75,7 @@ concurrency = 4
     rejected = summary["rejected_messages"]["server"]
     assert sum(rejected.values()) >= 8, rejected
     for reason in ("bad_envelope", "wrong_version", "non_finite", "shape_mismatch",
-                   "dtype_mismatch", "connection_dropped"):
+                   "dtype_mismatch", "connection_dropped", "routing_id", "oversize_header"):
         assert rejected.get(reason, 0) >= 1, (reason, rejected)
     assert rejected.get("unknown_client", 0) >= 1, rejected
     events = list(read_events(out / "events.jsonl"))
