@@ -311,6 +311,18 @@ class HostSide:
             log.warning("client host %s connected again (a new connection); it goes on",
                         msg.host)
             return
+        again = self.hosts.repeat(peer, msg, user)
+        if again is not None:
+            # the same process registering again over its connection: it started its
+            # session over (it heard a restarted server's incarnation after its
+            # connection had already come back and registered): its clients rejoin
+            again.seen.add(meta.seq)
+            again.last_seen = self.real_clock()
+            log.info("client host %s registered again: clients %s", msg.host,
+                     format_ids(msg.clients))
+            if self.started:
+                self.queue.put_nowait(HostJoined(msg.host))
+            return
         old = self.hosts.hosts.get(msg.host)
         if (old is not None and old.alive and self.started and old.user == user
                 and self.hosts.is_restart(old, msg)

@@ -196,6 +196,17 @@ class HostTable:
         return (msg.fedsim_version == self.fedsim_version
                 and msg.scenario_hash == self.scenario_hash)
 
+    def repeat(self, peer: bytes, msg: HostHello, user: str | None) -> HostInfo | None:
+        """A live host's registration again over the same connection, from the same
+        process (its session started over: the server it first registered with was
+        restarted, and the host registers its clients again). None: not that."""
+        old = self.hosts.get(msg.host)
+        if (old is None or not old.alive or old.peer != peer or old.user != user
+                or old.pid != msg.pid or old.boot_id != msg.boot_id
+                or tuple(msg.clients) != old.clients or not self.is_current(msg)):
+            return None
+        return old
+
     def is_restart(self, old: HostInfo, msg: HostHello) -> bool:
         """Whether ``msg`` is ``old``'s process started again: a new pid, the
         same clients, and a hello this server would accept (a repeated or

@@ -52,3 +52,22 @@ def test_a_host_must_register_the_partitions_sample_counts() -> None:
                        boot_id="b", fedsim_version="v", scenario_hash="s")
     assert t.hello(b"p0", honest) is None
     assert t.registered() == {0: 10, 1: 12, 2: 7}
+
+
+def test_the_same_process_registering_again_over_its_connection_is_a_repeat() -> None:
+    """A host whose server was restarted registers its clients again (its connection had
+    already come back and re-registered): the same process, key, clients and peer is
+    that host again, never "already registered"; anything else is not a repeat."""
+    t = _table()
+    again = HostHello(host="host-0", pid=100, clients=(0, 1), samples=(10, 10), boot_id="b",
+                      fedsim_version="v", scenario_hash="s")
+    info = t.repeat(b"p0", again, None)
+    assert info is not None
+    assert info.name == "host-0"
+    assert t.repeat(b"p1", again, None) is None                      # another connection
+    other = HostHello(host="host-0", pid=999, clients=(0, 1), samples=(10, 10), boot_id="b",
+                      fedsim_version="v", scenario_hash="s")
+    assert t.repeat(b"p0", other, None) is None                      # another process
+    assert t.repeat(b"p0", again, "someone-else") is None            # another key
+    t.lose("host-0", "gone", 1.0)
+    assert t.repeat(b"p0", again, None) is None                      # not alive
