@@ -171,9 +171,10 @@ def test_idle_connections_big_headers_and_probe_floods_are_bounded_and_counted(
         tmp_path: Path) -> None:
     scenario, keys, address = _setup(tmp_path, budget=8.0)
     run_dir = tmp_path / "run"
-    # at dilation 2 over 100 ms links (allowed lateness 5 ms) a clean run passes here
-    # with a p99 of 2-3 ms, on two shared cores
-    sets = ("deploy.handshake_timeout=1.0", "network.up.delay=0.1", "network.down.delay=0.1")
+    # at dilation 2 over 200 ms links (allowed lateness 10 ms): a clean run over 100 ms
+    # links (5 ms allowed) showed a p99 of 1.6-4.6 ms on two shared cores, too near its
+    # bound for a check that must hold on a busy CI machine
+    sets = ("deploy.handshake_timeout=1.0", "network.up.delay=0.2", "network.down.delay=0.2")
     server = _server(scenario, keys, address, run_dir, *sets, dilation="2")
     host0 = _host(scenario, keys, address, 0, "0-5", *sets)
     host1 = _host(scenario, keys, address, 1, "6-11", *sets)
