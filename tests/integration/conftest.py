@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -112,3 +113,21 @@ def finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> tuple[int, st
         out, err = proc.communicate()
         pytest.fail(f"fedsim did not finish within {timeout} s\n{err[-3000:]}")
     return proc.returncode, out, err
+
+
+#: The multi-host tests' scenario tail: FedAsync, 4 tasks in flight, an evaluation
+#: every 25 updates (``write_scenario`` gives the rest).
+DEPLOY_SCENARIO = """
+[algorithm]
+name = "fedasync"
+concurrency = 4
+[eval]
+every_updates = 25
+"""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

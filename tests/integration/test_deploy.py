@@ -11,7 +11,6 @@ import json
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,27 +22,24 @@ import pytest
 
 from fedsim.metrics import read_events, read_summary
 
-from .conftest import ROOT, fedsim, finish, wait_for, wait_for_events, write_scenario
+from .conftest import (
+    DEPLOY_SCENARIO,
+    ROOT,
+    fedsim,
+    finish,
+    free_port,
+    wait_for,
+    wait_for_events,
+    write_scenario,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
-DEPLOY = """
-[algorithm]
-name = "fedasync"
-concurrency = 4
-[eval]
-every_updates = 25
-"""
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _scenario(tmp_path: Path, budget: float, extra: str = "") -> Path:
-    path = write_scenario(tmp_path, DEPLOY + extra)
+    path = write_scenario(tmp_path, DEPLOY_SCENARIO + extra)
     text = path.read_text().replace("time_budget = 6.0", f"time_budget = {budget}")
     path.write_text(text.replace("num_clients = 8", "num_clients = 12"))
     return path
@@ -71,7 +67,7 @@ Samples = list[tuple[float, int]]
 
 def _federation(tmp_path: Path, name: str, fuzz: bool) -> tuple[dict, dict, Samples]:
     scenario = _scenario(tmp_path, 10.0)
-    address = f"tcp://127.0.0.1:{_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     run_dir = tmp_path / name
     server = fedsim("server", str(scenario), "--bind", address, "--insecure", "--out",
                     str(run_dir), "--no-progress")
@@ -177,7 +173,7 @@ def test_a_killed_server_reads_as_interrupted_and_resumes(tmp_path: Path) -> Non
 
 def test_a_host_killed_and_started_again_rejoins(tmp_path: Path) -> None:
     scenario = _scenario(tmp_path, 14.0)
-    address = f"tcp://127.0.0.1:{_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     run_dir = tmp_path / "run"
     server = fedsim("server", str(scenario), "--bind", address, "--insecure", "--out",
                     str(run_dir), "--no-progress")
@@ -213,7 +209,7 @@ def test_a_killed_server_resumed_takes_back_the_hosts_still_running(tmp_path: Pa
     same address: the hosts (never restarted) register their clients again and the run
     completes."""
     scenario = _scenario(tmp_path, 12.0)
-    address = f"tcp://127.0.0.1:{_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     run_dir = tmp_path / "run"
     # every process the same overrides (the scenario's hash); the hosts wait out a slow
     # restart of the server on a busy machine (deploy.host_timeout)
@@ -273,7 +269,7 @@ def test_fedsim_clients_refuses_a_pickled_state_file_unread(tmp_path: Path) -> N
     planted = state / "host-0-clients.pt"
     planted.write_bytes(pickle.dumps({"algorithm": "fedasync", "clients": list(range(6)),
                                       "state": _Payload(marker)}))
-    proc = fedsim("clients", str(scenario), "--connect", f"tcp://127.0.0.1:{_port()}",
+    proc = fedsim("clients", str(scenario), "--connect", f"tcp://127.0.0.1:{free_port()}",
                   "--ids", "0-5", "--name", "host-0", "--insecure", "--state", str(state))
     code, _, err = finish(proc)
     assert code == 2, err[-3000:]

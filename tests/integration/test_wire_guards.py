@@ -24,33 +24,29 @@ import zmq.auth
 from fedsim.codec import encode
 from fedsim.messages import SCHEMA_VERSION, ClockProbe, HostHello
 
-from .conftest import fedsim, finish, wait_for, wait_for_events, write_scenario
+from .conftest import (
+    DEPLOY_SCENARIO,
+    fedsim,
+    finish,
+    free_port,
+    wait_for,
+    wait_for_events,
+    write_scenario,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
-SCENARIO = """
-[algorithm]
-name = "fedasync"
-concurrency = 4
-[eval]
-every_updates = 25
-"""
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _setup(tmp_path: Path, budget: float = 6.0, extra: str = "") -> tuple[Path, Path, str]:
-    path = write_scenario(tmp_path, SCENARIO + extra)
+    path = write_scenario(tmp_path, DEPLOY_SCENARIO + extra)
     text = path.read_text().replace("time_budget = 6.0", f"time_budget = {budget}")
     path.write_text(text.replace("num_clients = 8", "num_clients = 12"))
     keys = tmp_path / "keys"
     code, _, err = finish(fedsim("keys", str(keys), "--hosts", "2", "--scenario", str(path)))
     assert code == 0, err
-    return path, keys, f"tcp://127.0.0.1:{_port()}"
+    return path, keys, f"tcp://127.0.0.1:{free_port()}"
 
 
 def _server(scenario: Path, keys: Path, address: str, run_dir: Path, *sets: str,
