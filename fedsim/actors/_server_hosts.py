@@ -539,14 +539,16 @@ class HostSide:
         """Stamp and send one message to a client through its host; log it.
 
         A task (``steps``: its local work's steps) is noted in the record
-        with its earliest delivery at the client: ``now`` (its stamped send
-        time) plus the least its downlink can take for its size.
+        with its emulated delivery at the client, from the server's copy of
+        the client's downlink (:meth:`_down_delivery`); where that is not
+        known, ``now`` (its stamped send time) plus the least its downlink
+        can take for its size.
         """
         assert self.state is not None
         peer = self.hosts.owner(cid)
         frames = stamp(body, sent_at=now, seq=next(self.seq))
-        # the host's copy of the downlink will schedule it next (messages to a
-        # client reach its host in the order they are sent)
+        # scheduled on the copy of the downlink now, in the order of the sends: the
+        # host's link schedules the messages to a client in the order they arrive
         delivered = self._down_delivery(cid, now, frames)
         try:
             if peer is None:

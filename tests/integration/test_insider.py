@@ -53,12 +53,13 @@ from fedsim.metrics import read_events
 
 from .conftest import ROOT, fedsim, finish, wait_for, wait_for_events
 
-pytestmark = pytest.mark.timeout(420)
+# about 2 minutes of real federations: with the longer real-run checks (make test-repro)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 INSIDER = "host-2"
 HONEST = ("host-0", "host-1")
 IDS = {"host-0": "0-3", "host-1": "4-7", "host-2": "8-11"}
-DOWN = UP = 0.3
+DOWN = UP = 0.5
 STEP, STEPS = 0.01, 10
 MARK = 987_654_321       # insider_host.MARK: the made-up records' task id
 IDLE = 40                # TCP connections that never handshake
@@ -81,7 +82,7 @@ lr = 0.05
 batch_size = 32
 local_steps = {steps}
 [run]
-time_budget = 10.0
+time_budget = 12.0
 [devices]
 step_time = {step}
 [network.up]
@@ -95,7 +96,7 @@ handshake_timeout = 1.0
 """
 
 ALGORITHMS = {
-    "fedasync": 'name = "fedasync"\nconcurrency = 4\n[eval]\nevery_updates = 25',
+    "fedasync": 'name = "fedasync"\nconcurrency = 12\n[eval]\nevery_updates = 25',
     "fedavg": 'name = "fedavg"\nweighting = "samples"',
 }
 
@@ -145,8 +146,11 @@ class _Sampler:
                 fds = len(os.listdir(f"/proc/{self.pid}/fd"))
             except OSError:
                 return
-            kb = next(int(line.split()[1]) for line in status.splitlines()
-                      if line.startswith("VmRSS:"))
+            rss = [int(line.split()[1]) for line in status.splitlines()
+                   if line.startswith("VmRSS:")]
+            if not rss:  # it has exited (a zombie has no memory)
+                return
+            kb = rss[0]
             now = time.time()
             self.rss.append((now, kb * 1024))
             self.fds.append((now, fds))
@@ -344,7 +348,7 @@ def test_an_insider_with_a_valid_key_bends_nothing_and_every_attempt_is_counted(
     assert "end" in ins, "the run ended before the insider's attack did"
     assert ins["sent"]["probe"] == 3000
     assert ins["sent"]["record_batch"] == 800
-    assert ins["lied_updates"] >= 20, ins
+    assert ins["lied_updates"] >= 12, ins
     refusal, _ = decode(out["refusal"])
     assert isinstance(refusal, Refused), refusal
     assert "the key is host-2's, but the host calls itself 'host-0'" in refusal.reason
@@ -357,17 +361,24 @@ def test_an_insider_with_a_valid_key_bends_nothing_and_every_attempt_is_counted(
         fidelity["reasons"]
     for h in HONEST:
         assert fidelity["clocks"][h]["send_times_corrected"] == 0, fidelity["clocks"][h]
-    # the fuzzer's impossible send times were clamped, and every lying update whose
-    # claim was earlier than its task allows was raised (the rest claimed no more than
-    # the time its client really waited beyond the least: the first round's, slowed by
-    # the trainer's warm-up), each with a warning
+    # every correction is the insider's, each with a warning: the fuzzer's impossible
+    # send times clamped into the window, and nearly every lying update corrected, raised
+    # to what its task allows (or clamped: those its own floods held up on its connection
+    # for longer than deploy.max_transit_ms); the rest claimed no more than the time its
+    # client really waited beyond the least (the first round's, slowed by the trainer's
+    # warm-up)
     corrections = s["send_time_corrections"]
-    assert corrections["out_of_window"] == ins["sent"]["unknown_task"], corrections
-    raised = [e for e in _of(run.events, "warning")
-              if "earliest delivery and compute: raised to" in (e.get("reason") or "")]
-    assert {_client_host(e["client"]) for e in raised} == {INSIDER}
-    assert corrections["before_record"] == len(raised), corrections
-    assert 0.8 * ins["lied_updates"] <= len(raised) <= ins["lied_updates"], corrections
+    warned = [e for e in _of(run.events, "warning") if e.get("kind") == "update"]
+    clamped = [(e["client"], e["sent_at"]) for e in warned
+               if e["reason"] == "send time out of bounds: clamped"]
+    raised = [(e["client"], e["sent_at"]) for e in warned
+              if "earliest delivery and compute: raised to" in e["reason"]]
+    assert {_client_host(c) for c, _ in clamped + raised} == {INSIDER}
+    assert corrections["out_of_window"] == len(clamped), corrections
+    # (a message is counted once: clamped, then raised too)
+    assert corrections["before_record"] == len(set(raised) - set(clamped)), corrections
+    lies_corrected = sum(corrections.values()) - ins["sent"]["unknown_task"]
+    assert 0.8 * ins["lied_updates"] <= lies_corrected <= ins["lied_updates"], corrections
     assert s["send_times_clamped"] == sum(corrections.values())
     assert fidelity["clocks"][INSIDER]["send_times_corrected"] == s["send_times_clamped"]
 
