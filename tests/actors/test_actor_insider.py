@@ -188,6 +188,48 @@ def test_a_back_dating_hidden_in_the_downlinks_slow_start_is_caught(tmp_path: Pa
     assert [r for r in s["fidelity"]["reasons"] if "host-0" in r] == []
 
 
+LINKS = [  # (the downlink, FedAsync's concurrency of 6 clients)
+    ({"delay": 0.3}, 2),                                          # slow start after idle
+    ({"delay": 0.05, "jitter": 0.02, "correlation": 0.3, "rate": 2e6,
+      "loss": {"p": 0.05}, "loss_mode": "tcp"}, 6),               # draws, queues, recovery
+    ({"delay": 0.05, "jitter": 0.01, "rate": 1e6, "loss": {"p": 0.01},
+      "loss_mode": "drop"}, 6),
+]
+
+
+@pytest.mark.parametrize(("down", "concurrency"), LINKS, ids=["slow-start", "tcp-loss", "drops"])
+def test_the_servers_copy_of_a_downlink_delivers_as_the_hosts_link_does(
+        tmp_path: Path, down: dict[str, Any], concurrency: int) -> None:
+    sc = build({"name": "fedasync", "concurrency": concurrency}, run={"time_budget": 6.0},
+               model={"hidden": [64]}, network={"up": {"delay": 0.05}, "down": down},
+               devices={"step_time": STEP}, client={"local_steps": STEPS})
+    run = run_in_memory(sc, tmp_path / "run", hosts=2)
+    s = run.summary
+    assert s["status"] == "completed", s["status"]
+    assert s["send_times_clamped"] == 0
+    assert run.server is not None
+    # every task the server still holds a record of: its delivery is the host's
+    delivered = {(e["client"], e["sent_at"]): e["scheduled"]
+                 for e in of(run.events(), "deliver", dir="down", kind="task")}
+    sends = {e["task_id"]: e for e in of(run.events(), "send", dir="down", kind="task")}
+    records = [(c, r) for c, kept in run.server.tasks._tasks.items() for r in kept]
+    assert len(records) >= 12
+    matched = dropped = 0
+    for c, r in records:
+        key = (c, sends[r.task_id]["sent_at"])
+        if key in delivered:
+            assert r.delivered == delivered[key], (c, r)
+            matched += 1
+        elif r.delivered <= s["emulated_seconds"]:  # dropped by the link: the least then
+            sent = sends[r.task_id]
+            least = run.server.plan.least_transfer(c, "down", sent["bytes"], sent["sent_at"])
+            assert r.delivered == sent["sent_at"] + least, (c, r)
+            assert of(run.events(), "drop", client=c, sent_at=sent["sent_at"])
+            dropped += 1
+    assert matched >= len(records) // 2
+    assert (dropped > 0) == (down.get("loss_mode") == "drop")
+
+
 WEIGHTED = [
     {"name": "fedavg", "weighting": "samples"},
     {"name": "fedprox", "weighting": "samples", "mu": 0.01},
