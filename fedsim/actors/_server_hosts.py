@@ -332,8 +332,14 @@ class HostSide:
             await self._to_host(peer, encode(Refused(reason=why)))
             return
         info = self.hosts.hosts[msg.host]
-        for c in msg.clients:  # its clients' downlinks start afresh, as the host's do
-            self.down_links.pop(c, None)
+        # a new process's clients make their downlinks afresh, and so does the copy; a
+        # process registering again (it was taken for lost) keeps its links as they are
+        again = old is not None and old.pid == msg.pid and old.boot_id == msg.boot_id
+        for c in msg.clients:
+            if again:
+                self.down_links[c] = None
+            else:
+                self.down_links.pop(c, None)
         info.seen.add(meta.seq)
         info.last_seen = self.real_clock()
         log.info("client host %s registered: clients %s, clock offset %.6f s +- %.3f ms",
