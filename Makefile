@@ -1,5 +1,5 @@
 # `make demo` runs the quickstart, `make test` runs the tests (`make
-# test-repro` the reproductions' real-run checks), `make lint`
+# test-repro` the longer real-run checks), `make lint`
 # runs ruff and mypy (both in the `test` extra). Each creates .venv on first
 # use and installs what it needs (torch pinned to the CPU wheel through
 # constraints.txt, before anything that depends on it).
@@ -25,8 +25,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# the reproductions' fast subset: real runs of the claims' mechanisms with
-# margins (tests/repro/test_claims_fast.py); CI runs it after `make test`
+# the longer real-run checks: the reproductions' fast subset (the claims'
+# mechanisms with margins, tests/repro/test_claims_fast.py) and the insider
+# test (tests/integration/test_insider.py); CI runs them after `make test`
 test-repro: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 

@@ -110,6 +110,7 @@ class HostSide:
     admitted: set[int]
     up_kinds: dict[str, None]
     links: dict[int, Link]
+    down_links: dict[int, Link | None]
     availability: dict[int, Any]
     clamped: int
     corrections: dict[str, int]
@@ -306,6 +307,9 @@ class HostSide:
         user = self.endpoint.user(peer)
         moved = self.hosts.reconnect(peer, msg, user)
         if moved is not None:  # its connection dropped and came back: the same host
+            # (what was under way when it dropped may never have reached it)
+            for c in moved.clients:
+                self.down_links[c] = None
             moved.seen.add(meta.seq)
             moved.last_seen = self.real_clock()
             log.warning("client host %s connected again (a new connection); it goes on",
@@ -340,6 +344,14 @@ class HostSide:
             await self._to_host(peer, encode(Refused(reason=why)))
             return
         info = self.hosts.hosts[msg.host]
+        # a new process's clients make their downlinks afresh, and so does the copy; a
+        # process registering again (it was taken for lost) keeps its links as they are
+        again = old is not None and old.pid == msg.pid and old.boot_id == msg.boot_id
+        for c in msg.clients:
+            if again:
+                self.down_links[c] = None
+            else:
+                self.down_links.pop(c, None)
         info.seen.add(meta.seq)
         info.last_seen = self.real_clock()
         log.info("client host %s registered: clients %s, clock offset %.6f s +- %.3f ms",
@@ -400,6 +412,27 @@ class HostSide:
         if link is None:
             link = self.links[cid] = self.plan.make_link(cid, "up", self._shared_up)
         return link
+
+    def _down_delivery(self, cid: int, now: float, frames: list[Any]) -> float | None:
+        """When ``cid``'s downlink delivers a message sent now: its emulated delivery.
+
+        The server keeps a copy of every client's downlink: the same netem
+        link its host makes (the scenario's seed, the client's key), fed the
+        same messages at the same send times, so it schedules each one as the
+        host's will, slow start after idle, queueing and jitter included.
+        None when that is no longer known (the host's connection dropped, a
+        send failed: what reached the host is not known; until the host
+        registers again) or the link drops the message: then the record
+        takes the least the link can take.
+        """
+        if cid in self.down_links:
+            link = self.down_links[cid]
+        else:
+            link = self.down_links[cid] = self.plan.make_link(cid, "down")
+        if link is None:
+            return None
+        d = link.schedule(now, sum(memoryview(f).nbytes for f in frames))
+        return None if d.dropped else d.t_deliver
 
     def _availability(self, cid: int) -> Any:
         """``cid``'s availability, made on first use (its own stream, drawn lazily)."""
@@ -524,25 +557,33 @@ class HostSide:
         """Stamp and send one message to a client through its host; log it.
 
         A task (``steps``: its local work's steps) is noted in the record
-        with its earliest delivery at the client: ``now`` (its stamped send
-        time) plus the least its downlink can take for its size.
+        with its emulated delivery at the client, from the server's copy of
+        the client's downlink (:meth:`_down_delivery`); where that is not
+        known, ``now`` (its stamped send time) plus the least its downlink
+        can take for its size.
         """
         assert self.state is not None
         peer = self.hosts.owner(cid)
+        frames = stamp(body, sent_at=now, seq=next(self.seq))
+        # scheduled on the copy of the downlink now, in the order of the sends: the
+        # host's link schedules the messages to a client in the order they arrive
+        delivered = self._down_delivery(cid, now, frames)
         try:
             if peer is None:
                 raise PeerGone(f"no host runs client {cid}")
-            await self.endpoint.send(peer, stamp(body, sent_at=now, seq=next(self.seq)))
+            await self.endpoint.send(peer, frames)
         except PeerGone as exc:
+            self.down_links[cid] = None
             self.state.event(now, "warning", client=cid, reason=f"send failed: {exc}")
             if cid in self.clients:
                 self.queue.put_nowait(FromClient(cid, Leave(client=cid, reason="unreachable")))
             return
         if steps is not None:
+            if delivered is None:
+                delivered = now + self.plan.least_transfer(cid, "down", body.nbytes, now)
             self.tasks.sent(cid, TaskRecord(
                 task_id=fields["task_id"], version=fields["version"], round=fields["round"],
-                delivered=now + self.plan.least_transfer(cid, "down", body.nbytes, now),
-                steps=steps))
+                delivered=delivered, steps=steps))
         self.state.bytes_down += body.nbytes
         owner = self.hosts.owner_info(cid)
         if owner is not None:

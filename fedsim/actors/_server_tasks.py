@@ -4,10 +4,12 @@ An update names the task it answers (``task_id``); everything else the
 server needs to apply it comes from this record, never from the update:
 the base version (the version the task was sent with), for a task answered
 by one upload its round, and the earliest emulated time the update can
-have been sent. That time is the task's earliest emulated delivery (the
-server's send time plus the least the client's downlink can take for the
-task's size, with the link's parameters at that time,
-:meth:`~fedsim.network.NetPlan.least_transfer`) plus the least compute time
+have been sent. That time is the task's emulated delivery at the client
+(the server's copy of the client's downlink schedules each message as the
+host's link does: the same netem link, seed and send times, so slow start
+after idle, queueing and jitter are included; where the copy no longer
+matches the host's, the server's send time plus the least the downlink
+can take, :meth:`~fedsim.network.NetPlan.least_transfer`) plus the least compute time
 of the work before the upload on the client's device
 (:meth:`~fedsim.network.NetPlan.least_compute`; the steps from the task's
 budget on the client's sample count in the server's record, and
@@ -44,7 +46,8 @@ TOLERANCE = 1e-6
 class TaskRecord:
     """One task as the server sent it.
 
-    ``delivered`` is its earliest emulated delivery at the client, ``steps``
+    ``delivered`` is its emulated delivery at the client (or the earliest
+    possible one: see the module docstring), ``steps``
     the local steps of its work (its budget on the client's sample count).
     """
 

@@ -162,6 +162,9 @@ class ClientHost:
         self.refused: str | None = None
         self._refused = asyncio.Event()
         self._hello: HostHello | None = None
+        #: its connection came back: register again once a reply shows the server is
+        #: the same incarnation (a restarted one gets a fresh registration instead)
+        self._hello_again = False
         self._again: set[asyncio.Future[None]] = set()
         self.stop_reason = ""
 
@@ -246,11 +249,18 @@ class ClientHost:
         elif state == "connected" and detail == "again" and self._hello is not None \
                 and not self._stop.is_set():
             # a new connection has a new routing id: the server knows this host by its
-            # registration (and its key), so it registers again over it
+            # registration (and its key), so it registers again over it; but first a
+            # probe: a server that restarted meanwhile (another incarnation in its
+            # reply) knows nothing of the old registration, and gets a fresh one
+            # (_on_server_restart), never this one
             log.warning("%s: connected to the server again; registering again", self.name)
-            task = asyncio.ensure_future(self._control(self._hello))
-            self._again.add(task)
-            task.add_done_callback(self._again.discard)
+            self._hello_again = True
+            self._in_background(self._control(ClockProbe(seq=999, t_sent=self.real_clock())))
+
+    def _in_background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._again.add(task)
+        task.add_done_callback(self._again.discard)
 
     async def _unless_refused(self, aw: Coroutine[Any, Any, T]) -> T:
         """``await aw``, unless the server refuses this host first (ConnectionRefusedError)."""
@@ -358,6 +368,7 @@ class ClientHost:
             return None
         log.info("%s: connected to the server (clock offset %+.6f s +- %.3f ms)", self.name,
                  self.clock_offset, self.clock_uncertainty * 1e3)
+        self._hello_again = False  # registered afresh now
         self._hello = HostHello(
             host=self.name, pid=os.getpid(), clients=tuple(self.client_ids),
             samples=tuple(samples[c] for c in self.client_ids), boot_id=boot_id(),
@@ -540,6 +551,9 @@ class ClientHost:
                     if msg.server != self.server_id:
                         self._on_server_restart(msg.server)
                     else:
+                        if self._hello_again and self._hello is not None:
+                            self._hello_again = False
+                            self._in_background(self._control(self._hello))
                         self._clock_sample(msg)
                 else:
                     raise Refusal("unexpected_kind", f"a {type(msg).__name__} is not for a host")

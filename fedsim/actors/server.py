@@ -170,6 +170,8 @@ class Server(HostSide, Checkpoints, Measurements):
         self.admitted: set[int] = set()
         self.up_kinds: dict[str, None] = {}  # in the order of the clients (a set's is random)
         self.links: dict[int, Link] = {}
+        #: copies of the clients' downlinks (None: no longer known to match the host's)
+        self.down_links: dict[int, Link | None] = {}
         self.egress = self.plan.bottleneck("down")
         self.clock: Clock | None = None
         self.timers: TimerHeap | None = None

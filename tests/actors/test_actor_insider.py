@@ -34,7 +34,7 @@ BACKDATE = 0.45
 DOWN, UP, STEP, STEPS = 0.25, 0.25, 0.004, 3
 
 
-def _lying(run: InMemoryRun) -> None:
+def _lying(run: InMemoryRun, backdate: float = BACKDATE) -> None:
     """Make host-1 back-date its updates and claim a newer base version and 10^12 samples."""
     host = run.hosts[INSIDER]
     honest = host.send
@@ -46,7 +46,7 @@ def _lying(run: InMemoryRun) -> None:
         forged = Update(client=msg.client, task_id=msg.task_id,
                         base_version=msg.base_version + 1, round=msg.round,
                         num_samples=10**12, steps=msg.steps, loss=msg.loss, model=msg.model)
-        sent_at = host.clock.now() - BACKDATE
+        sent_at = host.clock.now() - backdate
         await host.conn.send(stamp(encode_body(forged), sent_at=sent_at, seq=next(host.seq)))
 
     host.send = send  # type: ignore[method-assign]
@@ -147,6 +147,87 @@ def test_a_back_dated_update_takes_the_emulated_time_and_fails_the_verdict_by_na
     stale = {k: [e["staleness"] for e in applied if e["clients"][0] % 2 == k] for k in (0, 1)}
     mean = {k: sum(v) / len(v) for k, v in stale.items()}
     assert mean[INSIDER] >= 0.8 * mean[1 - INSIDER], mean
+
+
+def test_a_back_dating_hidden_in_the_downlinks_slow_start_is_caught(tmp_path: Path) -> None:
+    """Found by tests/integration/test_insider.py: an 18 KB model (13 segments) over 300 ms
+    links that go idle between a client's tasks. TCP's slow start after idle costs each
+    task one round trip (0.6 s) more than the least the link can take, so a bound of
+    the least let a claim 0.3 s early through. The server's copy of each client's
+    downlink schedules the task as the host's link does: the claim is raised, and the
+    honest host, on the same links, needs no correction."""
+    sc = build({"name": "fedasync", "concurrency": 2}, run={"time_budget": 8.0},
+               model={"hidden": [64]}, network={"up": {"delay": 0.3}, "down": {"delay": 0.3}},
+               devices={"step_time": STEP}, client={"local_steps": STEPS})
+
+    async def during(run: InMemoryRun) -> None:
+        _lying(run, backdate=0.3)
+
+    run = run_in_memory(sc, tmp_path / "run", hosts=2, during=during)
+    s = run.summary
+    assert s["status"] == "completed", s["status"]
+    events = run.events()
+    # the hosts' downlinks: slow start after idle, one round trip over the least
+    delivered = {(e["client"], e["sent_at"]): e["scheduled"]
+                 for e in of(events, "deliver", dir="down", kind="task")}
+    slow = [t - sent for (_, sent), t in delivered.items() if t - sent > 0.3 + 0.5]
+    assert len(slow) >= len(delivered) // 2, sorted(t - s for (_, s), t in delivered.items())
+    # every update, the insider's raised, sent no earlier than its task's real delivery
+    # at its client (the host's record) plus its compute
+    sends = {e["task_id"]: e for e in of(events, "send", dir="down", kind="task")}
+    ups = of(events, "deliver", dir="up", kind="update")
+    assert len([e for e in ups if e["client"] % 2 == INSIDER]) >= 4
+    for e in ups:
+        task = sends[e["task_id"]]
+        arrived = delivered[(e["client"], task["sent_at"])]
+        assert e["sent_at"] >= arrived + STEPS * STEP - 1e-6, (e, arrived)
+    raised = [e for e in of(events, "warning") if "raised to" in (e.get("reason") or "")]
+    assert {e["client"] % 2 for e in raised} == {INSIDER}
+    assert s["send_time_corrections"]["before_record"] == len(raised)
+    assert s["fidelity"]["clocks"]["host-0"]["send_times_corrected"] == 0
+    assert [r for r in s["fidelity"]["reasons"] if "host-0" in r] == []
+
+
+LINKS = [  # (the downlink, FedAsync's concurrency of 6 clients)
+    ({"delay": 0.3}, 2),                                          # slow start after idle
+    ({"delay": 0.05, "jitter": 0.02, "correlation": 0.3, "rate": 2e6,
+      "loss": {"p": 0.05}, "loss_mode": "tcp"}, 6),               # draws, queues, recovery
+    ({"delay": 0.05, "jitter": 0.01, "rate": 1e6, "loss": {"p": 0.01},
+      "loss_mode": "drop"}, 6),
+]
+
+
+@pytest.mark.parametrize(("down", "concurrency"), LINKS, ids=["slow-start", "tcp-loss", "drops"])
+def test_the_servers_copy_of_a_downlink_delivers_as_the_hosts_link_does(
+        tmp_path: Path, down: dict[str, Any], concurrency: int) -> None:
+    sc = build({"name": "fedasync", "concurrency": concurrency}, run={"time_budget": 6.0},
+               model={"hidden": [64]}, network={"up": {"delay": 0.05}, "down": down},
+               devices={"step_time": STEP}, client={"local_steps": STEPS})
+    run = run_in_memory(sc, tmp_path / "run", hosts=2)
+    s = run.summary
+    assert s["status"] == "completed", s["status"]
+    assert s["send_times_clamped"] == 0
+    assert run.server is not None
+    # every task the server still holds a record of: its delivery is the host's
+    delivered = {(e["client"], e["sent_at"]): e["scheduled"]
+                 for e in of(run.events(), "deliver", dir="down", kind="task")}
+    sends = {e["task_id"]: e for e in of(run.events(), "send", dir="down", kind="task")}
+    records = [(c, r) for c, kept in run.server.tasks._tasks.items() for r in kept]
+    assert len(records) >= 12
+    matched = dropped = 0
+    for c, r in records:
+        key = (c, sends[r.task_id]["sent_at"])
+        if key in delivered:
+            assert r.delivered == delivered[key], (c, r)
+            matched += 1
+        elif r.delivered <= s["emulated_seconds"]:  # dropped by the link: the least then
+            sent = sends[r.task_id]
+            least = run.server.plan.least_transfer(c, "down", sent["bytes"], sent["sent_at"])
+            assert r.delivered == sent["sent_at"] + least, (c, r)
+            assert of(run.events(), "drop", client=c, sent_at=sent["sent_at"])
+            dropped += 1
+    assert matched >= len(records) // 2
+    assert (dropped > 0) == (down.get("loss_mode") == "drop")
 
 
 WEIGHTED = [
