@@ -315,13 +315,16 @@ class HostSide:
             log.warning("client host %s connected again (a new connection); it goes on",
                         msg.host)
             return
-        again = self.hosts.repeat(peer, msg, user)
-        if again is not None:
+        repeat = self.hosts.repeat(peer, msg, user)
+        if repeat is not None:
             # the same process registering again over its connection: it started its
             # session over (it heard a restarted server's incarnation after its
-            # connection had already come back and registered): its clients rejoin
-            again.seen.add(meta.seq)
-            again.last_seen = self.real_clock()
+            # connection had already come back and registered): its clients rejoin,
+            # with links made afresh, which the server's copies no longer follow
+            repeat.seen.add(meta.seq)
+            repeat.last_seen = self.real_clock()
+            for c in msg.clients:
+                self.down_links[c] = None
             log.info("client host %s registered again: clients %s", msg.host,
                      format_ids(msg.clients))
             if self.started:
