@@ -139,18 +139,18 @@ def _spread_without(acc: dict[float, dict[int, float]], out: set[tuple[float, in
 
 #: DS-2's conditions: the paper's client sizes (500 samples each), and the
 #: generator's lognormal sizes (the ablation that changes only the client sizes).
-CAPPED = "the paper's client sizes (500 samples each)"
-NATURAL = "the generator's lognormal client sizes (client sizes: 500 each -> lognormal)"
+PAPER_SIZES = "the paper's client sizes (500 samples each)"
+LOGNORMAL = "the generator's lognormal client sizes (client sizes: 500 each -> lognormal)"
 
 
 def _sizes(sweep: sw.Sweep, p: sw.Point) -> str | None:
-    return CAPPED if setting(sweep, p, "data.synthetic_sizes") == 500 else NATURAL
+    return PAPER_SIZES if setting(sweep, p, "data.synthetic_sizes") == 500 else LOGNORMAL
 
 
 def eval_ds2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
     """DS-2 at the paper's client sizes and at the natural ones (:func:`_eval_ds2`)."""
     return under_conditions(sweep, results, lambda p: _sizes(sweep, p), _eval_ds2,
-                            [CAPPED, NATURAL])
+                            [PAPER_SIZES, LOGNORMAL])
 
 
 def _eval_ds2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
