@@ -44,6 +44,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 @pytest.mark.slurm
 @pytest.mark.timeout(400)
+@pytest.mark.slow   # make test-repro: a long real run (make test stays under 10 min)
 def test_a_federation_runs_as_one_slurm_job(cluster: SlurmCluster, tmp_path: Path) -> None:
     job_dir = tmp_path / "job"
     script = tmp_path / "job.sbatch"

@@ -104,6 +104,7 @@ def _federation(tmp_path: Path, name: str, fuzz: bool) -> tuple[dict, dict, Samp
     return json.loads((run_dir / "summary.json").read_text()), fuzzed, rss
 
 
+@pytest.mark.slow   # make test-repro: a long real run (make test stays under 10 min)
 def test_thousands_of_hostile_frames_from_an_insider_host(tmp_path: Path) -> None:
     clean, _, _ = _federation(tmp_path, "clean", fuzz=False)
     summary, fuzzed, rss = _federation(tmp_path, "fuzzed", fuzz=True)
@@ -171,6 +172,7 @@ def test_a_killed_server_reads_as_interrupted_and_resumes(tmp_path: Path) -> Non
     assert len(versions) == len(set(versions))
 
 
+@pytest.mark.slow   # make test-repro: a long real run (make test stays under 10 min)
 def test_a_host_killed_and_started_again_rejoins(tmp_path: Path) -> None:
     scenario = _scenario(tmp_path, 14.0)
     address = f"tcp://127.0.0.1:{free_port()}"
@@ -204,6 +206,7 @@ def test_a_host_killed_and_started_again_rejoins(tmp_path: Path) -> None:
     assert summary["hosts"]["reported"] == 2  # the new host-1 said goodbye
 
 
+@pytest.mark.slow   # make test-repro: a long real run (make test stays under 10 min)
 def test_a_killed_server_resumed_takes_back_the_hosts_still_running(tmp_path: Path) -> None:
     """SIGKILL of `fedsim server` while its hosts run, then `fedsim server --resume` at the
     same address: the hosts (never restarted) register their clients again and the run
