@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from fedsim._schema import NonNeg, Pos, Prob, SchemaModel
+from fedsim.schema import NonNeg, Pos, Prob, SchemaModel
 
 __all__ = [
     "AvailabilityConfig",

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from fedsim import plugins
-from fedsim._schema import NonNeg, Pos, Prob, SchemaModel
+from fedsim.schema import NonNeg, Pos, Prob, SchemaModel
 
 __all__ = [
     "DATASETS",

@@ -40,7 +40,6 @@ from fedsim import _overrides, algorithms, plugins
 from fedsim._explain import Problem, explain
 from fedsim._netconfig import AvailabilityConfig, DevicesConfig, NetworkConfig
 from fedsim._overrides import Override
-from fedsim._schema import SchemaModel
 from fedsim._sections import (
     DATASETS,
     MODELS,
@@ -53,6 +52,7 @@ from fedsim._sections import (
 )
 from fedsim.algorithms import AlgorithmConfig, AlgorithmSpec
 from fedsim.errors import OverrideError, PluginError, ScenarioError
+from fedsim.schema import SchemaModel
 
 __all__ = [
     "DATASETS",

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedsim._lazy import lazy_module
+from fedsim.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
 
-from netem._libc import libc
+from netem.libc import libc
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

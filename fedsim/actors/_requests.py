@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import zmq
 
-from fedsim.algorithms._kernels import flatten
+from fedsim.algorithms import flatten
 from fedsim.algorithms.local import load_vector
 from fedsim.codec import decode, encode
 from fedsim.messages import Message, Shutdown

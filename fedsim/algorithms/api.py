@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from fedsim._schema import SchemaModel
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.local import LocalConfig
+from fedsim.schema import SchemaModel
 
 if TYPE_CHECKING:
     import torch

@@ -47,13 +47,13 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import check_async_update, norm64, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import AlgorithmSpec, Budget, ServerContext, register
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.lazy import lazy_module
+from fedsim.schema import NonNeg, Pos
 
 if TYPE_CHECKING:
     import torch

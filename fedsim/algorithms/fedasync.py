@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import check_async_update, lerp
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.schema import NonNeg, Pos
 
 if TYPE_CHECKING:
     import torch

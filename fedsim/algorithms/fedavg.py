@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from fedsim._schema import NonNeg
 from fedsim.algorithms._kernels import check_round, weighted_average
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.robust import Aggregator
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.schema import NonNeg
 
 if TYPE_CHECKING:
     import torch

@@ -61,8 +61,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import Pos
 from fedsim.algorithms._kernels import (
     check_round,
     norm64,
@@ -76,6 +74,8 @@ from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.robust import Aggregator
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.lazy import lazy_module
+from fedsim.schema import Pos
 
 if TYPE_CHECKING:
     import torch

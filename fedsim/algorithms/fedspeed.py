@@ -38,8 +38,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from pydantic import model_validator
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import NonNeg, Pos, Prob
 from fedsim.algorithms._kernels import (
     check_round,
     check_shape,
@@ -62,6 +60,8 @@ from fedsim.algorithms.fedavg import WEIGHTINGS, fedavg_aggregate
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
+from fedsim.lazy import lazy_module
+from fedsim.schema import NonNeg, Pos, Prob
 
 if TYPE_CHECKING:
     import torch

@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import all_finite, pack_tensor, pseudo_gradient, unpack_tensor
 from fedsim.algorithms.api import (
     AlgorithmConfig,
@@ -36,6 +34,8 @@ from fedsim.algorithms.api import (
 from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
 from fedsim.algorithms.robust import Aggregator, GuardConfig, UpdateGuard, aggregate_models
 from fedsim.algorithms.scheduling import AsyncScheduler, RoundScheduler
+from fedsim.lazy import lazy_module
+from fedsim.schema import NonNeg, Pos
 
 if TYPE_CHECKING:
     import torch

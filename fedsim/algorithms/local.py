@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import flatten
 from fedsim.algorithms._sgd import SGD
 from fedsim.algorithms.optim import OptimizerConfig, make_optimizer
+from fedsim.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch

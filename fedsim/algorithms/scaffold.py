@@ -28,7 +28,6 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import (
     check_finite,
     check_round,
@@ -52,6 +51,7 @@ from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
+from fedsim.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch

@@ -15,8 +15,8 @@ package that uses torch. The checks are therefore:
   netem, time, socket, selectors or threading (recorded through
   ``builtins.__import__``, so an import of an already loaded module counts);
 * the only fedsim modules loaded are ``fedsim``, ``fedsim.algorithms.*``,
-  ``fedsim._schema`` (the pydantic base model of the configs; pydantic
-  itself is allowed) and ``fedsim._lazy`` (torch bound on first use, so the
+  ``fedsim.schema`` (the pydantic base model of the configs; pydantic
+  itself is allowed) and ``fedsim.lazy`` (torch bound on first use, so the
   client hosts that parse the configs never import it);
 * statically, no module names a forbidden or non-allowed fedsim module in
   any import statement (module level, under ``TYPE_CHECKING`` or inside a
@@ -40,7 +40,7 @@ import fedsim.algorithms
 PACKAGE = "fedsim.algorithms"
 FORBIDDEN = ("asyncio", "zmq", "netem", "time", "socket", "selectors", "threading")
 ABSENT = ("zmq", "netem")  # not even loaded
-ALLOWED_FEDSIM = ("fedsim", "fedsim._schema", "fedsim._lazy")  # besides fedsim.algorithms.*
+ALLOWED_FEDSIM = ("fedsim", "fedsim.schema", "fedsim.lazy")  # besides fedsim.algorithms.*
 
 
 def _modules() -> dict[str, Path]:

@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import Pos
 from fedsim.algorithms._kernels import flatten, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import (
     AlgorithmConfig,
@@ -48,6 +46,8 @@ from fedsim.algorithms.dga._client import Step as DGAStep
 from fedsim.algorithms.dga._core import DGAConfig, DGAProtocolError
 from fedsim.algorithms.dga._reducer import DGAServer
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
+from fedsim.lazy import lazy_module
+from fedsim.schema import Pos
 
 if TYPE_CHECKING:
     import torch

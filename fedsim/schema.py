@@ -1,4 +1,9 @@
-"""The base model and constrained number types shared by every scenario section."""
+"""The base model and constrained number types shared by every scenario section.
+
+It sits at ``fedsim/``, not in :mod:`fedsim.scenario`: each algorithm's
+``[algorithm]`` config is such a section too, and :mod:`fedsim.algorithms` is
+below the scenario package (which imports it).
+"""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ torch lazily::
 
     from typing import TYPE_CHECKING
 
-    from fedsim._lazy import lazy_module
+    from fedsim.lazy import lazy_module
 
     if TYPE_CHECKING:
         import torch
