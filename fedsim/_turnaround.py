@@ -43,7 +43,7 @@ def measure_turnaround(sc: Scenario, spec: TensorSpec, messages: int, bursts: in
 
     from fedsim.codec import decode, encode_body, header_bound, max_message_bytes, stamp
     from fedsim.messages import Model, Task
-    from fedsim.plugins import child_env
+    from fedsim.scenario.plugins import child_env
     from fedsim.transport import ipc_address
 
     burst = max(1, min(messages, MAX_BURST))

@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsim._overrides import Override
 from fedsim.errors import FedsimError, RunFailed, RunInterrupted, ScenarioError
 from fedsim.results import RunResult
+from fedsim.scenario.overrides import Override
 
 if TYPE_CHECKING:
     from fedsim.actors.runstate import Progress
@@ -72,10 +72,10 @@ def load(source: str | Path | Mapping[str, Any] | Scenario,
         :class:`~fedsim.errors.OverrideError` when only the overrides are to
         blame, :class:`~fedsim.errors.PluginError` when a plug-in is missing.
     """
-    from fedsim import _overrides
-    from fedsim.network import NetPlan, NetworkError
     from fedsim.scenario import Scenario, parse, resolved
     from fedsim.scenario import load as load_file
+    from fedsim.scenario import overrides as _overrides
+    from fedsim.scenario.network import NetPlan, NetworkError
 
     if overrides is None or isinstance(overrides, Mapping):
         ovs = _overrides.from_python(overrides)

@@ -111,7 +111,7 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
     (docs/measurements.md#fidelity-under-load).
     """
     from fedsim.actors._setup import local_config
-    from fedsim.network import NetPlan
+    from fedsim.scenario.network import NetPlan
 
     plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
     step_times = [plan.device(c).mean_step() for c in range(sc.data.num_clients)]

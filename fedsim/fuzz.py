@@ -238,12 +238,12 @@ async def _fuzzing_host(args: Any, sc: Any, data: dict[str, Any],
     import time
     from collections import Counter
 
-    from fedsim._ids import parse_ids
     from fedsim.actors import _proc
     from fedsim.actors._workers import WorkerHandle
     from fedsim.actors.host import ClientHost
     from fedsim.deploy.run import client_keys
     from fedsim.scenario import scenario_hash
+    from fedsim.scenario.ids import parse_ids
     from fedsim.transport import ZmqContext, ipc_address
 
     ids = parse_ids(args.ids, sc.data.num_clients)

@@ -103,7 +103,7 @@ def timeline_name(window: tuple[float, float | None] | None = None,
     (``timeline-2-6-clients-0-9,20.png``). A list of clients too long for a
     file name is written as its count and a digest of it.
     """
-    from fedsim._ids import format_ids
+    from fedsim.scenario.ids import format_ids
 
     parts = ["timeline"]
     if window is not None:

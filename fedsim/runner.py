@@ -132,8 +132,8 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     from fedsim.actors.server import Server
     from fedsim.algorithms import flatten, get
     from fedsim.messages import TensorSpec
-    from fedsim.plugins import child_env
     from fedsim.scenario import scenario_hash
+    from fedsim.scenario.plugins import child_env
     from fedsim.transport import ZmqContext, ipc_address
 
     run_id = run_id or new_run_id()
@@ -297,7 +297,7 @@ def _run_here(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
     """The federation of :func:`run_scenario` (local hosts, a zygote, the server's loop);
     its summary. ``placement``: ``deploy.pin_trainers``' CPUs (the rest, the trainers')."""
     from fedsim.actors._local_hosts import start_hosts
-    from fedsim.plugins import child_env
+    from fedsim.scenario.plugins import child_env
     from fedsim.transport import ipc_address
 
     name = f"fedsim-{os.getpid()}-{time.monotonic_ns()}-zygote"

@@ -55,7 +55,7 @@ def prepare(sc: Scenario, out: str | Path | None, dilation: float | str | None,
     into a fresh run directory. Returns the scenario as run, the run
     directory, the dilation and the resolved data.
     """
-    from fedsim.network import NetPlan
+    from fedsim.scenario.network import NetPlan
 
     run_dir = new_run_dir(sc, out)
     real_step = None

@@ -87,8 +87,8 @@ def test_check_prints_resolved_defaults(tmp_path: Path) -> None:
 
 
 def test_every_shipped_scenario_validates() -> None:
-    from fedsim.network import NetPlan
     from fedsim.scenario import load
+    from fedsim.scenario.network import NetPlan
 
     paths = sorted((ROOT / "scenarios").glob("*.toml"))
     assert len(paths) >= 10

@@ -4,8 +4,9 @@ Every module of fedsim and netem is found with :func:`pkgutil.walk_packages`
 and its imports read with :mod:`ast`, all of them (module level, under
 ``if TYPE_CHECKING:`` and inside functions): each is an edge of the
 dependency graph whether or not it runs at import time. A package's
-``__init__`` may gather its own submodules (that is its job), so edges from a
-package to its own children are not counted.
+``__init__`` may gather its own submodules' names (that is its job): those
+edges count too, so a submodule that imports its own package's gathered names
+(a cycle at import time) fails here.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _edges(module: str, path: Path) -> set[str]:
         for name in names:
             while name and name not in MODULES:
                 name = name.rpartition(".")[0]
-            if name and name != module and not (is_package and name.startswith(module + ".")):
+            if name and name != module:
                 out.add(name)
     return out
 

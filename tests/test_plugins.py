@@ -20,10 +20,10 @@ import torch
 from click.testing import CliRunner
 
 import fedsim
-from fedsim import cli, plugins
+from fedsim import cli
 from fedsim.algorithms import ClientResult, api
 from fedsim.errors import PluginError, RunFailed, ScenarioError
-from fedsim.scenario import resolved
+from fedsim.scenario import plugins, resolved
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plugin"

@@ -71,7 +71,7 @@ import fedsim.cli  # `fedsim clients` runs a host on another machine
 import fedsim.deploy.run
 from fedsim.actors._setup import local_config
 from fedsim.actors.host import ClientHost
-from fedsim.network import NetPlan
+from fedsim.scenario.network import NetPlan
 from fedsim.scenario import load, resolved
 
 done = []

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 
-from fedsim._ids import format_id_list
+from fedsim.scenario.ids import format_id_list
 
 __all__ = ["HostProcess", "start_hosts"]
 

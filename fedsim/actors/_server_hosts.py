@@ -29,7 +29,6 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-from fedsim._ids import format_ids
 from fedsim.actors._refusal import Refusal
 from fedsim.actors._server_gate import Gate, RecordBudget, Rejections
 from fedsim.actors._server_queue import (
@@ -63,9 +62,10 @@ from fedsim.messages import (
     Update,
     WireError,
 )
-from fedsim.network import NetPlan
 from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
+from fedsim.scenario.ids import format_ids
+from fedsim.scenario.network import NetPlan
 from fedsim.transport import Endpoint, PeerGone
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor

@@ -16,7 +16,7 @@ from typing import Any
 
 from fedsim.actors._server_gate import Rejections
 from fedsim.actors.hosts import HostTable
-from fedsim.network import NetPlan
+from fedsim.scenario.network import NetPlan
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
 from netem.link import Link

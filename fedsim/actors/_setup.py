@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fedsim._sections import DATASETS, MODELS
 from fedsim.algorithms import LocalConfig, OptimizerConfig
 from fedsim.scenario import Scenario
+from fedsim.scenario.sections import DATASETS, MODELS
 
 if TYPE_CHECKING:
     import torch
@@ -32,7 +32,7 @@ def build_data(sc: Scenario) -> Any:
     if d.partition == "shards":
         options["classes_per_client"] = d.classes_per_client
     if d.dataset not in DATASETS:
-        from fedsim.plugins import dataset
+        from fedsim.scenario.plugins import dataset
 
         out = dataset(d.dataset)(num_clients=d.num_clients, seed=sc.seed, **d.options)
         return federate(d.dataset, out, num_clients=d.num_clients, partition=d.partition,
@@ -64,7 +64,7 @@ def build_model(sc: Scenario, input_shape: tuple[int, ...], num_classes: int) ->
 
     m = sc.model
     if m.name not in MODELS:
-        from fedsim.plugins import model
+        from fedsim.scenario.plugins import model
 
         return build_from(model(m.name), input_shape, num_classes, seed=sc.seed, name=m.name,
                           **m.options)

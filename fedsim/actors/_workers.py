@@ -15,10 +15,10 @@ import logging
 import os
 import sys
 
-from fedsim._ids import format_id_list
 from fedsim.actors.zygote import ForkedProcess, spawn
 from fedsim.codec import decode, encode
 from fedsim.messages import Message, Shutdown, WireError, WorkerReady
+from fedsim.scenario.ids import format_id_list
 from fedsim.transport import ZmqContext
 
 __all__ = ["WorkerDied", "WorkerHandle"]
@@ -80,7 +80,7 @@ class WorkerHandle:
 
     async def start(self, ready_within: float = 120.0) -> WorkerReady:
         """Start the process and wait for its WorkerReady (data built, model ready)."""
-        from fedsim.plugins import child_env
+        from fedsim.scenario.plugins import child_env
 
         if self.zygote is not None:
             try:

@@ -47,9 +47,9 @@ from fedsim.messages import (
     Trained,
     Update,
 )
-from fedsim.network import ALWAYS, DeviceModel, NetPlan
 from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
+from fedsim.scenario.network import ALWAYS, DeviceModel, NetPlan
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
 from netem.link import Link

@@ -44,7 +44,6 @@ from collections.abc import Callable, Coroutine
 from time import perf_counter
 from typing import Any, TypeVar
 
-from fedsim._ids import format_ids, parse_id_list
 from fedsim.actors import _proc
 from fedsim.actors._refusal import Refusal
 from fedsim.actors._server_gate import BYE_HEADER_BYTES
@@ -80,9 +79,10 @@ from fedsim.messages import (
     WireError,
 )
 from fedsim.metrics import boot_id
-from fedsim.network import NetPlan
 from fedsim.phases import PHASES, PhaseStats
 from fedsim.scenario import Scenario
+from fedsim.scenario.ids import format_ids, parse_id_list
+from fedsim.scenario.network import NetPlan
 from fedsim.transport import ClientKeys, Connection
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor

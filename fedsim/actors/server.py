@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 
-from fedsim._ids import format_ids
 from fedsim.actors._proc import freeze_heap, process_age, thaw_heap, to_foreground
 from fedsim.actors._server_gate import Gate, RecordBudget, Rejections, message_limit
 from fedsim.actors._server_hosts import HostSide
@@ -72,9 +71,10 @@ from fedsim.messages import (
     TensorSpec,
     Update,
 )
-from fedsim.network import NetPlan
 from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
+from fedsim.scenario.ids import format_ids
+from fedsim.scenario.network import NetPlan
 from fedsim.transport import Endpoint
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor

@@ -33,7 +33,6 @@ import torch
 import zmq
 
 from fedsim import statefile
-from fedsim._ids import parse_id_list
 from fedsim.actors import _proc
 from fedsim.actors._requests import Preemption, Requests
 from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
@@ -55,6 +54,7 @@ from fedsim.messages import (
     WorkerReady,
 )
 from fedsim.scenario import Scenario, parse
+from fedsim.scenario.ids import parse_id_list
 
 __all__ = ["InlineWorker", "Worker", "evaluate", "main", "run", "run_seed"]
 

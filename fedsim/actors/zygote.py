@@ -235,7 +235,7 @@ class Zygote:
     @classmethod
     def start(cls, name: str, scenario_file: str) -> Zygote:
         """Start a zygote for the resolved scenario in ``scenario_file``."""
-        from fedsim.plugins import child_env
+        from fedsim.scenario.plugins import child_env
 
         proc = subprocess.Popen(
             [sys.executable, "-m", "fedsim.actors._zygote_server", "--scenario", scenario_file,

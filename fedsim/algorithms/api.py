@@ -23,7 +23,7 @@ Rules
    :func:`register`; the scenario loader then accepts its name under
    ``[algorithm]`` and validates its table with the spec's config class.
    A plug-in needs no call at all: ``algorithm.name = "module:attribute"``
-   names its spec, which the loader finds (:mod:`fedsim.plugins`) and
+   names its spec, which the loader finds (:mod:`fedsim.scenario.plugins`) and
    makes answer to that reference with :func:`register_alias`.
 """
 

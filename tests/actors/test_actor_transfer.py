@@ -14,7 +14,7 @@ from actor_scenarios import build, of
 
 from fedsim.actors.inmemory import run_in_memory
 from fedsim.metrics import TransferStats
-from fedsim.network import NetPlan
+from fedsim.scenario.network import NetPlan
 
 
 def test_the_summary_reports_each_directions_transfer_time_and_the_configured_delay(

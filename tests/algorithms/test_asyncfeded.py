@@ -514,7 +514,8 @@ def test_fixed_eta_g_must_be_positive_and_finite(bad):
 
 
 def test_fixed_eta_g_is_a_scenario_key_validated_on_load():
-    from fedsim.scenario import ScenarioError, parse
+    from fedsim.errors import ScenarioError
+    from fedsim.scenario import parse
 
     sc = parse({"algorithm": {"name": "asyncfeded", "fixed_eta_g": 0.5}})
     assert sc.algorithm.fixed_eta_g == 0.5  # type: ignore[attr-defined]

@@ -39,7 +39,6 @@ from typing import Any
 
 import msgpack
 
-from fedsim._ids import parse_ids
 from fedsim.actors import _proc
 from fedsim.actors._server_gate import message_limit
 from fedsim.actors._workers import WorkerHandle
@@ -50,6 +49,7 @@ from fedsim.deploy.run import client_keys
 from fedsim.fuzz import Fuzzer, _update_spec
 from fedsim.messages import SCHEMA_VERSION, ClockProbe, Event, EventBatch, Message, Update
 from fedsim.scenario import load, resolved, scenario_hash
+from fedsim.scenario.ids import parse_ids
 from fedsim.transport import ZmqContext, ipc_address
 
 #: the task id every made-up record carries (no task has it)

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from fedsim.actors.inmemory import run_in_memory
-from fedsim.network import NetPlan
 from fedsim.scenario import load
+from fedsim.scenario.network import NetPlan
 from fedsim.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]

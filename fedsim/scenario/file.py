@@ -1,9 +1,9 @@
-"""Scenario files: schema, loading and validation.
+"""A scenario file: its top-level model, loading, overrides, resolving and writing back.
 
 A scenario is a TOML file validated on load into frozen pydantic models:
 an unknown key, a wrong type or an out-of-range value raises
 :class:`ScenarioError` whose message names the key, the value and what is
-allowed (the CLI exits with status 2; :mod:`fedsim._explain` words it).
+allowed (the CLI exits with status 2; :mod:`fedsim.scenario.explain` words it).
 Overrides (``--set dotted.key=value``, ``overrides=`` of :func:`fedsim.load`)
 go through the same validation, and an error they cause is blamed on them
 (:class:`~fedsim.errors.OverrideError` when only they are wrong).
@@ -13,7 +13,7 @@ chosen algorithm or model does not read.
 
 ``algorithm.name``, ``model.name`` and ``data.dataset`` also accept a
 plug-in: a ``module:attribute`` reference or an entry-point name
-(:mod:`fedsim.plugins`).
+(:mod:`fedsim.scenario.plugins`).
 
 pydantic does this job better than hand-written checks: it reports every
 bad field at once, with its location, and it fills the defaults we write
@@ -36,13 +36,15 @@ from pydantic import (
     model_validator,
 )
 
-from fedsim import _overrides, algorithms, plugins
-from fedsim._explain import Problem, explain
-from fedsim._netconfig import AvailabilityConfig, DevicesConfig, NetworkConfig
-from fedsim._overrides import Override
-from fedsim._sections import (
-    DATASETS,
-    MODELS,
+from fedsim import algorithms
+from fedsim.algorithms import AlgorithmConfig, AlgorithmSpec
+from fedsim.errors import OverrideError, PluginError, ScenarioError
+from fedsim.scenario import overrides as _overrides
+from fedsim.scenario import plugins
+from fedsim.scenario.explain import Problem, explain
+from fedsim.scenario.netconfig import AvailabilityConfig, DevicesConfig, NetworkConfig
+from fedsim.scenario.overrides import Override
+from fedsim.scenario.sections import (
     ClientConfig,
     DataConfig,
     DeployConfig,
@@ -50,16 +52,11 @@ from fedsim._sections import (
     ModelConfig,
     RunConfig,
 )
-from fedsim.algorithms import AlgorithmConfig, AlgorithmSpec
-from fedsim.errors import OverrideError, PluginError, ScenarioError
 from fedsim.schema import SchemaModel
 
 __all__ = [
-    "DATASETS",
     "DEFAULT_ALGORITHM",
-    "MODELS",
     "Scenario",
-    "ScenarioError",
     "apply_overrides",
     "load",
     "parse",
@@ -85,7 +82,7 @@ def _spec(name: Any) -> AlgorithmSpec:
     obj = plugins.resolve("algorithm", name, tuple(sorted(algorithms.algorithm_names())))
     if not isinstance(obj, AlgorithmSpec):
         raise PluginError(f"{name!r} is a {type(obj).__name__}, not an AlgorithmSpec "
-                         "(fedsim.algorithms.api; see fedsim.plugins)")
+                         "(fedsim.algorithms.api; see fedsim.scenario.plugins)")
     return algorithms.api.register_alias(name, obj)
 
 
@@ -232,7 +229,7 @@ def load(path: str | Path,
     """Load, override and validate a scenario file.
 
     ``overrides``: ``"dotted.key=value"`` strings (command-line syntax, TOML
-    values), :class:`~fedsim._overrides.Override` values, or a mapping of
+    values), :class:`~fedsim.scenario.overrides.Override` values, or a mapping of
     dotted keys to Python values. A plug-in module the scenario names is
     also looked for next to the file.
     """

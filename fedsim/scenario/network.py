@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedsim._netconfig import GroupConfig, LinkConfig, LossConfig
 from fedsim.errors import ScenarioError
 from fedsim.scenario import Scenario
+from fedsim.scenario.netconfig import GroupConfig, LinkConfig, LossConfig
 from netem.availability import AlwaysAvailable, AvailabilityTrace, OnOff, SuspensionModel
 from netem.device import RunTrace, draw_devices
 from netem.dist import make_dist

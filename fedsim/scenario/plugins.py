@@ -42,8 +42,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from fedsim._explain import closest
 from fedsim.errors import PluginError
+from fedsim.scenario.explain import closest
 
 __all__ = [
     "GROUPS",
@@ -221,7 +221,7 @@ def _check_call(what: str, obj: Callable[..., Any], fixed: tuple[str, ...],
     if (by_position < positional and inspect.Parameter.VAR_POSITIONAL not in kinds) or (
             inspect.Parameter.VAR_KEYWORD not in kinds and not set(fixed) <= by_name):
         need = ", ".join([*["input_shape", "num_classes"][:positional], *fixed])
-        raise PluginError(f"{what} must accept {need} (see fedsim.plugins)")
+        raise PluginError(f"{what} must accept {need} (see fedsim.scenario.plugins)")
 
 
 def check_options(what: str, obj: Callable[..., Any], options: Mapping[str, Any],

@@ -1,9 +1,9 @@
 """The scenario's own sections: ``[data]``, ``[model]``, ``[client]``, ``[run]``,
-``[eval]``, ``[deploy]`` (the network's are in :mod:`fedsim._netconfig`, the
+``[eval]``, ``[deploy]`` (the network's are in :mod:`fedsim.scenario.netconfig`, the
 algorithm's in each algorithm's home).
 
 ``data.dataset`` and ``model.name`` are a built-in name or a plug-in
-(:mod:`fedsim.plugins`), whose ``options`` are checked against its signature.
+(:mod:`fedsim.scenario.plugins`), whose ``options`` are checked against its signature.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from fedsim import plugins
+from fedsim.scenario import plugins
 from fedsim.schema import NonNeg, Pos, Prob, SchemaModel
 
 __all__ = [
