@@ -21,8 +21,8 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fedsim.messages import TensorSpec
     from fedsim.scenario import Scenario
+    from fedsim.wire.tensors import TensorSpec
 
 __all__ = ["measure_turnaround"]
 
@@ -33,7 +33,7 @@ MAX_BURST = 16
 def measure_turnaround(sc: Scenario, spec: TensorSpec, messages: int, bursts: int = 15) -> float:
     """Median real seconds for ``messages`` task messages to go out and come back.
 
-    ``spec`` is the :class:`~fedsim.messages.TensorSpec` a task carries.
+    ``spec`` is the :class:`~fedsim.wire.tensors.TensorSpec` a task carries.
     Bursts of at most :data:`MAX_BURST` messages are timed (the first one
     warms up) and the median is scaled to ``messages``. Takes about 0.3 s,
     most of it starting the second process.
@@ -41,10 +41,11 @@ def measure_turnaround(sc: Scenario, spec: TensorSpec, messages: int, bursts: in
     import numpy as np
     import zmq
 
-    from fedsim.codec import decode, encode_body, header_bound, max_message_bytes, stamp
-    from fedsim.messages import Model, Task
     from fedsim.scenario.plugins import child_env
-    from fedsim.transport import ipc_address
+    from fedsim.wire.codec import decode, encode_body, header_bound, max_message_bytes, stamp
+    from fedsim.wire.messages import Task
+    from fedsim.wire.tensors import Model
+    from fedsim.wire.transport import ipc_address
 
     burst = max(1, min(messages, MAX_BURST))
     flat = np.zeros(spec.nbytes // 4, dtype=np.float32)
@@ -92,9 +93,9 @@ def measure_turnaround(sc: Scenario, spec: TensorSpec, messages: int, bursts: in
 
 async def _echo(address: str, max_bytes: int) -> None:
     """Answer every task with an update carrying its model, until a one-frame message."""
-    from fedsim.codec import decode, encode_body, stamp
-    from fedsim.messages import Task, Update
-    from fedsim.transport import ZmqContext
+    from fedsim.wire.codec import decode, encode_body, stamp
+    from fedsim.wire.messages import Task, Update
+    from fedsim.wire.transport import ZmqContext
 
     ctx = ZmqContext(max_message_bytes=max_bytes)
     conn = ctx.connect(address, b"echo", None)

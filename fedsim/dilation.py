@@ -158,10 +158,10 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
 
 
 def task_spec(sc: Scenario, data: Any) -> Any:
-    """The :class:`~fedsim.messages.TensorSpec` of this scenario's task messages."""
+    """The :class:`~fedsim.wire.tensors.TensorSpec` of this scenario's task messages."""
     from fedsim.actors._setup import build_model, model_shapes
     from fedsim.algorithms import get
-    from fedsim.messages import TensorSpec
+    from fedsim.wire.tensors import TensorSpec
 
     model = build_model(sc, tuple(data.input_shape), int(data.num_classes))
     return TensorSpec([("float32", s) for s in model_shapes(model)]).repeated(

@@ -6,7 +6,7 @@ right schema with wrong types or values, NaN and Inf in a model, wrong
 shapes, huge declared sizes, messages out of order for the sender's state,
 replays of earlier frames, impossible send times. Each comes with what the
 server must do with it: the ``reason`` it is rejected for (a
-:class:`~fedsim.messages.WireError` or refusal code), or ``None`` when the
+:class:`~fedsim.wire.errors.WireError` or refusal code), or ``None`` when the
 frame is well-formed and allowed (its effect is limited to the sender's
 own clients, e.g. a Ready from a client that was not away).
 
@@ -25,18 +25,17 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fedsim.codec import encode
-from fedsim.messages import (
+from fedsim.wire.codec import encode
+from fedsim.wire.messages import (
     SCHEMA_VERSION,
     Event,
     EventBatch,
     HostBye,
     HostHello,
-    Model,
     Ready,
-    TensorSpec,
     Update,
 )
+from fedsim.wire.tensors import Model, TensorSpec
 
 __all__ = ["Frame", "Fuzzer"]
 
@@ -244,7 +243,7 @@ async def _fuzzing_host(args: Any, sc: Any, data: dict[str, Any],
     from fedsim.deploy.run import client_keys
     from fedsim.scenario import scenario_hash
     from fedsim.scenario.ids import parse_ids
-    from fedsim.transport import ZmqContext, ipc_address
+    from fedsim.wire.transport import ZmqContext, ipc_address
 
     ids = parse_ids(args.ids, sc.data.num_clients)
     keys = client_keys(args.connect, args.keys, args.name, args.insecure)

@@ -56,7 +56,7 @@ FORMAT_FILE = "fedsim-run.json"
 """The file that marks a run directory and names its format."""
 
 CHECKPOINT_FILE = "checkpoint.pt"
-"""The run's last checkpoint (:mod:`fedsim.actors.checkpoint`), a :mod:`fedsim.statefile`."""
+"""The run's last checkpoint (:mod:`fedsim.actors.checkpoint`), a :mod:`fedsim.wire.statefile`."""
 
 CHECKPOINT_FORMAT = 3
 """The version of a checkpoint's contents (its ``format``): 3 is a state file; 1

@@ -22,7 +22,7 @@ __all__ = ["PHASES", "Durations", "PhaseStats"]
 #: Where a run's time goes: the distributions of ``summary["phases"]``, each named
 #: ``<phase>.<part>`` (docs/run-directory.md, "Where time goes"). The parts
 #: named ``hosts`` and both of ``compute`` are measured by the client hosts
-#: (:data:`fedsim.messages.HOST_PHASES`), the rest by the server.
+#: (:data:`fedsim.wire.messages.HOST_PHASES`), the rest by the server.
 PHASES: tuple[str, ...] = (
     "encode.server", "encode.hosts",
     "decode.server", "decode.hosts",
@@ -157,7 +157,7 @@ class PhaseStats:
     """Named :class:`Durations` (``<phase>.<part>``, e.g. :data:`PHASES`).
 
     The server keeps one for the summary's ``phases``; each client host keeps
-    one of its own phases (:data:`fedsim.messages.HOST_PHASES`), sends its
+    one of its own phases (:data:`fedsim.wire.messages.HOST_PHASES`), sends its
     samples to the server with each event batch and starts afresh
     (:meth:`take`).
     """

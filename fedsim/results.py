@@ -50,7 +50,7 @@ class Transfer:
 class LostWork:
     """Client runs that failed, by cause and by client (``summary.json``'s ``lost_work``).
 
-    Causes (:data:`fedsim.messages.FAILURE_CAUSES`): ``overflow`` (a step
+    Causes (:data:`fedsim.wire.messages.FAILURE_CAUSES`): ``overflow`` (a step
     beyond the parameters' dtype), ``non_finite`` (a trained model with NaN
     or an infinity), ``error`` (any other exception in training),
     ``host_lost`` (the client's host was lost). A client whose run failed

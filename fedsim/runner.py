@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from fedsim.actors._local_hosts import HostProcess
     from fedsim.actors.runstate import Progress
     from fedsim.actors.zygote import Zygote
-    from fedsim.transport import ServerKeys
+    from fedsim.wire.transport import ServerKeys
 
 __all__ = ["RunControl", "finish", "new_run_dir", "plan_hosts", "prepare",
            "prepare_resume", "run_scenario", "serve"]
@@ -131,10 +131,10 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     from fedsim.actors.checkpoint import load_checkpoint
     from fedsim.actors.server import Server
     from fedsim.algorithms import flatten, get
-    from fedsim.messages import TensorSpec
     from fedsim.scenario import scenario_hash
     from fedsim.scenario.plugins import child_env
-    from fedsim.transport import ZmqContext, ipc_address
+    from fedsim.wire.tensors import TensorSpec
+    from fedsim.wire.transport import ZmqContext, ipc_address
 
     run_id = run_id or new_run_id()
     scenario_file = str((run_dir / "scenario.json").resolve())
@@ -298,7 +298,7 @@ def _run_here(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
     its summary. ``placement``: ``deploy.pin_trainers``' CPUs (the rest, the trainers')."""
     from fedsim.actors._local_hosts import start_hosts
     from fedsim.scenario.plugins import child_env
-    from fedsim.transport import ipc_address
+    from fedsim.wire.transport import ipc_address
 
     name = f"fedsim-{os.getpid()}-{time.monotonic_ns()}-zygote"
     run_id, started = new_run_id(), None

@@ -101,7 +101,7 @@ def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str
 def _check_checkpoint(path: Path) -> None:
     """Refuse a missing, pickled or unknown checkpoint now, before any process starts
     (the server reads it whole, and checks its version and scenario, later)."""
-    from fedsim import statefile
+    from fedsim.wire import statefile
 
     try:
         value = statefile.read_header(path, "checkpoint", OLD_CHECKPOINT_HELP)

@@ -90,7 +90,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from fedsim.transport import PeerGone
+from fedsim.wire.transport import PeerGone
 from netem.clock import Clock
 from netem.timers import TimerHeap
 

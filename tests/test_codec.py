@@ -1,4 +1,4 @@
-"""Tests of fedsim.messages and fedsim.codec (schema 2): round trips, zero copy,
+"""Tests of fedsim.wire.messages and fedsim.wire.codec (schema 2): round trips, zero copy,
 every rejection reason by name, field checks, real sockets, and a fuzz loop."""
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ import numpy as np
 import pytest
 import zmq
 
-from fedsim import codec, messages
-from fedsim.codec import Body, Meta, decode, encode, encode_body, stamp
-from fedsim.messages import (
+from fedsim.wire import codec, errors, messages, records, tensors
+from fedsim.wire.codec import Body, Meta, decode, encode, encode_body, stamp
+from fedsim.wire.errors import REASONS, WireError
+from fedsim.wire.messages import (
     EVENT_KINDS,
     HOST_EVENT_KINDS,
     HOST_PHASES,
     KINDS,
-    REASONS,
     SCHEMA_VERSION,
-    WIRE_DTYPES,
     Advance,
     Average,
     ClockProbe,
@@ -39,7 +38,6 @@ from fedsim.messages import (
     HostHello,
     Leave,
     LocalWork,
-    Model,
     PhaseSample,
     Ready,
     Refused,
@@ -47,14 +45,13 @@ from fedsim.messages import (
     Start,
     Stop,
     Task,
-    TensorSpec,
     Train,
     Trained,
     Update,
-    WireError,
     WorkerFailed,
     WorkerReady,
 )
+from fedsim.wire.tensors import WIRE_DTYPES, Model, TensorSpec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -467,7 +464,7 @@ def test_spec_helpers() -> None:
     assert repr(two) == "TensorSpec(float32[2, 3], float32[4], float32[2, 3], float32[4]; 80 B)"
     assert repr(SPEC.repeated(3)).endswith("float32[4], ... 2 more; 120 B)")
     with pytest.raises(WireError, match="MAX_TENSORS"):
-        TensorSpec([("uint8", (1,))] * (messages.MAX_TENSORS + 1))
+        TensorSpec([("uint8", (1,))] * (tensors.MAX_TENSORS + 1))
 
 
 # ---------------------------------------------------------------------------
@@ -830,8 +827,9 @@ def test_a_30_mb_header_costs_no_memory() -> None:
     """Measured in a fresh process: the peak RSS decoding it adds beyond the frame itself."""
     script = """
 import resource
-from fedsim.codec import decode
-from fedsim.messages import SCHEMA_VERSION, WireError
+from fedsim.wire.codec import decode
+from fedsim.wire.errors import WireError
+from fedsim.wire.messages import SCHEMA_VERSION
 import msgpack
 env = msgpack.packb([SCHEMA_VERSION, "EventBatch", 0.0, 0])
 header = b"\\xdd" + (30 << 20).to_bytes(4, "big") + b"\\x90" * (30 << 20)
@@ -1158,11 +1156,11 @@ def test_non_finite_floats_only_where_annotated() -> None:
 
 def test_dict_fields_only_where_allowed() -> None:
     @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-    class Rogue(messages._Record):
+    class Rogue(records.Record):
         info: dict[str, Any]
 
     with pytest.raises(TypeError, match=r"Rogue\.info: no wire type"):
-        messages._register(Rogue, {}, message=True)
+        records.register(Rogue, {}, message=True)
 
 
 def test_messages_are_frozen_compare_by_value_and_repr_short() -> None:
@@ -1193,9 +1191,9 @@ def test_event_to_json_dict() -> None:
 
 
 def test_encode_argument_errors() -> None:
-    with pytest.raises(TypeError, match=r"needs a fedsim\.messages message"):
+    with pytest.raises(TypeError, match=r"needs a fedsim\.wire\.messages message"):
         encode({"kind": "Task"})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"needs a fedsim\.messages message"):
+    with pytest.raises(TypeError, match=r"needs a fedsim\.wire\.messages message"):
         encode(LocalWork(steps=1))  # type: ignore[arg-type]
     msg = Stop(reason="x")
     for kwargs in [{"sent_at": float("inf")}, {"sent_at": "1"}, {"seq": -1}, {"seq": 1.0},
@@ -1224,12 +1222,16 @@ def test_wire_error() -> None:
 
 
 def test_modules_import_without_torch_and_do_not_reexport() -> None:
-    code = "import sys, fedsim.messages, fedsim.codec; print('torch' in sys.modules)"
+    code = ("import sys, fedsim.wire.messages, fedsim.wire.codec, fedsim.wire.tensors;"
+            " print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    assert not set(codec.__all__) & set(messages.__all__)
-    assert all(getattr(codec, name).__module__ == "fedsim.codec"
-               for name in codec.__all__ if isinstance(getattr(codec, name), type))
+    wire = (errors, tensors, records, messages, codec)
+    exported = [name for module in wire for name in module.__all__]
+    assert len(exported) == len(set(exported))  # each name has one home
+    for module in wire:
+        assert all(getattr(module, name).__module__ == module.__name__
+                   for name in module.__all__ if isinstance(getattr(module, name), type))
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from fedsim.testing import (
     run_virtual,
     virtual_clock,
 )
-from fedsim.transport import Connection, Endpoint, PeerGone
+from fedsim.wire.transport import Connection, Endpoint, PeerGone
 from netem.timers import TimerHeap
 
 # -- virtual time ----------------------------------------------------------------

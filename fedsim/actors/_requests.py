@@ -17,8 +17,8 @@ import zmq
 
 from fedsim.algorithms import flatten
 from fedsim.algorithms.local import load_vector
-from fedsim.codec import decode, encode
-from fedsim.messages import Message, Shutdown
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import Message, Shutdown
 
 if TYPE_CHECKING:
     from torch import nn

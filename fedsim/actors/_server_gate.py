@@ -5,7 +5,7 @@ it, and every refusal is counted:
 
 * :func:`message_limit`: ``deploy.max_message_mb``, or by default the
   largest message the scenario's algorithm and model can send
-  (:func:`fedsim.codec.max_message_bytes` of the model's copies, a host's
+  (:func:`fedsim.wire.codec.max_message_bytes` of the model's copies, a host's
   registration, a host's goodbye). The server's socket drops a larger frame
   unread; the codec refuses a larger message before parsing it.
 * :class:`Gate`: each kind's header limit (checked on the raw frame), a
@@ -28,14 +28,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from fedsim.codec import (
+from fedsim.scenario import Scenario
+from fedsim.wire.codec import (
     MAX_ENVELOPE_BYTES,
     MAX_HEADER_BYTES,
     header_bound,
     max_message_bytes,
 )
-from fedsim.messages import TensorSpec
-from fedsim.scenario import Scenario
+from fedsim.wire.tensors import TensorSpec
 
 __all__ = ["BYE_HEADER_BYTES", "Budget", "Gate", "RecordBudget", "Rejections",
            "hello_header_bytes", "message_limit"]

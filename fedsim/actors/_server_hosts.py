@@ -43,8 +43,13 @@ from fedsim.actors._server_tasks import TOLERANCE, TaskBook, TaskRecord
 from fedsim.actors.hosts import HostInfo, HostTable, RateLimit
 from fedsim.actors.runstate import RunState
 from fedsim.algorithms.api import AlgorithmSpec, ServerAlgorithm
-from fedsim.codec import Body, decode, encode, encode_body, peek, stamp
-from fedsim.messages import (
+from fedsim.phases import PhaseStats
+from fedsim.scenario import Scenario
+from fedsim.scenario.ids import format_ids
+from fedsim.scenario.network import NetPlan
+from fedsim.wire.codec import Body, decode, encode, encode_body, peek, stamp
+from fedsim.wire.errors import WireError
+from fedsim.wire.messages import (
     Average,
     ClockProbe,
     ClockReply,
@@ -58,15 +63,10 @@ from fedsim.messages import (
     Start,
     Stop,
     Task,
-    TensorSpec,
     Update,
-    WireError,
 )
-from fedsim.phases import PhaseStats
-from fedsim.scenario import Scenario
-from fedsim.scenario.ids import format_ids
-from fedsim.scenario.network import NetPlan
-from fedsim.transport import Endpoint, PeerGone
+from fedsim.wire.tensors import TensorSpec
+from fedsim.wire.transport import Endpoint, PeerGone
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
 from netem.link import Link

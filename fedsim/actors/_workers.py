@@ -16,10 +16,11 @@ import os
 import sys
 
 from fedsim.actors.zygote import ForkedProcess, spawn
-from fedsim.codec import decode, encode
-from fedsim.messages import Message, Shutdown, WireError, WorkerReady
 from fedsim.scenario.ids import format_id_list
-from fedsim.transport import ZmqContext
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.errors import WireError
+from fedsim.wire.messages import Message, Shutdown, WorkerReady
+from fedsim.wire.transport import ZmqContext
 
 __all__ = ["WorkerDied", "WorkerHandle"]
 

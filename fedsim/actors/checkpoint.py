@@ -3,7 +3,7 @@
 ``checkpoint.pt`` holds all a resumed run continues from: the global model
 and the algorithm's state, the run's counters and records, the event log's
 and metrics' lengths, the RNG states and the next task id. Format 3 is a
-:mod:`fedsim.statefile` (JSON plus raw tensor buffers), read without running
+:mod:`fedsim.wire.statefile` (JSON plus raw tensor buffers), read without running
 any code; formats 1 (``torch.save``) and 2 (a pickle) are refused unread,
 since whoever could write the run directory could have put code in them.
 
@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from fedsim import statefile
 from fedsim.actors.runstate import RunState
 from fedsim.algorithms.api import ServerAlgorithm, Step
 from fedsim.metrics import CHECKPOINT_FILE, CHECKPOINT_FORMAT, OLD_CHECKPOINT_HELP
 from fedsim.scenario import Scenario
+from fedsim.wire import statefile
 
 __all__ = ["Checkpoints", "load_checkpoint"]
 

@@ -17,7 +17,7 @@ off in an on/off process or trace). Away, it computes nothing and sends
 nothing; a single-piece run in progress is abandoned, a pipelined session
 pauses. Messages that reach it while away are held until it returns
 (``network.in_flight = "held"``) or lost (``"dropped"``, ``"reset"``). Back,
-it announces itself with :class:`~fedsim.messages.Ready` and the server
+it announces itself with :class:`~fedsim.wire.messages.Ready` and the server
 gives it fresh work.
 """
 
@@ -34,22 +34,21 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedsim.messages import (
+from fedsim.phases import PhaseStats
+from fedsim.scenario import Scenario
+from fedsim.scenario.network import ALWAYS, DeviceModel, NetPlan
+from fedsim.wire.messages import (
     Advance,
     Average,
     Failed,
     Message,
-    Model,
     Ready,
     Task,
-    TensorSpec,
     Train,
     Trained,
     Update,
 )
-from fedsim.phases import PhaseStats
-from fedsim.scenario import Scenario
-from fedsim.scenario.network import ALWAYS, DeviceModel, NetPlan
+from fedsim.wire.tensors import Model, TensorSpec
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
 from netem.link import Link

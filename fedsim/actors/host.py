@@ -1,19 +1,19 @@
 """A client host: many client actors on one event loop, one connection to the server.
 
 The host builds its torch worker (which loads the clients' data), registers
-its clients and their sample counts with a :class:`~fedsim.messages.HostHello`
+its clients and their sample counts with a :class:`~fedsim.wire.messages.HostHello`
 (set-up, before the emulated clock starts), and waits for the server's
-:class:`~fedsim.messages.Start` (the clock's epoch and dilation, the model's
+:class:`~fedsim.wire.messages.Start` (the clock's epoch and dilation, the model's
 tensor spec). It then demultiplexes the connection: each Task or Average
 goes to its client's downlink, then to the client's inbox; clients send
 through :meth:`ClientHost.send`. Event-log records go to the server in
 batches, with the host's phase durations (encode, decode, queueing,
-compute: :data:`~fedsim.messages.HOST_PHASES`) since the previous batch;
-on :class:`~fedsim.messages.Stop` the host stops its clients and
+compute: :data:`~fedsim.wire.messages.HOST_PHASES`) since the previous batch;
+on :class:`~fedsim.wire.messages.Stop` the host stops its clients and
 says goodbye with its own measurements (downlink fidelity, compute
 overruns, rejected messages). Its tasks run in one ``asyncio.TaskGroup``.
 A server that restarts (``fedsim server --resume`` after it died) answers
-the host's clock probes with a new incarnation (:class:`~fedsim.messages.Start`):
+the host's clock probes with a new incarnation (:class:`~fedsim.wire.messages.Start`):
 the host then drops its clients' work under way and registers them again,
 as at a start, keeping its worker and the clients' algorithm state.
 
@@ -49,7 +49,12 @@ from fedsim.actors._refusal import Refusal
 from fedsim.actors._server_gate import BYE_HEADER_BYTES
 from fedsim.actors._setup import local_config
 from fedsim.actors.client import ClientActor
-from fedsim.codec import (
+from fedsim.metrics import boot_id
+from fedsim.phases import PHASES, PhaseStats
+from fedsim.scenario import Scenario
+from fedsim.scenario.ids import format_ids, parse_id_list
+from fedsim.scenario.network import NetPlan
+from fedsim.wire.codec import (
     DEFAULT_MAX_BYTES,
     MAX_HEADER_BYTES,
     decode,
@@ -59,7 +64,8 @@ from fedsim.codec import (
     max_message_bytes,
     stamp,
 )
-from fedsim.messages import (
+from fedsim.wire.errors import WireError
+from fedsim.wire.messages import (
     HOST_PHASES,
     Average,
     ClockProbe,
@@ -75,15 +81,9 @@ from fedsim.messages import (
     Start,
     Stop,
     Task,
-    TensorSpec,
-    WireError,
 )
-from fedsim.metrics import boot_id
-from fedsim.phases import PHASES, PhaseStats
-from fedsim.scenario import Scenario
-from fedsim.scenario.ids import format_ids, parse_id_list
-from fedsim.scenario.network import NetPlan
-from fedsim.transport import ClientKeys, Connection
+from fedsim.wire.tensors import TensorSpec
+from fedsim.wire.transport import ClientKeys, Connection
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.lossprocess import LossStats
@@ -610,7 +610,7 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
     """
     from fedsim.actors._workers import WorkerHandle
     from fedsim.scenario import scenario_hash
-    from fedsim.transport import ZmqContext, ipc_address
+    from fedsim.wire.transport import ZmqContext, ipc_address
 
     if cpus:
         _proc.pin_process(os.getpid(), cpus)

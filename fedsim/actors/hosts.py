@@ -1,6 +1,6 @@
 """The client hosts of one federation, as the server sees them.
 
-A host registers with a :class:`~fedsim.messages.HostHello` naming the
+A host registers with a :class:`~fedsim.wire.messages.HostHello` naming the
 clients it runs and their sample counts; it is refused if its fedsim
 version or resolved-scenario hash differs from the server's, if it
 claims a client that does not exist or that another live host runs, or if
@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fedsim.messages import HostBye, HostHello
+from fedsim.wire.messages import HostBye, HostHello
 
 __all__ = ["HostInfo", "HostTable", "RateLimit", "SeenSet"]
 

@@ -33,10 +33,10 @@ from fedsim.actors.host import ClientHost
 from fedsim.actors.server import Server
 from fedsim.actors.worker import InlineWorker
 from fedsim.algorithms import flatten
-from fedsim.messages import TensorSpec
 from fedsim.metrics import read_events, write_json_atomic
 from fedsim.scenario import Scenario, resolved, scenario_hash
 from fedsim.testing import MemoryNetwork, Packet, run_virtual
+from fedsim.wire.tensors import TensorSpec
 
 __all__ = ["InMemoryRun", "run_in_memory"]
 

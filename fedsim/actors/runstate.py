@@ -22,7 +22,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedsim.algorithms.api import Step
-from fedsim.messages import HOST_EVENT_KINDS, Evaluate, Evaluated, Event, Model, PhaseSample
 from fedsim.metrics import (
     RUN_FORMAT,
     EventLog,
@@ -35,6 +34,8 @@ from fedsim.metrics import (
 )
 from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
+from fedsim.wire.messages import HOST_EVENT_KINDS, Evaluate, Evaluated, Event, PhaseSample
+from fedsim.wire.tensors import Model
 from netem.clock import Clock
 
 __all__ = ["STOP_REASONS", "Evaluator", "Progress", "RunState"]
@@ -170,7 +171,7 @@ class RunState:
 
     # -- records ----------------------------------------------------------------
     def event(self, t: float, ev: str, **fields: Any) -> None:
-        """Write one record of the event log (a :class:`~fedsim.messages.Event`)."""
+        """Write one record of the event log (a :class:`~fedsim.wire.messages.Event`)."""
         e = Event.of(round(t, 6), round(self.real(), 6), ev, **fields)
         rec = e.to_json_dict()
         self.transfers.record(rec)

@@ -56,26 +56,18 @@ from fedsim.actors._server_queue import (
 )
 from fedsim.actors._server_tasks import TaskBook, TaskRecord
 from fedsim.actors._setup import local_config
-from fedsim.actors._tensors import to_model, to_tensor
 from fedsim.actors.checkpoint import Checkpoints
 from fedsim.actors.hosts import HostTable, RateLimit
 from fedsim.actors.runstate import Progress, RunState
 from fedsim.algorithms import ClientResult, get
 from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step
-from fedsim.messages import (
-    Average,
-    Failed,
-    LocalWork,
-    Ready,
-    Task,
-    TensorSpec,
-    Update,
-)
 from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids
 from fedsim.scenario.network import NetPlan
-from fedsim.transport import Endpoint
+from fedsim.wire.messages import Average, Failed, LocalWork, Ready, Task, Update
+from fedsim.wire.tensors import TensorSpec, to_model, to_tensor
+from fedsim.wire.transport import Endpoint
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.link import Link
@@ -92,7 +84,7 @@ class Server(HostSide, Checkpoints, Measurements):
     Parameters
     ----------
     endpoint
-        Where hosts connect (:class:`~fedsim.transport.ZmqEndpoint`, or an
+        Where hosts connect (:class:`~fedsim.wire.transport.ZmqEndpoint`, or an
         in-memory one in tests).
     evaluator
         A torch worker handle with ``start()``, ``next_id()``, ``request()``, ``close()``.

@@ -32,29 +32,28 @@ import numpy as np
 import torch
 import zmq
 
-from fedsim import statefile
 from fedsim.actors import _proc
 from fedsim.actors._requests import Preemption, Requests
 from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
-from fedsim.actors._tensors import to_model, to_tensor
 from fedsim.algorithms import check_finite, failure_cause, get, local_train
 from fedsim.algorithms.api import Budget, ClientContext, LocalRun
 from fedsim.algorithms.local import load_vector
-from fedsim.codec import decode, encode
-from fedsim.messages import (
+from fedsim.scenario import Scenario, parse
+from fedsim.scenario.ids import parse_id_list
+from fedsim.wire import statefile
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import (
     Advance,
     Evaluate,
     Evaluated,
     Message,
     Shutdown,
-    TensorSpec,
     Train,
     Trained,
     WorkerFailed,
     WorkerReady,
 )
-from fedsim.scenario import Scenario, parse
-from fedsim.scenario.ids import parse_id_list
+from fedsim.wire.tensors import TensorSpec, to_model, to_tensor
 
 __all__ = ["InlineWorker", "Worker", "evaluate", "main", "run", "run_seed"]
 
@@ -101,7 +100,7 @@ class Worker:
 
     With ``state_path`` the client side's state (its ``state_dict``: whatever
     the algorithm keeps per client between tasks) is saved there as a
-    :mod:`fedsim.statefile`, atomically, at most every ``save_every``
+    :mod:`fedsim.wire.statefile`, atomically, at most every ``save_every``
     seconds after a task and at shutdown, and loaded from there at start: a
     client host restarted with the same state directory takes its clients'
     state back. A pickle there (an earlier fedsim's file) is refused unread.
@@ -135,10 +134,10 @@ class Worker:
             self._restore_state(self.state_path)
 
     def _restore_state(self, path: Path) -> None:
-        """Take the clients' state back from ``path`` (a :mod:`fedsim.statefile`).
+        """Take the clients' state back from ``path`` (a :mod:`fedsim.wire.statefile`).
 
         A file of an older fedsim (a pickle) or one that is not a state file
-        is refused with the reason (:class:`~fedsim.statefile.StateFileError`,
+        is refused with the reason (:class:`~fedsim.wire.statefile.StateFileError`,
         which ends the worker: its host then fails with it); a file of
         another host's or another algorithm's clients is left alone.
         """

@@ -327,7 +327,7 @@ class ServerAlgorithm(ABC):
         """The server side's state, for a checkpoint: a snapshot (later steps do
         not change it) of tensors, arrays, bytes, numbers, strings, None, and
         lists, tuples and dicts of them (keys: numbers, strings, tuples), which
-        :mod:`fedsim.statefile` stores without pickling; anything else fails the
+        :mod:`fedsim.wire.statefile` stores without pickling; anything else fails the
         first checkpoint, named. Tensors that share storage come back as
         copies; fedsim's algorithms keep theirs with
         :func:`~fedsim.algorithms._kernels.pack_tensor`."""
@@ -365,7 +365,7 @@ class ClientAlgorithm(ABC):
     def state_dict(self) -> dict[str, Any]:
         """Per-client state, as plain comparable data (the values
         :meth:`ServerAlgorithm.state_dict` may hold: ``fedsim clients --state``
-        saves it as a :mod:`fedsim.statefile`)."""
+        saves it as a :mod:`fedsim.wire.statefile`)."""
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:

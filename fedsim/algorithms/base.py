@@ -20,7 +20,7 @@ class NonFiniteUpdate(ValueError):
 class LocalRunFailed(RuntimeError):
     """A client's local run cannot produce a result.
 
-    ``cause`` is how results count it (one of :data:`fedsim.messages.FAILURE_CAUSES`).
+    ``cause`` is how results count it (one of :data:`fedsim.wire.messages.FAILURE_CAUSES`).
     """
 
     cause = "error"
@@ -34,7 +34,7 @@ class StepOverflow(LocalRunFailed):
 
 def failure_cause(exc: BaseException) -> str:
     """How a local run that raised ``exc`` is counted: ``overflow``, ``non_finite`` or
-    ``error`` (:data:`fedsim.messages.FAILURE_CAUSES`)."""
+    ``error`` (:data:`fedsim.wire.messages.FAILURE_CAUSES`)."""
     if isinstance(exc, LocalRunFailed):
         return exc.cause
     if isinstance(exc, NonFiniteUpdate):

@@ -24,7 +24,7 @@ from fedsim.errors import DeployError
 from fedsim.results import RunResult
 from fedsim.runner import finish, prepare, prepare_resume, serve
 from fedsim.scenario import Scenario, resolved
-from fedsim.transport import ClientKeys, ServerKeys, is_loopback
+from fedsim.wire.transport import ClientKeys, ServerKeys, is_loopback
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -32,8 +32,9 @@ from fedsim.actors.host import _fitting
 from fedsim.actors.hosts import HostTable
 from fedsim.actors.inmemory import ADDRESS, InMemoryRun, run_in_memory
 from fedsim.algorithms import get
-from fedsim.codec import MAX_HEADER_BYTES, decode, encode, encode_body, max_message_bytes
-from fedsim.messages import ClockProbe, Event, EventBatch, HostHello, TensorSpec
+from fedsim.wire.codec import MAX_HEADER_BYTES, decode, encode, encode_body, max_message_bytes
+from fedsim.wire.messages import ClockProbe, Event, EventBatch, HostHello
+from fedsim.wire.tensors import TensorSpec
 
 pytestmark = pytest.mark.timeout(60)
 

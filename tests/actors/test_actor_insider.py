@@ -23,9 +23,9 @@ from fedsim.actors._setup import build_data
 from fedsim.actors.host import EXIT_REFUSED, ClientHost
 from fedsim.actors.inmemory import InMemoryRun, run_in_memory
 from fedsim.algorithms import ClientResult
-from fedsim.codec import encode_body, stamp
-from fedsim.messages import Message, Update, WorkerReady
 from fedsim.scenario import Scenario
+from fedsim.wire.codec import encode_body, stamp
+from fedsim.wire.messages import Message, Update, WorkerReady
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,9 +21,10 @@ import pytest
 
 from fedsim.actors import _proc
 from fedsim.actors._workers import WorkerHandle
-from fedsim.codec import decode, encode
-from fedsim.messages import Evaluate, Evaluated, Model, Shutdown, TensorSpec, WorkerReady
 from fedsim.testing import MemoryConnection, MemoryNetwork, run_virtual
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import Evaluate, Evaluated, Shutdown, WorkerReady
+from fedsim.wire.tensors import Model, TensorSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,9 +17,9 @@ import torch
 from actor_scenarios import build, of
 
 from fedsim.actors import worker as worker_module
-from fedsim.actors._tensors import to_model
 from fedsim.actors.inmemory import run_in_memory
-from fedsim.messages import Trained
+from fedsim.wire.messages import Trained
+from fedsim.wire.tensors import to_model
 
 pytestmark = pytest.mark.timeout(120)
 

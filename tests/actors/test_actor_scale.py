@@ -24,9 +24,9 @@ from fedsim.actors.host import ClientHost
 from fedsim.actors.inmemory import InMemoryRun, run_in_memory
 from fedsim.actors.runstate import _pack_counts, _unpack_counts
 from fedsim.algorithms.flows import AsyncFlow
-from fedsim.codec import decode
-from fedsim.messages import EventBatch, HostHello
 from fedsim.testing import MemoryNetwork, Packet
+from fedsim.wire.codec import decode
+from fedsim.wire.messages import EventBatch, HostHello
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedsim import statefile
 from fedsim.actors.checkpoint import Checkpoints, _write_atomically, load_checkpoint
 from fedsim.metrics import CHECKPOINT_FORMAT
+from fedsim.wire import statefile
 
 
 def _ckpt(fmt: int = CHECKPOINT_FORMAT) -> dict[str, object]:

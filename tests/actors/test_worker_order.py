@@ -13,15 +13,9 @@ import threading
 import zmq
 
 from fedsim.actors.worker import Requests, serve
-from fedsim.codec import decode, encode
-from fedsim.messages import (
-    Advance,
-    Message,
-    Shutdown,
-    TensorSpec,
-    WorkerFailed,
-    WorkerReady,
-)
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import Advance, Message, Shutdown, WorkerFailed, WorkerReady
+from fedsim.wire.tensors import TensorSpec
 
 
 def _advance(client: int, due: float | None) -> Advance:

@@ -17,9 +17,10 @@ import pytest
 import zmq
 
 from fedsim.actors.worker import Worker, serve
-from fedsim.codec import decode, encode
-from fedsim.messages import LocalWork, Message, Model, Shutdown, Train, Trained, WorkerReady
 from fedsim.scenario import parse
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import LocalWork, Message, Shutdown, Train, Trained, WorkerReady
+from fedsim.wire.tensors import Model
 
 SCENARIO = {
     "name": "preempt", "seed": 3,

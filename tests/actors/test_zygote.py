@@ -19,9 +19,10 @@ import pytest
 
 from fedsim.actors._workers import WorkerDied, WorkerHandle
 from fedsim.actors.zygote import Zygote, spawn
-from fedsim.messages import Evaluate, Model, Train, Trained
 from fedsim.scenario import parse, resolved
-from fedsim.transport import ZmqContext, ipc_address
+from fedsim.wire.messages import Evaluate, Train, Trained
+from fedsim.wire.tensors import Model
+from fedsim.wire.transport import ZmqContext, ipc_address
 
 SCENARIO = {
     "name": "zygote", "seed": 3,

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from fedsim import statefile
 from fedsim.algorithms import ClientResult, NonFiniteUpdate
+from fedsim.wire import statefile
 
 DIM = 6
 

@@ -12,7 +12,6 @@ import dga_reference as ref
 import pytest
 import torch
 
-from fedsim import statefile
 from fedsim.algorithms import ClientResult, NonFiniteUpdate, fedavg_aggregate
 from fedsim.algorithms.dga import (
     CLIENT_TRANSITIONS,
@@ -29,6 +28,7 @@ from fedsim.algorithms.dga import (
     dga_correction,
     dga_split_delay,
 )
+from fedsim.wire import statefile
 
 # ---------------------------------------------------------------- fixtures
 

@@ -44,13 +44,13 @@ from fedsim.actors._server_gate import message_limit
 from fedsim.actors._workers import WorkerHandle
 from fedsim.actors.host import ClientHost
 from fedsim.algorithms import get
-from fedsim.codec import encode, encode_body, stamp
 from fedsim.deploy.run import client_keys
 from fedsim.fuzz import Fuzzer, _update_spec
-from fedsim.messages import SCHEMA_VERSION, ClockProbe, Event, EventBatch, Message, Update
 from fedsim.scenario import load, resolved, scenario_hash
 from fedsim.scenario.ids import parse_ids
-from fedsim.transport import ZmqContext, ipc_address
+from fedsim.wire.codec import encode, encode_body, stamp
+from fedsim.wire.messages import SCHEMA_VERSION, ClockProbe, Event, EventBatch, Message, Update
+from fedsim.wire.transport import ZmqContext, ipc_address
 
 #: the task id every made-up record carries (no task has it)
 MARK = 987_654_321

@@ -21,8 +21,8 @@ import pytest
 import zmq
 import zmq.auth
 
-from fedsim.codec import encode
-from fedsim.messages import SCHEMA_VERSION, ClockProbe, HostHello
+from fedsim.wire.codec import encode
+from fedsim.wire.messages import SCHEMA_VERSION, ClockProbe, HostHello
 
 from .conftest import (
     DEPLOY_SCENARIO,

@@ -1,8 +1,8 @@
 """fedsim's wire codec, schema version 3: messages to ZeroMQ frames and back.
 
-The schema (message classes, :class:`~fedsim.messages.Model`,
-:class:`~fedsim.messages.TensorSpec`, :class:`~fedsim.messages.WireError`
-and its reason codes) lives in :mod:`fedsim.messages`; this module turns a
+The schema (message classes, :class:`~fedsim.wire.tensors.Model`,
+:class:`~fedsim.wire.tensors.TensorSpec`, :class:`~fedsim.wire.errors.WireError`
+and its reason codes) lives in :mod:`fedsim.wire.messages`; this module turns a
 message into frames and frames into a message. It does not import torch.
 
 Wire format, version 3
@@ -21,14 +21,14 @@ size depends only on the kind, and ``encode_body(msg).nbytes`` is the exact
 size of every stamped copy of the message.
 
 The header holds the message's field values, positionally (see
-:mod:`fedsim.messages` for how each field type is written). In the slot of
+:mod:`fedsim.wire.messages` for how each field type is written). In the slot of
 the Model field it holds the model's spec, ``[[<dtype name>, [<dims>]], ...]``
 (nil when an optional model is absent).
 
 Model frames follow, one per distinct dtype of the spec in order of first
 appearance: that dtype's tensors back to back in spec order, C order,
 little-endian. A float32 model is one frame. dtype names are those of
-:data:`~fedsim.messages.WIRE_DTYPES`: bool, uint8, int8, int16, int32, int64,
+:data:`~fedsim.wire.tensors.WIRE_DTYPES`: bool, uint8, int8, int16, int32, int64,
 float16, float32, float64.
 
 Encode once, stamp per send
@@ -63,12 +63,12 @@ the model. A 64 KiB header of hostile content (empty arrays) took 3 ms and
 
 Decode checks, cheapest first
 -----------------------------
-:func:`decode` raises :class:`~fedsim.messages.WireError` and nothing else,
+:func:`decode` raises :class:`~fedsim.wire.errors.WireError` and nothing else,
 for any input. It checks, in this order: the number of frames (at most
 :data:`MAX_FRAMES`; costs nothing), the total size (``"oversize"``, before
 any frame is parsed), the envelope's size and then the envelope, the
 header's size and then the header, the exact frame count, the model spec
-against the expected :class:`~fedsim.messages.TensorSpec`, the buffer
+against the expected :class:`~fedsim.wire.tensors.TensorSpec`, the buffer
 lengths, the fields, then the values (finiteness, bools): the model's
 buffers are not read before every check that does not need them has passed.
 :func:`peek` makes the checks up to the envelope only, for a receiver that
@@ -80,7 +80,7 @@ Zero copy
 Encoding copies no model bytes: the model frames are memoryviews of the
 Model's own buffers. Decoding copies none: the Model's buffers are read-only
 ``np.frombuffer`` views of the received frames (they keep the frames alive).
-What this asks of callers is in :mod:`fedsim.messages` (do not modify a buffer
+What this asks of callers is in :mod:`fedsim.wire.messages` (do not modify a buffer
 in flight; copy a decoded buffer before modifying it).
 
 Cost
@@ -112,17 +112,10 @@ import msgpack
 import numpy as np
 from numpy.typing import NDArray
 
-from fedsim.messages import (
-    KINDS,
-    SCHEMA_VERSION,
-    VALUE_TYPES,
-    WIRE_DTYPES,
-    Message,
-    Model,
-    TensorSpec,
-    WireError,
-    describe,
-)
+from fedsim.wire.errors import WireError, describe
+from fedsim.wire.messages import KINDS, SCHEMA_VERSION, Message
+from fedsim.wire.records import VALUE_TYPES
+from fedsim.wire.tensors import WIRE_DTYPES, Model, TensorSpec
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -178,7 +171,7 @@ class Meta:
     Attributes
     ----------
     version : int
-        Schema version of the message (always :data:`~fedsim.messages.SCHEMA_VERSION`).
+        Schema version of the message (always :data:`~fedsim.wire.messages.SCHEMA_VERSION`).
     kind : str
         Message kind, the class name (``"Task"``, ...).
     sent_at : float
@@ -237,7 +230,7 @@ def encode_body(msg: Message) -> Body:
     Parameters
     ----------
     msg : Message
-        A message of :data:`fedsim.messages.KINDS`.
+        A message of :data:`fedsim.wire.messages.KINDS`.
 
     Returns
     -------
@@ -255,7 +248,7 @@ def encode_body(msg: Message) -> Body:
     """
     cls = type(msg)
     if KINDS.get(getattr(cls, "KIND", "")) is not cls:
-        raise TypeError(f"encode needs a fedsim.messages message, got {describe(msg)}")
+        raise TypeError(f"encode needs a fedsim.wire.messages message, got {describe(msg)}")
     values = [getattr(msg, name) for name in cls.FIELDS]
     buffers: list[memoryview] = []
     index = _MODEL_INDEX[cls]
@@ -518,7 +511,7 @@ def decode(
     ------
     WireError
         For any bad input, with ``reason`` one of
-        :data:`fedsim.messages.REASONS`; the message is discarded and the
+        :data:`fedsim.wire.errors.REASONS`; the message is discarded and the
         receiver can go on.
     """
     views, nbytes, cls, sent_at, seq = _open(frames, max_bytes)

@@ -1,6 +1,6 @@
 """A pyzmq socket driven by the running event loop, without a future per message.
 
-:class:`LoopSocket` is what :mod:`fedsim.transport`'s connections and
+:class:`LoopSocket` is what :mod:`fedsim.wire.transport`'s connections and
 endpoints are made of: it watches the socket's ``ZMQ_FD`` with the loop's
 ``add_reader``, reads every waiting message into an inbox at once, and
 makes a future only when a receive (or a send at the high-water mark) has

@@ -24,7 +24,7 @@ actors run in-process on virtual time in tests.
 Bounds
 ------
 * ``MAXMSGSIZE`` (``deploy.max_message_mb``, by default derived from the
-  scenario's model: :func:`fedsim.codec.max_message_bytes`) bounds every
+  scenario's model: :func:`fedsim.wire.codec.max_message_bytes`) bounds every
   frame a peer sends to the server's ROUTER or a host's DEALER; libzmq
   checks it from the frame's length prefix, before it buffers a byte, and
   drops the connection. The private PAIR sockets to a process's own workers
@@ -125,7 +125,7 @@ import zmq
 import zmq.utils.z85
 from zmq.utils.monitor import parse_monitor_message
 
-from fedsim._zmqsocket import READ_AHEAD, LoopSocket
+from fedsim.wire._zmqsocket import READ_AHEAD, LoopSocket
 
 __all__ = [
     "HWM",
