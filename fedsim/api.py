@@ -16,7 +16,7 @@ run: the same server, client-host processes and torch workers. A library
 never exits: a run that ends ``failed`` or ``error`` raises
 :class:`~fedsim.errors.RunFailed`, one that is stopped raises
 :class:`~fedsim.errors.RunInterrupted`; both carry the
-:class:`~fedsim.results.RunResult` of what it wrote.
+:class:`~fedsim.results.values.RunResult` of what it wrote.
 
 :func:`run` works inside a running event loop (Jupyter runs one): the run
 then gets its own loop in a worker thread while the caller waits.
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim.errors import FedsimError, RunFailed, RunInterrupted, ScenarioError
-from fedsim.results import RunResult
+from fedsim.results.values import RunResult
 from fedsim.scenario.overrides import Override
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def run(scenario: Scenario | str | Path, *, out: str | Path | None = None,
         seconds.
     plots
         Draw the run's PNGs (accuracy, staleness, timeline) when it ends
-        (``False``: :func:`fedsim.plots.plot_run` or ``fedsim plot RUN`` draws
+        (``False``: :func:`fedsim.results.plots.plot_run` or ``fedsim plot RUN`` draws
         them later).
 
     Raises

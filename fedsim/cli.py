@@ -422,7 +422,7 @@ def _window(text: str | None) -> tuple[float, float | None] | None:
 
 def _load_runs(paths: tuple[str, ...]) -> list[Any]:
     """Every run directory read and checked; exit 2 with a one-line reason for one that is not."""
-    from fedsim.rundir import RunDirError, load_run
+    from fedsim.results.reader import RunDirError, load_run
 
     with _exits_on(RunDirError, code=EXIT_SCENARIO):
         return [load_run(p) for p in paths]
@@ -431,7 +431,7 @@ def _load_runs(paths: tuple[str, ...]) -> list[Any]:
 def _compare(runs: list[Any], out: str | None, target: float | None,
              labels: tuple[str, ...]) -> None:
     """Print the comparison table of ``runs``; write it and the overlay figures to ``out``."""
-    from fedsim.compare import (
+    from fedsim.results.compare import (
         comparison_rows,
         default_labels,
         format_table,
@@ -505,7 +505,7 @@ def plot(runs: tuple[str, ...], out: str | None, target: float | None, labels: t
     run's staleness scale. Several: overlay figures and a comparison table,
     as `fedsim compare` draws.
     """
-    from fedsim.plots import plot_run, plot_timeline, timeline_is_large, timeline_name
+    from fedsim.results.plots import plot_run, plot_timeline, timeline_is_large, timeline_name
 
     span = _window(window)
     to_file = out is not None and out.lower().endswith(".png")

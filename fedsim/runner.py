@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim.errors import ResumeError
-from fedsim.metrics import write_json_atomic
-from fedsim.results import RunResult
+from fedsim.results.values import RunResult
+from fedsim.results.writer import write_json_atomic
 from fedsim.runprep import finish, new_run_dir, prepare, prepare_resume
 from fedsim.scenario import Scenario
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from fedsim.dilation import calibrate_dilation, measure_step_time
 from fedsim.errors import ResumeError
-from fedsim.metrics import (
+from fedsim.results.writer import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
     OLD_CHECKPOINT_HELP,
@@ -119,9 +119,9 @@ def finish(run_dir: Path) -> None:
     """Draw a finished (or stopped) run's plots; never lose the run for them.
 
     The per-client timeline is drawn unless the run is large
-    (:func:`fedsim.plots.timeline_is_large`; then ``fedsim plot RUN --timeline``).
+    (:func:`fedsim.results.plots.timeline_is_large`; then ``fedsim plot RUN --timeline``).
     """
-    from fedsim.plots import plot_run, timeline_is_large
+    from fedsim.results.plots import plot_run, timeline_is_large
 
     try:
         plot_run(run_dir)

@@ -1126,7 +1126,7 @@ def test_field_errors_name_the_field(make: Callable, reason: str, text: str) -> 
 
 
 def test_a_hosts_phases_are_named_as_the_summary_names_them() -> None:
-    from fedsim.phases import PHASES
+    from fedsim.results.phases import PHASES
 
     assert set(PHASES) > HOST_PHASES
     assert EventBatch(host="h", events=()).phases == ()

@@ -26,7 +26,7 @@ from fedsim.errors import (
     RunInterrupted,
     ScenarioError,
 )
-from fedsim.results import RunResult
+from fedsim.results.values import RunResult
 from fedsim.scenario import load, resolved
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -43,7 +43,7 @@ from fedsim.actors._server_tasks import TOLERANCE, TaskBook, TaskRecord
 from fedsim.actors.hosts import HostInfo, HostTable, RateLimit
 from fedsim.actors.runstate import RunState
 from fedsim.algorithms.api import AlgorithmSpec, ServerAlgorithm
-from fedsim.phases import PhaseStats
+from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids
 from fedsim.scenario.network import NetPlan

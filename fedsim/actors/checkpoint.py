@@ -36,7 +36,7 @@ import torch
 
 from fedsim.actors.runstate import RunState
 from fedsim.algorithms.api import ServerAlgorithm, Step
-from fedsim.metrics import CHECKPOINT_FILE, CHECKPOINT_FORMAT, OLD_CHECKPOINT_HELP
+from fedsim.results.writer import CHECKPOINT_FILE, CHECKPOINT_FORMAT, OLD_CHECKPOINT_HELP
 from fedsim.scenario import Scenario
 from fedsim.wire import statefile
 

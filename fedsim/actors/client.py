@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedsim.phases import PhaseStats
+from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.network import ALWAYS, DeviceModel, NetPlan
 from fedsim.wire.messages import (

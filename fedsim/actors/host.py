@@ -49,8 +49,8 @@ from fedsim.actors._refusal import Refusal
 from fedsim.actors._server_gate import BYE_HEADER_BYTES
 from fedsim.actors._setup import local_config
 from fedsim.actors.client import ClientActor
-from fedsim.metrics import boot_id
-from fedsim.phases import PHASES, PhaseStats
+from fedsim.results.phases import PHASES, PhaseStats
+from fedsim.results.writer import boot_id
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids, parse_id_list
 from fedsim.scenario.network import NetPlan

@@ -33,7 +33,7 @@ from fedsim.actors.host import ClientHost
 from fedsim.actors.server import Server
 from fedsim.actors.worker import InlineWorker
 from fedsim.algorithms import flatten
-from fedsim.metrics import read_events, write_json_atomic
+from fedsim.results.writer import read_events, write_json_atomic
 from fedsim.scenario import Scenario, resolved, scenario_hash
 from fedsim.testing import MemoryNetwork, Packet, run_virtual
 from fedsim.wire.tensors import TensorSpec
@@ -60,7 +60,7 @@ class InMemoryRun:
 
     def events(self) -> list[dict[str, Any]]:
         """Every record of the run's event log, in the file's order (append order per
-        writer, not time order: :func:`fedsim.rundir.load_run` sorts by ``t``)."""
+        writer, not time order: :func:`fedsim.results.reader.load_run` sorts by ``t``)."""
         return list(read_events(self.run_dir / "events.jsonl"))
 
     #: makes a host again (set by run_in_memory): index -> a new ClientHost and its task

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedsim.algorithms.api import Step
-from fedsim.metrics import (
+from fedsim.results.phases import PhaseStats
+from fedsim.results.writer import (
     RUN_FORMAT,
     EventLog,
     MetricsTable,
@@ -32,7 +33,6 @@ from fedsim.metrics import (
     write_run_format,
     writer_record,
 )
-from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.wire.messages import HOST_EVENT_KINDS, Evaluate, Evaluated, Event, PhaseSample
 from fedsim.wire.tensors import Model

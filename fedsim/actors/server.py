@@ -61,7 +61,7 @@ from fedsim.actors.hosts import HostTable, RateLimit
 from fedsim.actors.runstate import Progress, RunState
 from fedsim.algorithms import ClientResult, get
 from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step
-from fedsim.phases import PhaseStats
+from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids
 from fedsim.scenario.network import NetPlan

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim.errors import DeployError
-from fedsim.results import RunResult
+from fedsim.results.values import RunResult
 from fedsim.runner import finish, prepare, prepare_resume, serve
 from fedsim.scenario import Scenario, resolved
 from fedsim.wire.transport import ClientKeys, ServerKeys, is_loopback

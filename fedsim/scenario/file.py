@@ -270,7 +270,7 @@ def unread_task_keys(dataset: str, partition: str, model: str) -> dict[str, str]
     """The ``model.*`` and ``data.*`` keys this model, dataset and partition do not read, and why.
 
     Plain names in, so that a run directory's ``scenario.json`` is read the
-    same way (:func:`fedsim.compare.task_differences`).
+    same way (:func:`fedsim.results.compare.task_differences`).
     """
     out: dict[str, str] = {}
     reads = {"mlp": ("hidden",), "char_lstm": ("lstm_hidden",)}.get(model, ())

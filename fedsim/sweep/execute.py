@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fedsim.actors._proc import SETUP_IDLE_ENV
-from fedsim.metrics import FORMAT_FILE
+from fedsim.results.writer import FORMAT_FILE
 from fedsim.sweep.results import PointResult, _read_point, _result, figure
 from fedsim.sweep.spec import Point, Sweep, SweepError
 from fedsim.sweep.tables import write_tables

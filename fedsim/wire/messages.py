@@ -211,7 +211,7 @@ _EVENT_OPTIONAL = Event.FIELDS[3:-1]
 
 #: The phases a client host measures and reports (``PhaseSample.phase``): the
 #: names of their distributions in the summary's ``phases``
-#: (:data:`fedsim.phases.PHASES`, docs/run-directory.md "Where time goes").
+#: (:data:`fedsim.results.phases.PHASES`, docs/run-directory.md "Where time goes").
 HOST_PHASES: frozenset[str] = frozenset({
     "encode.hosts", "decode.hosts", "queueing.hosts", "compute.real", "compute.budget"})
 
@@ -226,7 +226,7 @@ class PhaseSample(Record):
 
     ``count`` durations summing to ``sum``, the largest ``max``; ``values`` is
     a uniform sample of them (all of them when there were few): what a
-    :class:`fedsim.phases.Durations` exports.
+    :class:`fedsim.results.phases.Durations` exports.
     """
 
     phase: str

@@ -15,8 +15,8 @@ import pytest
 from actor_scenarios import build, of
 
 from fedsim.actors.inmemory import run_in_memory
-from fedsim.phases import PHASES
-from fedsim.results import Phase, RunResult
+from fedsim.results.phases import PHASES
+from fedsim.results.values import Phase, RunResult
 
 MODEL_KINDS = ("task", "average", "update")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from actor_scenarios import build, of
 
 from fedsim.actors.inmemory import run_in_memory
-from fedsim.metrics import TransferStats
+from fedsim.results.writer import TransferStats
 from fedsim.scenario.network import NetPlan
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fedsim.actors.checkpoint import Checkpoints, _write_atomically, load_checkpoint
-from fedsim.metrics import CHECKPOINT_FORMAT
+from fedsim.results.writer import CHECKPOINT_FORMAT
 from fedsim.wire import statefile
 
 

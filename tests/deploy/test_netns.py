@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.metrics import read_events
+from fedsim.results.writer import read_events
 
 from .netns import Namespaces, netns_unavailable
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedsim.metrics import read_events, read_summary
+from fedsim.results.writer import read_events, read_summary
 
 from .conftest import (
     DEPLOY_SCENARIO,

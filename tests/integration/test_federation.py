@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.metrics import read_events, read_metrics
+from fedsim.results.writer import read_events, read_metrics
 from fedsim.runner import run_scenario
 from fedsim.scenario import load
 

@@ -49,7 +49,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from fedsim.metrics import read_events
+from fedsim.results.writer import read_events
 from fedsim.wire.codec import decode, encode
 from fedsim.wire.messages import (
     HOST_EVENT_KINDS,

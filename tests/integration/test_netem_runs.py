@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.metrics import read_events
+from fedsim.results.writer import read_events
 from fedsim.runner import run_scenario
 from fedsim.scenario import load
 

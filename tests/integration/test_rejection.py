@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from fedsim.metrics import read_events
+from fedsim.results.writer import read_events
 from fedsim.wire.codec import encode
 from fedsim.wire.messages import SCHEMA_VERSION, Update
 from fedsim.wire.tensors import Model, TensorSpec

@@ -3,7 +3,7 @@
 :func:`load_run` is the one way in for every tool that looks at results
 (``fedsim plot``, ``fedsim compare``, sweeps, notebooks)::
 
-    from fedsim.rundir import load_run
+    from fedsim.results.reader import load_run
 
     run = load_run("runs/quickstart-20261121-142526")
     run.summary["final_accuracy"], run.column("accuracy")
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.errors import FedsimError
-from fedsim.metrics import FORMAT_FILE, RUN_FORMAT, read_events, read_metrics, read_summary
+from fedsim.results.writer import FORMAT_FILE, RUN_FORMAT, read_events, read_metrics, read_summary
 
 __all__ = [
     "FORMAT_FILE",

@@ -29,8 +29,8 @@ from typing import Any
 
 import matplotlib
 
-from fedsim.plots import loss_scale, new_figure, save
-from fedsim.rundir import Run
+from fedsim.results.plots import loss_scale, new_figure, save
+from fedsim.results.reader import Run
 
 __all__ = ["TASK_TABLES", "ComparisonRow", "comparison_rows", "default_labels",
            "format_table", "plot_comparison", "shared_target", "task_differences",

@@ -1,7 +1,7 @@
 """What every client did, when: intervals extracted from a run's event log.
 
-Pure functions over event records (``fedsim.rundir.load_run(...).events``,
-sorted by ``t``); :func:`fedsim.plots.plot_timeline` draws the result. Per
+Pure functions over event records (``fedsim.results.reader.load_run(...).events``,
+sorted by ``t``); :func:`fedsim.results.plots.plot_timeline` draws the result. Per
 client, in emulated seconds:
 
 * **download**: a message from the server (a task, a round's average) from
@@ -167,7 +167,7 @@ def build_timeline(events: Sequence[dict[str, Any]], *, clients: Iterable[int] |
     Parameters
     ----------
     events
-        Event records in time order (as :func:`fedsim.rundir.load_run` gives them).
+        Event records in time order (as :func:`fedsim.results.reader.load_run` gives them).
     clients
         The clients to extract (default: every client the log names).
     total_clients

@@ -3,7 +3,7 @@
 matplotlib figures made without pyplot: no screen needed, no global state
 touched (a notebook keeps its backend; a returned figure displays there), PNGs
 written by the Agg renderer. Works on a finished run and on one that was
-killed: :func:`fedsim.rundir.load_run` reads only complete records. Every
+killed: :func:`fedsim.results.reader.load_run` reads only complete records. Every
 figure says what its axes measure and in what unit; emulated seconds are the
 federation's own time.
 """
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import numpy as np
 from matplotlib.figure import Figure
 
-from fedsim.rundir import Run, load_run
-from fedsim.timeline import MAX_CLIENTS, Timeline, build_timeline, sample_clients
+from fedsim.results.reader import Run, load_run
+from fedsim.results.timeline import MAX_CLIENTS, Timeline, build_timeline, sample_clients
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -72,7 +72,7 @@ def plot_run(run: Run | str | Path, *, timeline: bool | None = None,
     named after them (:func:`timeline_name`: ``timeline-2-6.png``), so that
     a part never replaces the whole run's ``timeline.png``. ``target``
     replaces the scenario's target accuracy on ``accuracy.png``. Raises
-    :class:`fedsim.rundir.RunDirError` for a directory it cannot read.
+    :class:`fedsim.results.reader.RunDirError` for a directory it cannot read.
     """
     if not isinstance(run, Run):
         path = Path(run)
@@ -289,7 +289,7 @@ def plot_timeline(run: Run, path: Path, *, clients: Iterable[int] | None = None,
     client work) a red star with its cause. ``clients`` picks the
     rows (default: all, or a seeded sample of ``max_clients``); ``window``
     = (start, end) in emulated seconds. The staleness colours span the whole
-    run's (:attr:`~fedsim.timeline.Timeline.staleness_max`) whatever the
+    run's (:attr:`~fedsim.results.timeline.Timeline.staleness_max`) whatever the
     window and clients, so two parts of one run compare by colour.
     """
     total = run.summary.get("clients")
@@ -307,7 +307,7 @@ def plot_timeline(run: Run, path: Path, *, clients: Iterable[int] | None = None,
 
 
 def timeline_figure(tl: Timeline, *, title: str) -> Figure:
-    """The picture of :class:`~fedsim.timeline.Timeline` ``tl`` (see :func:`plot_timeline`)."""
+    """The picture of :class:`~fedsim.results.timeline.Timeline` ``tl`` (:func:`plot_timeline`)."""
     from matplotlib.collections import PolyCollection
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch

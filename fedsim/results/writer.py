@@ -1,10 +1,12 @@
-"""The run directory: event log, metrics table, summary and plots.
+"""Writing the run directory: its event log, metrics table and summary, readable after a kill.
 
 Every file is written so that a run killed at any moment leaves it readable
 up to its last complete record: ``events.jsonl`` and ``metrics.csv`` are
 append-only and line-oriented (readers skip a torn last line), and
 ``summary.json`` is replaced atomically (write, fsync, rename), refreshed at
-every evaluation and at the end.
+every evaluation and at the end. The line readers here (:func:`read_events`,
+:func:`read_metrics`, :func:`read_summary`) read each file as it was
+written; :mod:`fedsim.results.reader` reads a whole run on top of them.
 """
 
 from __future__ import annotations

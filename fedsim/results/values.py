@@ -35,7 +35,7 @@ class Transfer:
 
     ``configured_delay_ms`` is the mean configured one-way delay of the
     links; the realised time adds serialisation, queueing, TCP slow start
-    and loss recovery (:class:`fedsim.metrics.TransferStats`).
+    and loss recovery (:class:`fedsim.results.writer.TransferStats`).
     """
 
     messages: int
@@ -289,7 +289,7 @@ class RunResult:
     @classmethod
     def of(cls, run_dir: str | Path, summary: Mapping[str, Any] | None = None) -> RunResult:
         """The result of ``run_dir`` (its ``summary.json`` unless ``summary`` is given)."""
-        from fedsim.metrics import read_summary
+        from fedsim.results.writer import read_summary
 
         path = Path(run_dir)
         if summary is None:
@@ -312,14 +312,14 @@ class RunResult:
     @property
     def metrics(self) -> Metrics:
         """``metrics.csv`` as it is now (empty before the first evaluation)."""
-        from fedsim.metrics import METRIC_FIELDS, read_metrics
+        from fedsim.results.writer import METRIC_FIELDS, read_metrics
 
         path = self.run_dir / "metrics.csv"
         return Metrics(read_metrics(path) if path.exists() else [], METRIC_FIELDS)
 
     def events(self, kind: str | None = None) -> Iterator[dict[str, Any]]:
         """The records of ``events.jsonl`` (only those of ``kind``, e.g. ``"aggregate"``)."""
-        from fedsim.metrics import read_events
+        from fedsim.results.writer import read_events
 
         path = self.run_dir / "events.jsonl"
         if path.exists():
@@ -329,7 +329,7 @@ class RunResult:
 
     def plot(self) -> list[Path]:
         """Draw the run's plots into its directory; return the files written."""
-        from fedsim.plots import plot_run
+        from fedsim.results.plots import plot_run
 
         return plot_run(self.run_dir)
 
