@@ -118,13 +118,13 @@ async def _echo(address: str, max_bytes: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The echo process: ``python -m fedsim._turnaround ADDRESS LOOP PARENT_PID MAX_BYTES``."""
-    from fedsim.actors import _proc
+    from fedsim.actors import process
 
     address, loop, parent, max_bytes = (sys.argv[1:] if argv is None else argv)[:4]
-    if not _proc.die_with_parent(int(parent)):
+    if not process.die_with_parent(int(parent)):
         return 0
-    _proc.ignore_sigint()
-    _proc.run_loop(_echo(address, int(max_bytes)), loop)
+    process.ignore_sigint()
+    process.run_loop(_echo(address, int(max_bytes)), loop)
     return 0
 
 

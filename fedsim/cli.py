@@ -368,7 +368,7 @@ def _status_code(summary: Any) -> int:
 def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: str | None,
         resume: str | None, no_progress: bool, no_plots: bool) -> None:
     """Run SCENARIO (a TOML file) on this machine."""
-    from fedsim.actors._proc import set_up_in_background
+    from fedsim.actors.process import set_up_in_background
 
     set_up_in_background()   # a sweep's run sets up in the idle class (its neighbours train)
     from fedsim import api

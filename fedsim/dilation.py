@@ -32,7 +32,7 @@ def measure_step_time(sc: Scenario, data: Any = None) -> float:
     """
     import torch
 
-    from fedsim.actors._setup import build_data, build_model, local_config
+    from fedsim.actors.setup import build_data, build_model, local_config
     from fedsim.algorithms import flatten, local_train
 
     torch.set_num_threads(1)
@@ -110,7 +110,7 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
     Every such run passed its verdict on the idle machine
     (docs/measurements.md#fidelity-under-load).
     """
-    from fedsim.actors._setup import local_config
+    from fedsim.actors.setup import local_config
     from fedsim.scenario.network import NetPlan
 
     plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
@@ -121,7 +121,7 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
     allowed = max(1e-3, 0.05 * delay)
     data: Any = None
     if real_step is None or turnaround is None or steps is None:
-        from fedsim.actors._setup import build_data
+        from fedsim.actors.setup import build_data
 
         data = build_data(sc)
     if real_step is None:
@@ -159,7 +159,7 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
 
 def task_spec(sc: Scenario, data: Any) -> Any:
     """The :class:`~fedsim.wire.tensors.TensorSpec` of this scenario's task messages."""
-    from fedsim.actors._setup import build_model, model_shapes
+    from fedsim.actors.setup import build_model, model_shapes
     from fedsim.algorithms import get
     from fedsim.wire.tensors import TensorSpec
 

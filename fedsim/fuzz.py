@@ -237,9 +237,9 @@ async def _fuzzing_host(args: Any, sc: Any, data: dict[str, Any],
     import time
     from collections import Counter
 
-    from fedsim.actors import _proc
-    from fedsim.actors._workers import WorkerHandle
+    from fedsim.actors import process
     from fedsim.actors.host import ClientHost
+    from fedsim.actors.workers import WorkerHandle
     from fedsim.deploy.run import client_keys
     from fedsim.scenario import scenario_hash
     from fedsim.scenario.ids import parse_ids
@@ -254,7 +254,7 @@ async def _fuzzing_host(args: Any, sc: Any, data: dict[str, Any],
     window: dict[str, float] = {}
     trainer = WorkerHandle(zmq_ctx, ipc_address(f"fuzz-{os.getpid()}", "trainer"),
                            scenario_file, "trainer", ids)
-    host = ClientHost(sc, args.name, ids, conn, trainer, fedsim_version=_proc.fedsim_version(),
+    host = ClientHost(sc, args.name, ids, conn, trainer, fedsim_version=process.fedsim_version(),
                       scenario_hash=scenario_hash(data))
 
     async def attack() -> None:

@@ -124,12 +124,12 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     torch) for ``run_id``'s ipc address.
     """
     from fedsim.actors._local_hosts import start_hosts
-    from fedsim.actors._proc import fedsim_version
-    from fedsim.actors._server_gate import message_limit
-    from fedsim.actors._setup import build_data, build_model, model_shapes
-    from fedsim.actors._workers import WorkerHandle
     from fedsim.actors.checkpoint import load_checkpoint
+    from fedsim.actors.process import fedsim_version
     from fedsim.actors.server import Server
+    from fedsim.actors.server_gate import message_limit
+    from fedsim.actors.setup import build_data, build_model, model_shapes
+    from fedsim.actors.workers import WorkerHandle
     from fedsim.algorithms import flatten, get
     from fedsim.scenario import scenario_hash
     from fedsim.scenario.plugins import child_env
@@ -266,7 +266,7 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
     skips drawing the run's PNGs at the end (``fedsim plot RUN`` draws them
     later; a sweep of many runs saves a few seconds per run).
     """
-    from fedsim.actors._proc import cpu_placement
+    from fedsim.actors.process import cpu_placement
 
     if resume is not None:
         sc, run_dir, choice, data = prepare_resume(resume)
@@ -282,7 +282,7 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
                             on_progress, control, placement)
     finally:
         if placement is not None:
-            from fedsim.actors._proc import pin_process
+            from fedsim.actors.process import pin_process
 
             pin_process(os.getpid(), cpus_before)
     if plots:
@@ -328,7 +328,7 @@ def _federation(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any]
                 on_progress: Callable[[Progress], None] | None, control: RunControl | None,
                 placement: tuple[set[int], list[int]] | None, name: str, run_id: str,
                 started: dict[str, HostProcess] | None) -> dict[str, Any]:
-    from fedsim.actors._proc import freeze_heap, pin_process, run_loop, thaw_heap
+    from fedsim.actors.process import freeze_heap, pin_process, run_loop, thaw_heap
     from fedsim.actors.zygote import Zygote, can_fork_here
 
     trainer_cpus = None
@@ -352,7 +352,7 @@ def _federation(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any]
     if sc.deploy.workers == "fork" and zygote is None:
         # this process imported torch and builds the data once; the zygote
         # and every worker share them (before any loop, socket or thread)
-        from fedsim.actors._setup import build_data
+        from fedsim.actors.setup import build_data
 
         fed = build_data(sc)
         freeze_heap()  # torch and the data: the zygote's and this process's collections skip them

@@ -103,7 +103,7 @@ def test_an_impossible_measurement_is_refused() -> None:
 
 def test_measure_turnaround_times_a_round_trip_through_a_second_process() -> None:
     sc = _scenario(data={"dataset": "synthetic", "num_clients": 10})
-    from fedsim.actors._setup import build_data
+    from fedsim.actors.setup import build_data
 
     spec = task_spec(sc, build_data(sc))
     one = measure_turnaround(sc, spec, 1, bursts=5)

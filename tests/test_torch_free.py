@@ -69,7 +69,7 @@ import fedsim.actors.client
 import fedsim.actors.host
 import fedsim.cli  # `fedsim clients` runs a host on another machine
 import fedsim.deploy.run
-from fedsim.actors._setup import local_config
+from fedsim.actors.setup import local_config
 from fedsim.actors.host import ClientHost
 from fedsim.scenario.network import NetPlan
 from fedsim.scenario import load, resolved

@@ -69,16 +69,16 @@ def start_hosts(hosts: list[list[int]], *, connect: str, scenario_file: str, run
 
     With ``background`` (hosts started while this process still sets up)
     they set up in the idle class, where the process may come back from it
-    (:func:`~fedsim.actors._proc.set_up_in_background`): this process's
+    (:func:`~fedsim.actors.process.set_up_in_background`): this process's
     imports and data, the longer way to the start, keep a core. With
     ``cpus`` a host keeps to those CPUs once its imports are done
     (``deploy.pin_trainers``: the CPUs that are not the trainers').
     """
-    from fedsim.actors import _proc
+    from fedsim.actors import process
 
-    idle = background and _proc.can_leave_idle()
+    idle = background and process.can_leave_idle()
     if idle:
-        env = {**(env if env is not None else os.environ), _proc.SETUP_IDLE_ENV: "1"}
+        env = {**(env if env is not None else os.environ), process.SETUP_IDLE_ENV: "1"}
     procs: dict[str, HostProcess] = {}
     for h, clients in enumerate(hosts):
         proc = procs[f"host-{h}"] = HostProcess(subprocess.Popen(

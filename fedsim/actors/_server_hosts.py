@@ -30,7 +30,6 @@ from time import perf_counter
 from typing import Any
 
 from fedsim.actors._refusal import Refusal
-from fedsim.actors._server_gate import Gate, RecordBudget, Rejections
 from fedsim.actors._server_queue import (
     ClientMessage,
     FromClient,
@@ -42,6 +41,7 @@ from fedsim.actors._server_queue import (
 from fedsim.actors._server_tasks import TOLERANCE, TaskBook, TaskRecord
 from fedsim.actors.hosts import HostInfo, HostTable, RateLimit
 from fedsim.actors.runstate import RunState
+from fedsim.actors.server_gate import Gate, RecordBudget, Rejections
 from fedsim.algorithms.api import AlgorithmSpec, ServerAlgorithm
 from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario

@@ -14,8 +14,8 @@ import copy
 import logging
 from typing import Any
 
-from fedsim.actors._server_gate import Rejections
 from fedsim.actors.hosts import HostTable
+from fedsim.actors.server_gate import Rejections
 from fedsim.scenario.network import NetPlan
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor

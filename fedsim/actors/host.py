@@ -44,11 +44,11 @@ from collections.abc import Callable, Coroutine
 from time import perf_counter
 from typing import Any, TypeVar
 
-from fedsim.actors import _proc
+from fedsim.actors import process
 from fedsim.actors._refusal import Refusal
-from fedsim.actors._server_gate import BYE_HEADER_BYTES
-from fedsim.actors._setup import local_config
 from fedsim.actors.client import ClientActor
+from fedsim.actors.server_gate import BYE_HEADER_BYTES
+from fedsim.actors.setup import local_config
 from fedsim.results.phases import PHASES, PhaseStats
 from fedsim.results.writer import boot_id
 from fedsim.scenario import Scenario
@@ -320,7 +320,7 @@ class ClientHost:
 
     async def run(self) -> int:
         """Register, run the clients until the server says stop, say goodbye."""
-        from fedsim.actors._workers import WorkerDied
+        from fedsim.actors.workers import WorkerDied
 
         try:
             ready = await self._unless_refused(self.trainer.start())
@@ -332,11 +332,11 @@ class ClientHost:
             return EXIT_REFUSED
         samples = dict(zip(self.client_ids, ready.samples, strict=True))
         self.build_clients(samples)
-        _proc.freeze_heap()  # set-up done: no collection of the run walks it
+        process.freeze_heap()  # set-up done: no collection of the run walks it
         try:
             return await self._run(samples)
         finally:
-            _proc.thaw_heap()
+            process.thaw_heap()
 
     async def _run(self, samples: dict[int, int]) -> int:
         """Register, wait for the start, run the clients, say goodbye (after the set-up).
@@ -346,7 +346,7 @@ class ClientHost:
         clients were doing and registers them again, as at a start; the
         worker's client state stays as it is.
         """
-        _proc.to_foreground()   # the clock probes' round trips and the run keep time
+        process.to_foreground()   # the clock probes' round trips and the run keep time
         while True:
             start = await self._join(samples)
             if start is None:
@@ -608,12 +608,12 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
     ``trainer_cpu`` the trainer runs on that CPU alone, and with ``cpus`` the
     host (every thread it makes from here) on those (``deploy.pin_trainers``).
     """
-    from fedsim.actors._workers import WorkerHandle
+    from fedsim.actors.workers import WorkerHandle
     from fedsim.scenario import scenario_hash
     from fedsim.wire.transport import ZmqContext, ipc_address
 
     if cpus:
-        _proc.pin_process(os.getpid(), cpus)
+        process.pin_process(os.getpid(), cpus)
     zmq_ctx = ZmqContext(max_message_bytes=-1 if sc.deploy.max_message_mb is None
                          else int(sc.deploy.max_message_mb * 1e6))
     hosts: list[ClientHost] = []   # the host, once made: the connection's state goes to it
@@ -635,7 +635,7 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
                            scenario_file, "trainer", clients, state, zygote=zygote,
                            cpus=None if trainer_cpu is None else {trainer_cpu})
     host = ClientHost(sc, name, clients, conn, trainer,
-                      fedsim_version=_proc.fedsim_version(),
+                      fedsim_version=process.fedsim_version(),
                       scenario_hash=scenario_hash(raw))
     hosts.append(host)
     for item in early:
@@ -663,13 +663,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpus", default=None, help="CPUs for this host (comma-separated)")
     args = ap.parse_args(argv)
     name = f"host-{args.host_id}"
-    if not _proc.become_child(args.parent, name):
+    if not process.become_child(args.parent, name):
         return 0
     with open(args.scenario) as fh:
         raw = json.load(fh)
     sc = parse(raw, args.scenario)
     clients = parse_id_list(args.clients)
-    return _proc.run_loop(serve_host(sc, args.scenario, raw, connect=args.connect, name=name,
+    return process.run_loop(serve_host(sc, args.scenario, raw, connect=args.connect, name=name,
                                      clients=clients, run_id=args.run_id,
                                      zygote=args.zygote, trainer_cpu=args.trainer_cpu,
                                      cpus=None if args.cpus is None else

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsim.actors._setup import build_data, build_model, model_shapes
 from fedsim.actors.checkpoint import load_checkpoint
 from fedsim.actors.host import ClientHost
 from fedsim.actors.server import Server
+from fedsim.actors.setup import build_data, build_model, model_shapes
 from fedsim.actors.worker import InlineWorker
 from fedsim.algorithms import flatten
 from fedsim.results.writer import read_events, write_json_atomic

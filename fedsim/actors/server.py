@@ -39,8 +39,6 @@ from typing import Any
 
 import torch
 
-from fedsim.actors._proc import freeze_heap, process_age, thaw_heap, to_foreground
-from fedsim.actors._server_gate import Gate, RecordBudget, Rejections, message_limit
 from fedsim.actors._server_hosts import HostSide
 from fedsim.actors._server_measure import Measurements
 from fedsim.actors._server_queue import (
@@ -55,10 +53,12 @@ from fedsim.actors._server_queue import (
     Tick,
 )
 from fedsim.actors._server_tasks import TaskBook, TaskRecord
-from fedsim.actors._setup import local_config
 from fedsim.actors.checkpoint import Checkpoints
 from fedsim.actors.hosts import HostTable, RateLimit
+from fedsim.actors.process import freeze_heap, process_age, thaw_heap, to_foreground
 from fedsim.actors.runstate import Progress, RunState
+from fedsim.actors.server_gate import Gate, RecordBudget, Rejections, message_limit
+from fedsim.actors.setup import local_config
 from fedsim.algorithms import ClientResult, get
 from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step
 from fedsim.results.phases import PhaseStats

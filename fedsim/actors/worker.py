@@ -32,9 +32,9 @@ import numpy as np
 import torch
 import zmq
 
-from fedsim.actors import _proc
+from fedsim.actors import process
 from fedsim.actors._requests import Preemption, Requests
-from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
+from fedsim.actors.setup import build_data, build_model, local_config, model_shapes
 from fedsim.algorithms import check_finite, failure_cause, get, local_train
 from fedsim.algorithms.api import Budget, ClientContext, LocalRun
 from fedsim.algorithms.local import load_vector
@@ -321,7 +321,7 @@ def run(sc: Scenario, endpoint: str, clients: list[int], state: str | None = Non
     # imports, and the federation's start with it), and it enters the class
     # after. Either way before its ZeroMQ I/O thread is made, which inherits it.
     if data is None:
-        _proc.yield_cpu_to_loops()
+        process.yield_cpu_to_loops()
     try:
         worker = Worker(sc, clients, state, data=data)
     except statefile.StateFileError as exc:   # --state holds a file it must not read
@@ -329,8 +329,8 @@ def run(sc: Scenario, endpoint: str, clients: list[int], state: str | None = Non
         return 2
     worker.warm_up()
     if data is not None:
-        _proc.yield_cpu_to_loops()
-    _proc.freeze_heap()  # a full collection mid-run would be a compute overrun
+        process.yield_cpu_to_loops()
+    process.freeze_heap()  # a full collection mid-run would be a compute overrun
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
     sock.connect(endpoint)
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", default=None, help="file for the clients' state (restarts)")
     ap.add_argument("--parent", type=int, default=None)
     args = ap.parse_args(argv)
-    if not _proc.become_child(args.parent, f"worker-{args.role}-{os.getpid()}"):
+    if not process.become_child(args.parent, f"worker-{args.role}-{os.getpid()}"):
         return 0
     with open(args.scenario) as fh:
         sc = parse(json.load(fh), args.scenario)

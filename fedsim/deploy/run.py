@@ -91,7 +91,7 @@ def run_server(sc: Scenario | None, *, bind: str, out: str | None, keys_dir: str
     """
     import torch
 
-    from fedsim.actors._proc import run_loop
+    from fedsim.actors.process import run_loop
 
     torch.set_num_threads(1)
     if resume is not None:
@@ -115,8 +115,8 @@ def run_clients(sc: Scenario, *, connect: str, ids: list[int], name: str,
     Returns the host's exit code (0 done, 3 the server went silent, 4 refused, 2 its
     torch worker did not start).
     """
-    from fedsim.actors._proc import run_loop
     from fedsim.actors.host import serve_host
+    from fedsim.actors.process import run_loop
 
     keys = client_keys(connect, keys_dir, name, insecure)
     data: dict[str, Any] = resolved(sc)

@@ -19,9 +19,9 @@ import pytest
 from actor_scenarios import build, of
 
 from fedsim.actors import worker as worker_module
-from fedsim.actors._setup import build_data
 from fedsim.actors.host import EXIT_REFUSED, ClientHost
 from fedsim.actors.inmemory import InMemoryRun, run_in_memory
+from fedsim.actors.setup import build_data
 from fedsim.algorithms import ClientResult
 from fedsim.scenario import Scenario
 from fedsim.wire.codec import encode_body, stamp

@@ -43,7 +43,7 @@ def _ds2(seed: int, delta: float, **client: object) -> dict:
 
 
 def _dominant_client(sc: Scenario) -> int:
-    from fedsim.actors._setup import build_data
+    from fedsim.actors.setup import build_data
 
     sizes = [len(c.y) for c in build_data(sc).clients]
     assert max(sizes) > 0.8 * sum(sizes)  # the case: one client holds most of the data

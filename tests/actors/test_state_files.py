@@ -16,9 +16,9 @@ import pytest
 import torch
 from actor_scenarios import build, of
 
-from fedsim.actors._setup import build_data, build_model, local_config
 from fedsim.actors.checkpoint import load_checkpoint
 from fedsim.actors.inmemory import VERSION, plan, run_in_memory
+from fedsim.actors.setup import build_data, build_model, local_config
 from fedsim.actors.worker import Worker
 from fedsim.algorithms import algorithm_names, flatten, get
 from fedsim.algorithms.api import ServerContext

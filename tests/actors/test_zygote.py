@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedsim.actors._workers import WorkerDied, WorkerHandle
+from fedsim.actors.workers import WorkerDied, WorkerHandle
 from fedsim.actors.zygote import Zygote, spawn
 from fedsim.scenario import parse, resolved
 from fedsim.wire.messages import Evaluate, Train, Trained

@@ -39,10 +39,10 @@ from typing import Any
 
 import msgpack
 
-from fedsim.actors import _proc
-from fedsim.actors._server_gate import message_limit
-from fedsim.actors._workers import WorkerHandle
+from fedsim.actors import process
 from fedsim.actors.host import ClientHost
+from fedsim.actors.server_gate import message_limit
+from fedsim.actors.workers import WorkerHandle
 from fedsim.algorithms import get
 from fedsim.deploy.run import client_keys
 from fedsim.fuzz import Fuzzer, _update_spec
@@ -69,7 +69,7 @@ async def _insider(args: argparse.Namespace, sc: Any, data: dict[str, Any],
     conn = zmq_ctx.connect(args.connect, None, keys)  # the server assigns its routing id
     trainer = WorkerHandle(zmq_ctx, ipc_address(f"insider-{os.getpid()}", "trainer"),
                            scenario_file, "trainer", ids)
-    host = ClientHost(sc, args.name, ids, conn, trainer, fedsim_version=_proc.fedsim_version(),
+    host = ClientHost(sc, args.name, ids, conn, trainer, fedsim_version=process.fedsim_version(),
                       scenario_hash=scenario_hash(data))
     report: dict[str, Any] = {"sent": Counter(), "honest_records": 0, "lied_updates": 0,
                               "flood_answered": 0, "prober": {}, "prober_answered": []}
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fedsim-insider-") as tmp:
         scenario_file = str(Path(tmp) / "scenario.json")
         Path(scenario_file).write_text(json.dumps(data))
-        result = _proc.run_loop(_insider(args, sc, data, scenario_file), sc.deploy.loop)
+        result = process.run_loop(_insider(args, sc, data, scenario_file), sc.deploy.loop)
     print(json.dumps({"insider": result}), flush=True)
     return int(result["exit"])
 

@@ -98,7 +98,7 @@ def test_pinned_trainers_have_a_cpu_of_their_own(tmp_path: Path) -> None:
     evaluator still idle-class); this process's CPUs given back after."""
     import psutil
 
-    from fedsim.actors._proc import can_leave_idle
+    from fedsim.actors.process import can_leave_idle
 
     mine = os.sched_getaffinity(0)
     cpus = sorted(mine)

@@ -54,7 +54,7 @@ class WorkerHandle:
     cpus
         CPUs that only this worker uses (``deploy.pin_trainers``): once it is
         ready, every thread of it is kept on them, at normal priority
-        (:func:`~fedsim.actors._proc.own_cpus`). None: where it was started.
+        (:func:`~fedsim.actors.process.own_cpus`). None: where it was started.
     """
 
     def __init__(self, zmq_ctx: ZmqContext, endpoint: str, scenario_file: str, role: str,
@@ -111,7 +111,7 @@ class WorkerHandle:
         if not isinstance(msg, WorkerReady):
             raise WorkerDied(f"{self.role} worker sent {type(msg).__name__} instead of ready")
         if self.cpus is not None and self.proc is not None:
-            from fedsim.actors._proc import own_cpus
+            from fedsim.actors.process import own_cpus
 
             own_cpus(self.proc.pid, self.cpus)
         self._tasks.append(asyncio.create_task(self._read()))
