@@ -40,7 +40,7 @@ from fedsim.scenario.overrides import Override
 
 if TYPE_CHECKING:
     from fedsim.actors.runstate import Progress
-    from fedsim.runner import RunControl
+    from fedsim.launch.runner import RunControl
     from fedsim.scenario import Scenario
 
 __all__ = ["aresume", "arun", "as_toml", "load", "open_run", "resume", "run"]
@@ -196,7 +196,7 @@ class _Job:
     def __init__(self, sc: Scenario | None, out: str | Path | None,
                  dilation: float | str | None, resume: str | Path | None,
                  progress: ProgressArg, plots: bool = True) -> None:
-        from fedsim.runner import RunControl
+        from fedsim.launch.runner import RunControl
 
         self.sc, self.out, self.dilation, self.resume = sc, out, dilation, resume
         self.plots = plots
@@ -204,7 +204,7 @@ class _Job:
         self.control: RunControl = RunControl()
 
     def __call__(self) -> RunResult:
-        from fedsim.runner import run_scenario
+        from fedsim.launch.runner import run_scenario
 
         try:
             result = run_scenario(self.sc, self.out, dilation=self.dilation,

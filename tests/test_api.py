@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import fedsim
-from fedsim import runner
 from fedsim.errors import OverrideError, RunFailed, RunInterrupted, ScenarioError
+from fedsim.launch import runner
 from fedsim.results.values import Metrics, RunResult, Summary
 from fedsim.results.writer import read_summary
 

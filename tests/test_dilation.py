@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from fedsim._turnaround import MAX_BURST, measure_turnaround
-from fedsim.dilation import calibrate_dilation, task_spec
+from fedsim.launch._turnaround import MAX_BURST, measure_turnaround
+from fedsim.launch.dilation import calibrate_dilation, task_spec
 from fedsim.scenario import Scenario, parse
 
 # tools/bench_overhead.py's task: 10 of 100 clients per round, instant devices, no delay

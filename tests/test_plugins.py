@@ -172,7 +172,7 @@ def test_a_plugin_model_fedsim_cannot_build_the_same_everywhere_is_refused(
 
 def test_a_plugin_that_fails_during_a_run_is_a_run_failed(
         clean_plugins: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from fedsim import runner
+    from fedsim.launch import runner
 
     def broken(*args: Any, **kw: Any) -> Any:
         raise ValueError("Invalid model 'mylab.nets:TinyMLP': it holds buffers")

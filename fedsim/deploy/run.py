@@ -1,6 +1,6 @@
 """``fedsim server`` and ``fedsim clients``: one federation across machines.
 
-Both are built on the same actors as ``fedsim run`` (:mod:`fedsim.runner`,
+Both are built on the same actors as ``fedsim run`` (:mod:`fedsim.launch.runner`,
 :mod:`fedsim.actors.host`); only who starts the client hosts differs. The
 server binds an address, client hosts connect to it from wherever they run,
 register (clock offset, version and scenario hash checked) and the
@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim.errors import DeployError
+from fedsim.launch.prep import finish, prepare, prepare_resume
+from fedsim.launch.runner import serve
 from fedsim.results.values import RunResult
-from fedsim.runner import finish, prepare, prepare_resume, serve
 from fedsim.scenario import Scenario, resolved
 from fedsim.wire.transport import ClientKeys, ServerKeys, is_loopback
 

@@ -22,19 +22,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim.errors import ResumeError
+from fedsim.launch.prep import finish, prepare, prepare_resume
 from fedsim.results.values import RunResult
 from fedsim.results.writer import write_json_atomic
-from fedsim.runprep import finish, new_run_dir, prepare, prepare_resume
 from fedsim.scenario import Scenario
 
 if TYPE_CHECKING:
-    from fedsim.actors._local_hosts import HostProcess
     from fedsim.actors.runstate import Progress
     from fedsim.actors.zygote import Zygote
+    from fedsim.launch.local_hosts import HostProcess
     from fedsim.wire.transport import ServerKeys
 
-__all__ = ["RunControl", "finish", "new_run_dir", "plan_hosts", "prepare",
-           "prepare_resume", "run_scenario", "serve"]
+__all__ = ["RunControl", "plan_hosts", "run_scenario", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,6 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     hosts already started (by :func:`run_scenario`, before it imported
     torch) for ``run_id``'s ipc address.
     """
-    from fedsim.actors._local_hosts import start_hosts
     from fedsim.actors.checkpoint import load_checkpoint
     from fedsim.actors.process import fedsim_version
     from fedsim.actors.server import Server
@@ -131,6 +129,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     from fedsim.actors.setup import build_data, build_model, model_shapes
     from fedsim.actors.workers import WorkerHandle
     from fedsim.algorithms import flatten, get
+    from fedsim.launch.local_hosts import start_hosts
     from fedsim.scenario import scenario_hash
     from fedsim.scenario.plugins import child_env
     from fedsim.wire.tensors import TensorSpec
@@ -296,7 +295,7 @@ def _run_here(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
               placement: tuple[set[int], list[int]] | None) -> dict[str, Any]:
     """The federation of :func:`run_scenario` (local hosts, a zygote, the server's loop);
     its summary. ``placement``: ``deploy.pin_trainers``' CPUs (the rest, the trainers')."""
-    from fedsim.actors._local_hosts import start_hosts
+    from fedsim.launch.local_hosts import start_hosts
     from fedsim.scenario.plugins import child_env
     from fedsim.wire.transport import ipc_address
 

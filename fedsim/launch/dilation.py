@@ -5,7 +5,7 @@ picks the smallest power of two at which this host's real work (local
 steps, the longest task, a round's message turnaround) fits inside what the
 scenario emulates; :func:`measure_step_time` times a few real local steps
 of the scenario's model. ``fedsim run`` calls them from
-:func:`fedsim.runprep.prepare`.
+:func:`fedsim.launch.prep.prepare`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fedsim._turnaround import measure_turnaround
+from fedsim.launch._turnaround import measure_turnaround
 from fedsim.scenario import Scenario
 
 __all__ = ["calibrate_dilation", "measure_step_time", "task_spec"]
@@ -86,7 +86,7 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
       at one instant, so the last one's lateness is the real time the
       round's messages take through the server's loop and a host's.
       ``turnaround`` is that time measured on this host at start-up
-      (:func:`fedsim._turnaround.measure_turnaround`: the algorithm's tasks
+      (:func:`fedsim.launch._turnaround.measure_turnaround`: the algorithm's tasks
       at once, as model-sized task messages, out to a second process and
       back as updates; median of 15 bursts). When there are more event
       loops (the server and the client hosts; torch workers run under

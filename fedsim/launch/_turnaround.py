@@ -1,14 +1,14 @@
 """How long a round's messages take through two processes on this host (``--dilation auto``).
 
 :func:`measure_turnaround` starts a second Python process (this module run as
-``python -m fedsim._turnaround ADDRESS LOOP PARENT MAX_BYTES``: an event loop of the
+``python -m fedsim.launch._turnaround ADDRESS LOOP PARENT MAX_BYTES``: an event loop of the
 scenario's kind, like a client host's), sends it bursts of task messages
 carrying the scenario's model over the scenario's transport, and times each
 burst until every message has come back as an update: the sender encodes
 each task, the echo decodes it and encodes an update from it, the sender
 decodes that. It is the work a synchronous round's tasks cost between the
 server's loop and a client host's, plus the wake-ups of a second process,
-at the machine's load of the moment; :func:`fedsim.dilation.calibrate_dilation`
+at the machine's load of the moment; :func:`fedsim.launch.dilation.calibrate_dilation`
 sizes the dilation for links too short to hide it.
 """
 
@@ -60,9 +60,9 @@ def measure_turnaround(sc: Scenario, spec: TensorSpec, messages: int, bursts: in
     else:
         sock.bind("tcp://127.0.0.1:0")
     address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    echo = subprocess.Popen([sys.executable, "-m", "fedsim._turnaround", address, sc.deploy.loop,
-                             str(os.getpid()), str(max_bytes)], stdin=subprocess.DEVNULL,
-                            env=child_env())
+    echo = subprocess.Popen([sys.executable, "-m", "fedsim.launch._turnaround", address,
+                             sc.deploy.loop, str(os.getpid()), str(max_bytes)],
+                            stdin=subprocess.DEVNULL, env=child_env())
     times: list[float] = []
     try:
         peer, _ = sock.recv_multipart()
@@ -117,7 +117,10 @@ async def _echo(address: str, max_bytes: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The echo process: ``python -m fedsim._turnaround ADDRESS LOOP PARENT_PID MAX_BYTES``."""
+    """The echo process.
+
+    ``python -m fedsim.launch._turnaround ADDRESS LOOP PARENT_PID MAX_BYTES``.
+    """
     from fedsim.actors import process
 
     address, loop, parent, max_bytes = (sys.argv[1:] if argv is None else argv)[:4]

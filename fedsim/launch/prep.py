@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fedsim.dilation import calibrate_dilation, measure_step_time
 from fedsim.errors import ResumeError
+from fedsim.launch.dilation import calibrate_dilation, measure_step_time
 from fedsim.results.writer import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
@@ -23,7 +23,7 @@ from fedsim.scenario import Scenario, resolved, to_toml, unused_keys
 
 __all__ = ["finish", "new_run_dir", "prepare", "prepare_resume"]
 
-log = logging.getLogger("fedsim.runner")
+log = logging.getLogger("fedsim.launch.runner")
 
 
 def new_run_dir(sc: Scenario, out: str | Path | None) -> Path:
