@@ -79,7 +79,7 @@ def test_load_takes_a_file_a_mapping_or_a_scenario_with_overrides() -> None:
 
 def test_a_runs_result_holds_its_summary_metrics_events_and_plots(
         tmp_path: Path, one_torch_thread: None) -> None:
-    from fedsim.actors.inmemory import run_in_memory
+    from fedsim.testing.federation import run_in_memory
 
     sc = fedsim.load(TINY, overrides={"run.time_budget": 2.0})
     run_in_memory(sc, tmp_path)

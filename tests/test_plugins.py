@@ -219,7 +219,7 @@ def one_torch_thread() -> Iterator[None]:
 
 def test_the_example_federates_on_virtual_time(mylab: None, one_torch_thread: None,
                                                tmp_path: Path) -> None:
-    from fedsim.actors.inmemory import run_in_memory
+    from fedsim.testing.federation import run_in_memory
 
     sc = fedsim.load(SCENARIO, overrides={"run.time_budget": 3.0})
     run = run_in_memory(sc, tmp_path)

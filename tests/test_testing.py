@@ -15,10 +15,8 @@ import time
 
 import pytest
 
-from fedsim.testing import (
-    MemoryConnection,
-    MemoryNetwork,
-    Packet,
+from fedsim.testing.memory_network import MemoryConnection, MemoryNetwork, Packet
+from fedsim.testing.virtual_time import (
     VirtualTimeDeadlock,
     VirtualTimeLoop,
     make_timers,

@@ -18,7 +18,7 @@ Interfaces
 ----------
 :class:`Endpoint` (the server's ROUTER: many peers, each with an identity)
 and :class:`Connection` (a host's DEALER, or the PAIR between a process and
-its torch worker). :mod:`fedsim.testing` implements both in memory, so the
+its torch worker). :mod:`fedsim.testing.memory_network` implements both in memory, so the
 actors run in-process on virtual time in tests.
 
 Bounds
@@ -399,7 +399,7 @@ class ZmqConnection:
 
     ``recv`` and ``send`` raise :class:`ConnectionError` once :meth:`close`
     was called (also a ``recv`` waiting then), as the in-memory connection
-    of :mod:`fedsim.testing` does.
+    of :mod:`fedsim.testing.memory_network` does.
 
     A DEALER's state (:meth:`watch_state`) comes from its socket monitor:
     ``connected`` when a handshake succeeds (the detail says ``again`` after
@@ -534,7 +534,7 @@ class ZmqEndpoint:
     hears of every key refused and every other failed handshake, once each.
     ``recv`` and ``send`` raise :class:`ConnectionError` once :meth:`close`
     was called (also a ``recv`` waiting then), as the in-memory endpoint of
-    :mod:`fedsim.testing` does.
+    :mod:`fedsim.testing.memory_network` does.
 
     The monitor's events carry no peer address (libzmq 4.3 reports the bound
     endpoint), so the peer is read from the accepted socket

@@ -12,7 +12,6 @@ import pytest
 import torch
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import run_in_memory
 from fedsim.algorithms import ClientResult
 from fedsim.algorithms import api as algorithms_api
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
@@ -20,6 +19,7 @@ from fedsim.algorithms.fedavg import fedavg_aggregate
 from fedsim.algorithms.fedbuff import FedBuff
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.testing.federation import run_in_memory
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,6 @@ from actor_scenarios import build, of
 
 from fedsim.actors.host import _fitting
 from fedsim.actors.hosts import HostTable
-from fedsim.actors.inmemory import ADDRESS, InMemoryRun, run_in_memory
 from fedsim.actors.server_gate import (
     BASE,
     PER_CHANGE,
@@ -32,6 +31,7 @@ from fedsim.actors.server_gate import (
     message_limit,
 )
 from fedsim.algorithms import get
+from fedsim.testing.federation import ADDRESS, InMemoryRun, run_in_memory
 from fedsim.wire.codec import MAX_HEADER_BYTES, decode, encode, encode_body, max_message_bytes
 from fedsim.wire.messages import ClockProbe, Event, EventBatch, HostHello
 from fedsim.wire.tensors import TensorSpec

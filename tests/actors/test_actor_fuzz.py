@@ -1,6 +1,6 @@
 """Thousands of hostile frames from an authenticated insider: the run goes on, every one counted.
 
-The fuzzer (:mod:`fedsim.fuzz`) speaks through host-1's own connection, so
+The fuzzer (:mod:`fedsim.testing.fuzz`) speaks through host-1's own connection, so
 its frames pass the authentication and sequence checks and reach every
 handler behind them. The same federation without the fuzzer is the
 reference: on virtual time both are deterministic, so what the fuzzer
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import InMemoryRun, run_in_memory
-from fedsim.fuzz import Fuzzer
+from fedsim.testing.federation import InMemoryRun, run_in_memory
+from fedsim.testing.fuzz import Fuzzer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,10 +20,10 @@ from actor_scenarios import build, of
 
 from fedsim.actors import worker as worker_module
 from fedsim.actors.host import EXIT_REFUSED, ClientHost
-from fedsim.actors.inmemory import InMemoryRun, run_in_memory
 from fedsim.actors.setup import build_data
 from fedsim.algorithms import ClientResult
 from fedsim.scenario import Scenario
+from fedsim.testing.federation import InMemoryRun, run_in_memory
 from fedsim.wire.codec import encode_body, stamp
 from fedsim.wire.messages import Message, Update, WorkerReady
 

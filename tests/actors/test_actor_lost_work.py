@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import run_in_memory
 from fedsim.results.timeline import build_timeline
 from fedsim.results.values import Summary
 from fedsim.scenario import Scenario, parse
+from fedsim.testing.federation import run_in_memory
 
 pytestmark = pytest.mark.timeout(120)
 

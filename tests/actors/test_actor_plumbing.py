@@ -21,7 +21,8 @@ import pytest
 
 from fedsim.actors import process
 from fedsim.actors.workers import WorkerHandle
-from fedsim.testing import MemoryConnection, MemoryNetwork, run_virtual
+from fedsim.testing.memory_network import MemoryConnection, MemoryNetwork
+from fedsim.testing.virtual_time import run_virtual
 from fedsim.wire.codec import decode, encode
 from fedsim.wire.messages import Evaluate, Evaluated, Shutdown, WorkerReady
 from fedsim.wire.tensors import Model, TensorSpec

@@ -17,7 +17,7 @@ import torch
 from actor_scenarios import build, of
 
 from fedsim.actors import worker as worker_module
-from fedsim.actors.inmemory import run_in_memory
+from fedsim.testing.federation import run_in_memory
 from fedsim.wire.messages import Trained
 from fedsim.wire.tensors import to_model
 

@@ -21,10 +21,10 @@ import pytest
 from actor_scenarios import build, of
 
 from fedsim.actors.host import ClientHost
-from fedsim.actors.inmemory import InMemoryRun, run_in_memory
 from fedsim.actors.runstate import _pack_counts, _unpack_counts
 from fedsim.algorithms.flows import AsyncFlow
-from fedsim.testing import MemoryNetwork, Packet
+from fedsim.testing.federation import InMemoryRun, run_in_memory
+from fedsim.testing.memory_network import MemoryNetwork, Packet
 from fedsim.wire.codec import decode
 from fedsim.wire.messages import EventBatch, HostHello
 

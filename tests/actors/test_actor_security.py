@@ -19,7 +19,7 @@ import pytest
 from actor_scenarios import build, of
 
 from fedsim.actors.host import EXIT_REFUSED
-from fedsim.actors.inmemory import InMemoryRun, run_in_memory
+from fedsim.testing.federation import InMemoryRun, run_in_memory
 from fedsim.wire.codec import encode
 from fedsim.wire.messages import ClockProbe, Event, EventBatch, Ready, Update
 from fedsim.wire.tensors import Model

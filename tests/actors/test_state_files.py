@@ -17,12 +17,12 @@ import torch
 from actor_scenarios import build, of
 
 from fedsim.actors.checkpoint import load_checkpoint
-from fedsim.actors.inmemory import VERSION, plan, run_in_memory
 from fedsim.actors.setup import build_data, build_model, local_config
 from fedsim.actors.worker import Worker
 from fedsim.algorithms import algorithm_names, flatten, get
 from fedsim.algorithms.api import ServerContext
 from fedsim.scenario import resolved, scenario_hash
+from fedsim.testing.federation import VERSION, plan, run_in_memory
 from fedsim.wire import statefile
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ clients train and upload as any host's do), but it lies about every update
 one ahead of its task's, its sample count 10^12), and, ``--delay`` real seconds
 after the start, it attacks the server over its own registered connection:
 
-1. hostile frames from :class:`fedsim.fuzz.Fuzzer` whose reasons are known:
+1. hostile frames from :class:`fedsim.testing.fuzz.Fuzzer` whose reasons are known:
    a NaN model, a wrong shape, an impossible send time;
 2. oversize frames: an envelope over 64 bytes, headers over their limit (an
    event batch's, an update's), a message whose frames together exceed
@@ -45,9 +45,9 @@ from fedsim.actors.server_gate import message_limit
 from fedsim.actors.workers import WorkerHandle
 from fedsim.algorithms import get
 from fedsim.deploy.run import client_keys
-from fedsim.fuzz import Fuzzer, _update_spec
 from fedsim.scenario import load, resolved, scenario_hash
 from fedsim.scenario.ids import parse_ids
+from fedsim.testing.fuzz import Fuzzer, _update_spec
 from fedsim.wire.codec import encode, encode_body, stamp
 from fedsim.wire.messages import SCHEMA_VERSION, ClockProbe, Event, EventBatch, Message, Update
 from fedsim.wire.transport import ZmqContext, ipc_address

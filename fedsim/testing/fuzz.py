@@ -290,7 +290,7 @@ def _update_spec(host: Any, sc: Any) -> TensorSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fedsim.fuzz``: a client host whose connection also carries hostile frames.
+    """``python -m fedsim.testing.fuzz``: a client host whose connection carries hostile frames too.
 
     Its clients are honest (they train and upload like any host's); after
     ``--delay`` seconds of federation it sends ``--frames`` hostile frames at

@@ -2,10 +2,10 @@
 
 The same :class:`~fedsim.actors.server.Server` and
 :class:`~fedsim.actors.host.ClientHost` that ``fedsim run`` starts in
-separate processes, joined by a :class:`~fedsim.testing.MemoryNetwork`
+separate processes, joined by a :class:`~fedsim.testing.memory_network.MemoryNetwork`
 instead of ZeroMQ, with torch work done in-process
 (:class:`~fedsim.actors.worker.InlineWorker`) and every clock on a
-:class:`~fedsim.testing.VirtualTimeLoop`: emulated time jumps from one
+:class:`~fedsim.testing.virtual_time.VirtualTimeLoop`: emulated time jumps from one
 timer to the next, so a minute of federation takes a fraction of a second
 of real time, and timer lateness is exactly zero. Training takes no
 emulated time beyond the device's compute budget, so there are no overruns.
@@ -35,7 +35,8 @@ from fedsim.actors.worker import InlineWorker
 from fedsim.algorithms import flatten
 from fedsim.results.writer import read_events, write_json_atomic
 from fedsim.scenario import Scenario, resolved, scenario_hash
-from fedsim.testing import MemoryNetwork, Packet, run_virtual
+from fedsim.testing.memory_network import MemoryNetwork, Packet
+from fedsim.testing.virtual_time import run_virtual
 from fedsim.wire.tensors import TensorSpec
 
 __all__ = ["InMemoryRun", "run_in_memory"]
