@@ -101,3 +101,32 @@ def test_no_module_reexports_a_name_under_an_old_path():
             if isinstance(node, ast.ImportFrom) and any(a.asname == a.name for a in node.names):
                 offenders.append(f"{module}: line {node.lineno}")
     assert offenders == []
+
+
+def _private_owner(name: str) -> str | None:
+    """The package that private module ``name`` belongs to (its first ``_x`` part's parent)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def test_no_module_imports_another_packages_private_module():
+    """A module named ``_x`` is private to its package (and the packages inside it).
+
+    What another package needs has a public name: process plumbing
+    (``fedsim.actors.process``), a run's set-up (``fedsim.actors.setup``),
+    client-id ranges (``fedsim.scenario.ids``), ``netem.libc``.
+    """
+    offenders, private = [], 0
+    for module, path in MODULES.items():
+        for name in sorted(_edges(module, path)):
+            owner = _private_owner(name)
+            if owner is None:
+                continue
+            private += 1
+            if not (module == owner or module.startswith(owner + ".")):
+                offenders.append(f"{module} imports {name}")
+    assert private > 20  # the check sees the private imports that are allowed
+    assert offenders == []
