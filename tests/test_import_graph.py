@@ -1,4 +1,4 @@
-"""fedsim's import graph has no cycles, and no module re-exports another's names.
+"""fedsim's import graph: no cycle (between modules or packages), no re-export, no private reach.
 
 Every module of fedsim and netem is found with :func:`pkgutil.walk_packages`
 and its imports read with :mod:`ast`, all of them (module level, under
@@ -130,3 +130,29 @@ def test_no_module_imports_another_packages_private_module():
                 offenders.append(f"{module} imports {name}")
     assert private > 20  # the check sees the private imports that are allowed
     assert offenders == []
+
+
+def _unit(module: str) -> str:
+    """The package (``fedsim.wire``, ``netem``) or loose module (``fedsim.api``) of ``module``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "fedsim" and len(parts) > 1 else parts[0]
+
+
+def test_the_packages_form_layers():
+    """Between fedsim's packages and loose modules the imports have no cycle either.
+
+    So they stack: the algorithms at the bottom, the wire and the scenario
+    below the actors, the actors below launch, deploy, sweep and testing. The
+    ``fedsim`` package itself is left out: it gathers the API's names on first use.
+    """
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        if module == "fedsim":
+            continue
+        unit = _unit(module)
+        graph.setdefault(unit, set()).update(
+            _unit(e) for e in _edges(module, path) if e != "fedsim" and _unit(e) != unit)
+    assert {"fedsim.wire", "fedsim.scenario", "fedsim.actors", "fedsim.launch"} <= set(graph)
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+    assert "fedsim.actors" not in graph["fedsim.results"]  # results are read without the actors
+    assert "fedsim.actors" not in graph["fedsim.wire"] | graph["fedsim.scenario"]

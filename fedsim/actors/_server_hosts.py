@@ -4,7 +4,7 @@
 mixin: it holds no state of its own and declares what of the server's it
 uses). Every message a host sends is checked before it is unpacked (a
 routing id the server assigned, the envelope, its sender's budgets, its
-header's size: :mod:`._server_gate`), then decoded, checked (its host,
+header's size: :mod:`.server_gate`), then decoded, checked (its host,
 sequence number, rate and size) and routed here: control messages (registration,
 clock probes, event batches, goodbyes) are handled at once, and a client's
 message is held by the timer heap until that client's emulated uplink

@@ -15,14 +15,18 @@ run in one ``asyncio.TaskGroup``: a reader that crashes ends the run with a
 logged error and a written summary.
 
 :class:`Server` is this module's run, event loop and decisions, plus three
-parts (mixins that hold no state of their own) in their own modules:
-:mod:`._server_hosts` (registration, the reader and its checks, the
-uplinks, sending, the hosts' goodbyes), :mod:`.checkpoint` (writing and
-restoring checkpoints; :func:`~fedsim.actors.checkpoint.load_checkpoint`,
-also importable from here) and :mod:`._server_measure` (the fidelity
-verdict and the totals). What its queue carries is in :mod:`._server_queue`;
-the limits its reader applies before it unpacks a message (sizes, budgets,
-the rejections' log) are in :mod:`._server_gate`.
+parts (mixins) in their own modules: :mod:`._server_hosts` (registration,
+the reader and its checks, the uplinks, sending, the hosts' goodbyes),
+:mod:`.checkpoint` (writing and restoring checkpoints; its home also holds
+:func:`~fedsim.actors.checkpoint.load_checkpoint`, which a resumed run calls
+before the server exists) and :mod:`._server_measure` (the fidelity verdict
+and the totals). Each part declares the server's attributes it uses;
+:meth:`Server.__init__` sets them all, except the checkpoint writer's own
+(its thread, the write in flight, a failed write's error), which
+:class:`~fedsim.actors.checkpoint.Checkpoints` keeps. What the queue
+carries is in :mod:`._server_queue`; the limits its reader applies before
+it unpacks a message (sizes, budgets, the rejections' log) are in
+:mod:`.server_gate`.
 """
 
 from __future__ import annotations

@@ -286,7 +286,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         if _is_timerfd(fd):
             raise RuntimeError(
                 "virtual time: a timerfd runs on the real clock; build the TimerHeap "
-                "with use_timerfd=False (fedsim.testing.make_timers does)"
+                "with use_timerfd=False (fedsim.testing.virtual_time.make_timers does)"
             )
         super().add_reader(fd, callback, *args)
 
