@@ -243,7 +243,8 @@ class TimerHeap:
             # woken every few ms (a warm CPU) hardly spins, one after a quiet
             # spell (a cold CPU, a late wake-up) spins up to the margin
             wake = deadline - min(self._margin, SPIN_SHARE * max(0.0, deadline - self._last_wake))
-            self._wake_at = wake
+            # a wake-up already due fires at once: its latency is counted from now
+            self._wake_at = max(wake, self.clock.real()) if self._spin_max > 0 else wake
             sec = int(wake)
             nsec = int((wake - sec) * 1e9)
             spec = self._spec
