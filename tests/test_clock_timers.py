@@ -52,3 +52,47 @@ async def test_dilated_sleep_takes_dilated_real_time() -> None:
     elapsed = clock.real() - t0
     assert 0.099 <= elapsed < 0.2
     heap.close()
+
+
+async def test_a_spinning_heap_wakes_before_its_deadline_and_never_fires_early() -> None:
+    """The timerfd is armed up to the margin before a deadline after a quiet
+    spell; the rest is busy-waited, so no callback runs before its deadline."""
+    clock = Clock()
+    lateness: list[float] = []
+    heap = TimerHeap(clock, spin_max=0.005, on_lateness=lateness.append)
+    assert heap.kind == "timerfd"
+    for _ in range(5):
+        deadline = clock.now() + 0.1   # a quiet spell: 5 % of it is 5 ms
+        fired: list[float] = []
+        heap.call_at(deadline, lambda out=fired: out.append(clock.now()))
+        assert heap._wake_at < clock.to_real(deadline)   # armed early
+        await heap.sleep_until(deadline + 0.01)
+        assert len(fired) == 1
+        assert fired[0] >= deadline
+    assert all(x >= 0 for x in lateness)
+    assert heap.spun > 0
+    heap.close()
+
+
+async def test_a_heap_woken_often_spins_at_most_its_share_of_the_time() -> None:
+    clock = Clock()
+    heap = TimerHeap(clock, spin_max=0.005)
+    t0 = clock.real()
+    for _ in range(100):   # a wake-up every 2 ms: a warm CPU
+        await heap.sleep_until(clock.now() + 0.002)
+    elapsed = clock.real() - t0
+    # SPIN_SHARE (5 %) of each gap, plus what a late wake-up left to spin
+    assert heap.spun <= 0.05 * elapsed + 0.005, (heap.spun, elapsed)
+    heap.close()
+
+
+async def test_only_a_real_timerfd_heap_spins() -> None:
+    clock = Clock()
+    heap = TimerHeap(clock, use_timerfd=False, spin_max=0.005)
+    for _ in range(5):
+        await heap.sleep_until(clock.now() + 0.02)
+    assert heap.spun == 0
+    assert heap.wake_latency_max == 0
+    heap.close()
+    with pytest.raises(ValueError, match="Invalid spin_max: -1"):
+        TimerHeap(clock, spin_max=-1)

@@ -87,7 +87,7 @@ from fedsim.wire.transport import ClientKeys, Connection
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.lossprocess import LossStats
-from netem.timers import TimerHeap
+from netem.timers import SPIN_MAX, TimerHeap
 
 __all__ = ["ClientHost", "main", "serve_host"]
 
@@ -488,7 +488,7 @@ class ClientHost:
         clock = Clock(dilation=start.dilation, epoch=start.epoch - self.clock_offset)
         clock._real_clock = self.real_clock
         self.clock = clock
-        self.timers = TimerHeap(clock, use_timerfd=self.use_timerfd)
+        self.timers = TimerHeap(clock, use_timerfd=self.use_timerfd, spin_max=SPIN_MAX)
         self.monitor = FidelityMonitor(dilation=start.dilation)
         self.server_id = start.server
         self.model_spec = start.spec

@@ -75,7 +75,7 @@ from fedsim.wire.transport import Endpoint
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.link import Link
-from netem.timers import TimerHeap
+from netem.timers import SPIN_MAX, TimerHeap
 
 __all__ = ["Server"]
 
@@ -262,7 +262,7 @@ class Server(HostSide, Checkpoints, Measurements):
             self._add_link(c)
         freeze_heap()  # the set-up's objects: no collection of the run walks them
         self.clock = self._clock(0.05 - t0 * self.dilation)
-        self.timers = TimerHeap(self.clock, use_timerfd=self.use_timerfd)
+        self.timers = TimerHeap(self.clock, use_timerfd=self.use_timerfd, spin_max=SPIN_MAX)
         self.state = state = self._new_state(self.clock)
         age = process_age()   # launch to t0 (the clock starts 50 ms from now)
         state.startup_s = None if age is None else round(age + 0.05, 3)
