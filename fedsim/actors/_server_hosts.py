@@ -47,7 +47,7 @@ from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids
 from fedsim.scenario.network import NetPlan
-from fedsim.wire.codec import Body, decode, encode, encode_body, peek, stamp
+from fedsim.wire.codec import Body, decode, encode, encode_body, model_cost, peek, stamp
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import (
     Average,
@@ -416,7 +416,7 @@ class HostSide:
             link = self.links[cid] = self.plan.make_link(cid, "up", self._shared_up)
         return link
 
-    def _down_delivery(self, cid: int, now: float, frames: list[Any]) -> float | None:
+    def _down_delivery(self, cid: int, now: float, nbytes: int) -> float | None:
         """When ``cid``'s downlink delivers a message sent now: its emulated delivery.
 
         The server keeps a copy of every client's downlink: the same netem
@@ -434,7 +434,7 @@ class HostSide:
             link = self.down_links[cid] = self.plan.make_link(cid, "down")
         if link is None:
             return None
-        d = link.schedule(now, sum(memoryview(f).nbytes for f in frames))
+        d = link.schedule(now, nbytes)
         return None if d.dropped else d.t_deliver
 
     def _availability(self, cid: int) -> Any:
@@ -549,16 +549,20 @@ class HostSide:
                             host_step_time=self.sc.devices.host_step_time,
                             server=self.incarnation, t0=t0))
 
-    def _send_later(self, cid: int, body: Any, fields: dict[str, Any],
+    def _send_later(self, cid: int, msg: Body | Task, fields: dict[str, Any],
                     steps: int | None = None) -> None:
-        task = asyncio.ensure_future(self._send(self._now(), cid, body, steps=steps, **fields))
+        task = asyncio.ensure_future(self._send(self._now(), cid, msg, steps=steps, **fields))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
-    async def _send(self, now: float, cid: int, body: Any, *, steps: int | None = None,
+    async def _send(self, now: float, cid: int, msg: Body | Task, *, steps: int | None = None,
                     **fields: Any) -> None:
         """Stamp and send one message to a client through its host; log it.
 
+        ``msg`` is an encoded message, or a task: encoded here, with its
+        version's model when the client's host does not hold it yet
+        (:mod:`fedsim.wire.payloads`), without it when it does; either way its
+        size, for the links and the counts, is the task's with its model.
         A task (``steps``: its local work's steps) is noted in the record
         with its emulated delivery at the client, from the server's copy of
         the client's downlink (:meth:`_down_delivery`); where that is not
@@ -567,10 +571,18 @@ class HostSide:
         """
         assert self.state is not None
         peer = self.hosts.owner(cid)
+        owner = self.hosts.owner_info(cid)
+        if isinstance(msg, Task):
+            assert msg.model is not None
+            inline = owner is not None and owner.sent.needs(msg.version)
+            body = self._encode(msg if inline else msg.with_model(None))
+            nbytes = body.nbytes if inline else body.nbytes + model_cost(msg.model)
+        else:
+            body, nbytes = msg, msg.nbytes
         frames = stamp(body, sent_at=now, seq=next(self.seq))
         # scheduled on the copy of the downlink now, in the order of the sends: the
         # host's link schedules the messages to a client in the order they arrive
-        delivered = self._down_delivery(cid, now, frames)
+        delivered = self._down_delivery(cid, now, nbytes)
         try:
             if peer is None:
                 raise PeerGone(f"no host runs client {cid}")
@@ -583,15 +595,15 @@ class HostSide:
             return
         if steps is not None:
             if delivered is None:
-                delivered = now + self.plan.least_transfer(cid, "down", body.nbytes, now)
+                delivered = now + self.plan.least_transfer(cid, "down", nbytes, now)
             self.tasks.sent(cid, TaskRecord(
                 task_id=fields["task_id"], version=fields["version"], round=fields["round"],
                 delivered=delivered, steps=steps))
-        self.state.bytes_down += body.nbytes
-        owner = self.hosts.owner_info(cid)
+        self.state.bytes_down += nbytes
+        self.state.wire_bytes_down += body.nbytes
         if owner is not None:
             self.records.sent(cid, owner.name)
-        self.state.event(now, "send", client=cid, dir="down", bytes=body.nbytes, sent_at=now,
+        self.state.event(now, "send", client=cid, dir="down", bytes=nbytes, sent_at=now,
                          **fields)
 
     # -- liveness and the end ------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from fedsim.actors.runstate import RunState
-from fedsim.algorithms.api import ServerAlgorithm, Step
+from fedsim.algorithms.api import ServerAlgorithm, Step, TaskMaker
 from fedsim.results.writer import CHECKPOINT_FILE, CHECKPOINT_FORMAT, OLD_CHECKPOINT_HELP
 from fedsim.scenario import Scenario
 from fedsim.wire import statefile
@@ -57,7 +57,7 @@ class Checkpoints:
     scenario_hash: str
     strategy: ServerAlgorithm
     state: RunState | None
-    task_ids: itertools.count[int]
+    make_task: TaskMaker
     clamped: int
     _aggregations_since_checkpoint: int
     _checkpoint_real: float
@@ -86,7 +86,7 @@ class Checkpoints:
             "format": CHECKPOINT_FORMAT, "t": now, "fedsim_version": self.fedsim_version,
             "scenario_hash": self.scenario_hash, "version": self.strategy.version,
             "strategy": self.strategy.state_dict(), "run": self.state.checkpoint_state(),
-            "next_task_id": next(self.task_ids), "clamped": self.clamped,
+            "next_task_id": next(self.make_task.ids), "clamped": self.clamped,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         }
         payload = statefile.encode(data, "checkpoint")
@@ -131,7 +131,7 @@ class Checkpoints:
         assert self.state is not None
         self.strategy.load_state_dict(ckpt["strategy"])
         self.state.restore(ckpt["run"])
-        self.task_ids = itertools.count(int(ckpt["next_task_id"]))
+        self.make_task.ids = itertools.count(int(ckpt["next_task_id"]))
         self.clamped = int(ckpt.get("clamped", 0))
         random.setstate(ckpt["rng"]["python"])
         torch.set_rng_state(ckpt["rng"]["torch"])

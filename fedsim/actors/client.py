@@ -44,9 +44,7 @@ from fedsim.wire.messages import (
     Message,
     Ready,
     Task,
-    Train,
     Trained,
-    Update,
 )
 from fedsim.wire.tensors import Model, TensorSpec
 from netem.clock import Clock
@@ -54,7 +52,29 @@ from netem.fidelity import FidelityMonitor
 from netem.link import Link
 from netem.timers import TimerHeap
 
-__all__ = ["ClientActor", "HostServices"]
+__all__ = ["ClientActor", "HostServices", "Received", "Trainer"]
+
+
+class Trainer(Protocol):
+    """What a client actor uses of its host's trainer
+    (:class:`fedsim.actors.workers.WorkerHandle`, or an in-process
+    :class:`fedsim.actors.worker.InlineWorker`)."""
+
+    def next_id(self) -> int:
+        """A fresh request id."""
+        ...
+
+    async def train(self, frames: list[Any]) -> Message:
+        """Send a task's frames (due time and request id in the envelope); await the reply."""
+        ...
+
+    async def request(self, msg: Message) -> Message:
+        """Send a request (an Advance); await the reply."""
+        ...
+
+    def upload(self, request_id: int) -> list[Any] | None:
+        """The frames of the update the reply to ``request_id`` uploads (None: none)."""
+        ...
 
 
 class HostServices(Protocol):
@@ -65,7 +85,7 @@ class HostServices(Protocol):
     clock: Clock
     timers: TimerHeap
     monitor: FidelityMonitor
-    trainer: Any
+    trainer: Trainer
     model_spec: TensorSpec
     overruns: int
     compute_deadlines: int
@@ -77,6 +97,14 @@ class HostServices(Protocol):
 
     async def send(self, msg: Message) -> None:
         """Send a client's message to the server."""
+        ...
+
+    async def forward(self, frames: list[Any], client: int) -> None:
+        """Send a client's update, as its trainer encoded it, to the server."""
+        ...
+
+    def task_frames(self, rec: Received, due: float, request_id: int) -> list[Any]:
+        """A task's frames for the trainer, stamped with its due time and request id."""
         ...
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -104,7 +132,21 @@ class _Stop:
     """Inbox marker: the host is stopping."""
 
 
-Inbox = Task | Average | _Back | _Stop
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A task as it reached its host: the task (with its version's model), the frames it
+    came in (forwarded to the trainer as they are) and whether they carry the model."""
+
+    task: Task
+    frames: list[Any]
+    inline: bool
+
+    @property
+    def version(self) -> int:
+        return self.task.version
+
+
+Inbox = Received | Average | _Back | _Stop
 
 
 class ClientActor:
@@ -203,9 +245,9 @@ class ClientActor:
                 if isinstance(msg, _Stop):
                     self.stopped = True
                     break
-                if isinstance(msg, Task) and self.away:
+                if isinstance(msg, Received) and self.away:
                     self.held.append(msg)  # it went away with the task in its inbox
-                elif isinstance(msg, Task):
+                elif isinstance(msg, Received):
                     await self.on_task(msg)
                 elif isinstance(msg, _Back):
                     await self._announce(msg.reset)
@@ -256,7 +298,7 @@ class ClientActor:
         if back is not None and not back.done():
             back.set_result(None)
         self.host.emit("back", client=self.cid, why=why, held=len(self.held))
-        has_task = any(isinstance(m, Task) for m in self.held)
+        has_task = any(isinstance(m, Received) for m in self.held)
         for msg in self.held:
             self._post(msg)
         self.held = []
@@ -297,7 +339,7 @@ class ClientActor:
             await self.host.send(Ready(client=self.cid, reset=reset))
 
     # -- network --------------------------------------------------------------
-    def arrived(self, msg: Task | Average, meta: Any) -> None:
+    def arrived(self, msg: Received | Average, meta: Any) -> None:
         """A message for this client reached its host: schedule it on the downlink."""
         d = self.down.schedule(meta.sent_at, meta.nbytes)
         if d.dropped:
@@ -306,7 +348,7 @@ class ClientActor:
             return
         self.host.timers.call_at(d.t_deliver, self._deliver, msg, meta, d, self.generation)
 
-    def _deliver(self, msg: Task | Average, meta: Any, d: Any, generation: int) -> None:
+    def _deliver(self, msg: Received | Average, meta: Any, d: Any, generation: int) -> None:
         host = self.host
         now = host.clock.now()
         host.monitor.record_delivery(self.kind, d, now)
@@ -356,7 +398,7 @@ class ClientActor:
         """
         assert self.inbox
         item, posted = self.inbox.popleft()
-        if posted is not None and isinstance(item, Task | Average):
+        if posted is not None and isinstance(item, Received | Average):
             self.host.phases.add("queueing.hosts", perf_counter() - posted)
         return item
 
@@ -371,9 +413,10 @@ class ClientActor:
         return self._take()
 
     # -- work -----------------------------------------------------------------
-    async def on_task(self, task: Task) -> None:
+    async def on_task(self, rec: Received) -> None:
         """Run a task's local work, piece by piece, and send its uploads."""
         host = self.host
+        task = rec.task
         t0 = host.clock.now()
         away0 = self._away_total()
         gen = self.generation
@@ -396,10 +439,8 @@ class ClientActor:
                 self._come_back("resume")
             return
         due = t0 + self.device.mean_step() * host.expected_steps(task, self.num_samples)
-        reply = await host.trainer.request(Train(
-            request_id=host.trainer.next_id(), client=self.cid, task_id=task.task_id,
-            version=task.version, round=task.round, work=task.work, model=task.model,
-            due=due))
+        rid = host.trainer.next_id()
+        reply = await host.trainer.train(host.task_frames(rec, due, rid))
         while True:
             if not isinstance(reply, Trained):
                 reason = getattr(reply, "reason", repr(reply))
@@ -451,13 +492,9 @@ class ClientActor:
                     await host.timers.sleep_until(until)
                     self._come_back("resume", announce=False)
             await self._until_back()  # away: no compute, no traffic until back
-            if reply.upload is not None:
-                r = reply.upload_round
-                await host.send(Update(
-                    client=self.cid, task_id=task.task_id,
-                    base_version=task.version if r is None else r,
-                    round=task.round if r is None else r, num_samples=self.num_samples,
-                    steps=reply.steps, loss=reply.loss, model=reply.upload))
+            upload = host.trainer.upload(rid)
+            if upload is not None:
+                await host.forward(upload, self.cid)
             if reply.next == "done":
                 return
             averages = await self._averages(reply.wait_round if reply.next == "wait" else None)
@@ -472,9 +509,9 @@ class ClientActor:
             if rounds:
                 flat = np.concatenate([averages[r].model.flat() for r in rounds])
                 model = Model.from_flat(flat, host.model_spec.repeated(len(rounds)))
+            rid = host.trainer.next_id()
             reply = await host.trainer.request(Advance(
-                request_id=host.trainer.next_id(), client=self.cid, rounds=rounds,
-                model=model, due=t0))
+                request_id=rid, client=self.cid, rounds=rounds, model=model, due=t0))
 
     async def _averages(self, wait_round: int | None) -> dict[int, Average] | None:
         """Round averages that arrived (waiting for ``wait_round`` first); None: stop."""

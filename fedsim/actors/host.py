@@ -41,12 +41,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from time import perf_counter
 from typing import Any, TypeVar
 
 from fedsim.actors import process
 from fedsim.actors._refusal import Refusal
-from fedsim.actors.client import ClientActor
+from fedsim.actors.client import ClientActor, Received
 from fedsim.actors.server_gate import BYE_HEADER_BYTES
 from fedsim.actors.setup import local_config
 from fedsim.results.phases import PHASES, PhaseStats
@@ -62,6 +63,8 @@ from fedsim.wire.codec import (
     encode_body,
     header_bound,
     max_message_bytes,
+    model_cost,
+    restamp,
     stamp,
 )
 from fedsim.wire.errors import WireError
@@ -82,6 +85,7 @@ from fedsim.wire.messages import (
     Stop,
     Task,
 )
+from fedsim.wire.payloads import HeldVersions, SentVersions
 from fedsim.wire.tensors import TensorSpec
 from fedsim.wire.transport import ClientKeys, Connection
 from netem.clock import Clock, monotonic
@@ -136,6 +140,10 @@ class ClientHost:
         self.model_spec = TensorSpec(())
         self.task_spec = TensorSpec(())
         self.clients: dict[int, ClientActor] = {}
+        #: the models of the versions the server's tasks train from (each version's
+        #: crosses once), and the versions whose model the trainer holds
+        self.held = HeldVersions()
+        self.to_trainer = SentVersions()
         self.events: list[Event] = []
         #: this host's phases since its last event batch (sent with the next one)
         self.phases = PhaseStats([p for p in PHASES if p in HOST_PHASES], capacity=256)
@@ -186,6 +194,25 @@ class ClientHost:
         self.emit("send", client=getattr(msg, "client", None), kind=type(msg).__name__.lower(),
                   dir="up", bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at,
                   reset=msg.reset if isinstance(msg, Ready) else None)
+
+    async def forward(self, frames: list[Any], client: int) -> None:
+        """Send a client's update, as its trainer encoded it, stamped with the emulated
+        send time (its header and model are not unpacked or packed again)."""
+        sent_at = self.clock.now()
+        frames = restamp(frames, sent_at=sent_at, seq=next(self.seq))
+        await self.conn.send(frames)
+        self.emit("send", client=client, kind="update", dir="up",
+                  bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at)
+
+    def task_frames(self, rec: Received, due: float, request_id: int) -> list[Any]:
+        """A task's frames for the trainer, stamped with when its result is due and its
+        request id: as they came from the server, unless the trainer holds the model the
+        server sent with it (left out) or lacks one the server left out (put back)."""
+        needs = self.to_trainer.needs(rec.task.version)
+        if needs == rec.inline:
+            return restamp(rec.frames, sent_at=due, seq=request_id)
+        task = rec.task if needs else rec.task.with_model(None)
+        return stamp(encode_body(task), sent_at=due, seq=request_id)
 
     def expected_steps(self, task: Task, num_samples: int) -> int:
         """Local steps ``task`` will take on ``num_samples`` samples (its own budget first)."""
@@ -451,6 +478,10 @@ class ClientHost:
         self.events = []
         self.phases.take()
         self.overruns = self.compute_deadlines = self.rejected = 0
+        # the restarted server numbers its versions again from its checkpoint: a
+        # version's model may differ from the one of that number before
+        self.held.clear()
+        self.to_trainer.clear()
         self.build_clients(samples)
 
     def _goodbye(self, rejected: int) -> HostBye:
@@ -538,12 +569,22 @@ class ClientHost:
                 if isinstance(msg, Task | Average):
                     self.phases.add("decode.hosts", perf_counter() - t0)
                     want = self.task_spec if isinstance(msg, Task) else self.model_spec
-                    if msg.model.spec != want:
+                    if msg.model is not None and msg.model.spec != want:
                         raise Refusal("shape_mismatch", f"{meta.kind}: model spec differs")
                     actor = self.clients.get(msg.client)
-                    if actor is None:
+                    if isinstance(msg, Task):
+                        inline = msg.model is not None
+                        msg = self.held.bind(msg)
+                        if not inline:  # its link carries the task with its model
+                            assert msg.model is not None
+                            meta = replace(meta, nbytes=meta.nbytes + model_cost(msg.model))
+                        if actor is None:
+                            raise Refusal("unknown_client", f"client {msg.client} is not here")
+                        actor.arrived(Received(msg, frames, inline), meta)
+                    elif actor is None:
                         raise Refusal("unknown_client", f"client {msg.client} is not here")
-                    actor.arrived(msg, meta)
+                    else:
+                        actor.arrived(msg, meta)
                 elif isinstance(msg, Stop):
                     self.stop_reason = msg.reason
                     self._stop.set()

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fedsim.wire.messages import HostBye, HostHello
+from fedsim.wire.payloads import SentVersions
 
 __all__ = ["HostInfo", "HostTable", "RateLimit", "SeenSet"]
 
@@ -93,6 +94,8 @@ class HostInfo:
     rate: RateLimit | None = field(default=None, repr=False)
     alive: bool = True
     bye: HostBye | None = None
+    #: the versions whose model the host holds (each crosses to it once)
+    sent: SentVersions = field(default_factory=SentVersions, repr=False)
 
 
 class HostTable:
@@ -189,6 +192,7 @@ class HostTable:
         self._by_peer.pop(old.peer, None)
         old.peer = peer
         self._by_peer[peer] = old
+        old.sent.clear()  # what was in flight on the old connection may be lost
         return old
 
     def is_current(self, msg: HostHello) -> bool:
@@ -205,6 +209,7 @@ class HostTable:
                 or old.pid != msg.pid or old.boot_id != msg.boot_id
                 or tuple(msg.clients) != old.clients or not self.is_current(msg)):
             return None
+        old.sent.clear()  # its session starts over
         return old
 
     def is_restart(self, old: HostInfo, msg: HostHello) -> bool:

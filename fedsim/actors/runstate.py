@@ -138,6 +138,10 @@ class RunState:
         self.delays_ms = delays_ms or {}
         self.bytes_up = 0
         self.bytes_down = 0
+        #: bytes of the server's messages to the hosts as they really went (a task
+        #: whose host holds its version's model goes without it; bytes_down counts
+        #: every task with its model, as the emulated links carry it)
+        self.wire_bytes_down = 0
         self.updates = 0
         self.rounds = 0
         self.rejects: dict[str, int] = {}
@@ -244,7 +248,8 @@ class RunState:
         self.events.flush()
         return {
             "updates": self.updates, "rounds": self.rounds, "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down, "staleness": list(self.staleness.values),
+            "bytes_down": self.bytes_down, "wire_bytes_down": self.wire_bytes_down,
+            "staleness": list(self.staleness.values),
             "rejects": dict(self.rejects), "guard": dict(self.guard),
             "samples": _pack_counts(self.samples),
             "host_failures": list(self.host_failures), "lost": list(self.lost),
@@ -261,6 +266,7 @@ class RunState:
         """Continue from :meth:`checkpoint_state` (the files already truncated to it)."""
         self.updates, self.rounds = int(state["updates"]), int(state["rounds"])
         self.bytes_up, self.bytes_down = int(state["bytes_up"]), int(state["bytes_down"])
+        self.wire_bytes_down = int(state.get("wire_bytes_down", 0))
         for x in state["staleness"]:
             self.staleness.add(int(x))
         self.rejects = dict(state["rejects"])
@@ -403,6 +409,7 @@ class RunState:
             "time_to_target_s": self.time_to_target,
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
+            "wire_bytes_down": self.wire_bytes_down,
             "staleness": self.staleness.summary(),
             "transfer": self.transfers.summary(self.delays_ms),
             "phases": self.phases.summary(),

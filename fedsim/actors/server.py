@@ -37,6 +37,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -63,14 +64,15 @@ from fedsim.actors.process import freeze_heap, process_age, thaw_heap, to_foregr
 from fedsim.actors.runstate import Progress, RunState
 from fedsim.actors.server_gate import Gate, RecordBudget, Rejections, message_limit
 from fedsim.actors.setup import local_config
-from fedsim.algorithms import ClientResult, get
-from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step
+from fedsim.algorithms import get
+from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step, TaskMaker
 from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids
 from fedsim.scenario.network import NetPlan
-from fedsim.wire.messages import Average, Failed, LocalWork, Ready, Task, Update
-from fedsim.wire.tensors import TensorSpec, to_model, to_tensor
+from fedsim.wire.codec import model_cost
+from fedsim.wire.messages import Average, Failed, Ready, Task, Update
+from fedsim.wire.tensors import Model, TensorSpec, to_model
 from fedsim.wire.transport import Endpoint
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
@@ -128,8 +130,10 @@ class Server(HostSide, Checkpoints, Measurements):
         self.model_spec = model_spec
         self.task_spec = model_spec.repeated(self.alg.task_copies)
         self.update_spec = model_spec.repeated(self.alg.update_copies)
+        #: numbers the algorithm's tasks and wraps their payloads in the task's layout
+        self.make_task = TaskMaker(self.task_spec)
         ctx = ServerContext(x0=model_x0, num_clients=sc.data.num_clients, seed=sc.seed,
-                            local=local_config(sc))
+                            local=local_config(sc), tasks=self.make_task)
         self.strategy: ServerAlgorithm = self.alg.server(sc.algorithm, ctx)
         self.local = ctx.local
         self.hosts = HostTable(sc.data.num_clients, fedsim_version, scenario_hash, allowed,
@@ -147,7 +151,6 @@ class Server(HostSide, Checkpoints, Measurements):
         self.records = RecordBudget(self._availability_changes)
         #: messages taken from connections that had not registered (probes, hellos)
         self.unregistered_messages = 0
-        self.task_ids = itertools.count(1)
         self.seq = itertools.count()
         self.stop_reason: str | None = None
         self.on_progress: Callable[[Progress], None] | None = None
@@ -326,7 +329,7 @@ class Server(HostSide, Checkpoints, Measurements):
             state.event(t0, "missing", clients=missing)
         state.samples.update(registered)
         step = self.strategy.start(sorted(registered), t0)
-        if not step.dispatch and self.strategy.in_flight() == 0:
+        if not step.tasks and self.strategy.in_flight() == 0:
             self.stop_reason = (f"failed: no round could start ({len(registered)} of "
                                 f"{self.sc.data.num_clients} clients registered)")
             return
@@ -391,12 +394,10 @@ class Server(HostSide, Checkpoints, Measurements):
                 # the task was sent with (its round too, when one upload answers
                 # it), and the client's partition size as its weight
                 assert task is not None  # the reader found it (or refused the update)
-                result = ClientResult(
-                    client=cid, base_version=task.version, params=to_tensor(msg.model),
-                    num_samples=self.partition[cid], steps=msg.steps, task_id=task.task_id,
-                    round=task.round if self.strategy.one_upload else msg.round,
-                    stats={"loss": msg.loss})
-                return self.strategy.update(result, now)
+                upload = replace(msg, base_version=task.version,
+                                 num_samples=self.partition[cid],
+                                 round=task.round if self.strategy.one_upload else msg.round)
+                return self.strategy.update(upload, now)
             if isinstance(msg, Ready):
                 return self.strategy.rejoin(cid, now, reset=msg.reset)
             if isinstance(msg, Failed):
@@ -464,8 +465,8 @@ class Server(HostSide, Checkpoints, Measurements):
             self._eval(now)
         if step.applied or step.rounds_closed:
             self._maybe_checkpoint(now, step)
-        for cid in step.dispatch:
-            await self._dispatch(now, cid)
+        for task in step.tasks:
+            await self._dispatch(now, task)
         for b in step.broadcasts:
             model = to_model(b.payload, self.model_spec)
             for cid in b.clients:
@@ -485,27 +486,25 @@ class Server(HostSide, Checkpoints, Measurements):
         self.state.request_eval(now, s.version, s.round, to_model(s.model(), self.model_spec),
                                 final=final)
 
-    async def _dispatch(self, now: float, cid: int) -> None:
-        d = self.strategy.task(cid, next(self.task_ids))
-        work = None
-        local = self.local
-        if d.budget is not None:
-            work = LocalWork(steps=d.budget.steps, epochs=d.budget.epochs)
-            local = d.budget.apply(local)
-        body = self._encode(Task(client=cid, task_id=d.task_id, version=d.version,
-                                 round=d.round, work=work,
-                                 model=to_model(d.payload, self.task_spec)))
-        fields = {"kind": "task", "version": d.version, "task_id": d.task_id, "round": d.round}
+    async def _dispatch(self, now: float, task: Task) -> None:
+        cid = task.client
+        assert task.model is not None
+        if task.model.spec != self.task_spec:  # a view, not a copy, in the wire's layout
+            task = task.with_model(Model.from_flat(task.model.flat(), self.task_spec))
+        fields = {"kind": "task", "version": task.version, "task_id": task.task_id,
+                  "round": task.round}
         # the steps its client takes (as the client host counts them): its budget
         # on the client's partition
-        steps = local.num_steps(self.partition[cid])
+        steps = self.local.with_work(task.work).num_steps(self.partition[cid])
         if self.egress is not None:
             # A shared downlink bottleneck at the server: the message really
-            # waits here until the shared stage has sent it.
+            # waits here until the shared stage has sent it (charged in full,
+            # its model included, whether or not it goes with it).
+            nbytes = self._encode(task.with_model(None)).nbytes + model_cost(task.model)
             p = self.plan.params(cid, "down")
-            _, end = self.egress.reserve(now, body.nbytes + p.packets(body.nbytes) * p.overhead)
+            _, end = self.egress.reserve(now, nbytes + p.packets(nbytes) * p.overhead)
             if end > now:
                 assert self.timers is not None
-                self.timers.call_at(end, self._send_later, cid, body, fields, steps)
+                self.timers.call_at(end, self._send_later, cid, task, fields, steps)
                 return
-        await self._send(now, cid, body, steps=steps, **fields)
+        await self._send(now, cid, task, steps=steps, **fields)

@@ -33,10 +33,19 @@ import torch
 import zmq
 
 from fedsim.actors import process
-from fedsim.actors._requests import Preemption, Requests
+from fedsim.actors._requests import (
+    BadTask,
+    Preemption,
+    Reply,
+    Request,
+    Requests,
+    TaskRequest,
+    read_request,
+    send_reply,
+)
 from fedsim.actors.setup import build_data, build_model, local_config, model_shapes
 from fedsim.algorithms import check_finite, failure_cause, get, local_train
-from fedsim.algorithms.api import Budget, ClientContext, LocalRun
+from fedsim.algorithms.api import ClientContext
 from fedsim.algorithms.local import load_vector
 from fedsim.scenario import Scenario, parse
 from fedsim.scenario.ids import parse_id_list
@@ -48,11 +57,12 @@ from fedsim.wire.messages import (
     Evaluated,
     Message,
     Shutdown,
-    Train,
     Trained,
+    Update,
     WorkerFailed,
     WorkerReady,
 )
+from fedsim.wire.payloads import HeldVersions
 from fedsim.wire.tensors import TensorSpec, to_model, to_tensor
 
 __all__ = ["InlineWorker", "Worker", "evaluate", "main", "run", "run_seed"]
@@ -126,6 +136,10 @@ class Worker:
         self.test = (torch.as_tensor(data.test_x), torch.as_tensor(data.test_y))
         ctx = ClientContext(model=self.model, local=self.local, seed=sc.seed)
         self.client = get(sc.algorithm.name).client(sc.algorithm, ctx)
+        #: the models of the versions this worker's tasks train from
+        self.held = HeldVersions()
+        #: per client, the task its (pipelined) session answers: id, version, round
+        self.sessions: dict[int, tuple[int, int, int]] = {}
         self.restored = False
         #: per request being answered (outermost first): real seconds spent on
         #: more urgent requests answered in the middle of it (see Preemption)
@@ -186,8 +200,10 @@ class Worker:
         return WorkerReady(samples=tuple(len(self.shards[c][1]) for c in self.clients),
                            spec=self.spec)
 
-    def handle(self, msg: Message) -> Message:
-        """Answer one request; an exception becomes a WorkerFailed (the worker goes on)."""
+    def handle(self, msg: Request) -> Reply:
+        """Answer one request: the reply and the update it uploads, if any.
+
+        An exception becomes a WorkerFailed (the worker goes on)."""
         rid = getattr(msg, "request_id", -1)
         try:
             return self._handle(msg)
@@ -198,9 +214,9 @@ class Worker:
             else:  # the run's own numbers went out of range: no traceback to read
                 log.error("request %d failed (%s): %s", rid, cause, exc)
             return WorkerFailed(request_id=rid, cause=cause,
-                                reason=f"{type(exc).__name__}: {exc}"[:1000])
+                                reason=f"{type(exc).__name__}: {exc}"[:1000]), None
 
-    def _handle(self, msg: Message) -> Message:
+    def _handle(self, msg: Request) -> Reply:
         started = time.perf_counter()
         self.nested.append(0.0)
         try:
@@ -212,13 +228,15 @@ class Worker:
         """Real seconds since ``started`` spent on this request (not on runs it let go first)."""
         return time.perf_counter() - started - self.nested[-1]
 
-    def _answer(self, msg: Message, started: float) -> Message:
+    def _answer(self, msg: Request, started: float) -> Reply:
         if isinstance(msg, Evaluate):
             load_vector(self.model, to_tensor(msg.model))
             loss, acc = evaluate(self.model, *self.test)
             return Evaluated(request_id=msg.request_id, version=msg.version, loss=loss,
-                             accuracy=acc, seconds=self._compute_s(started))
-        if not isinstance(msg, Train | Advance):
+                             accuracy=acc, seconds=self._compute_s(started)), None
+        if isinstance(msg, BadTask):
+            raise ValueError(msg.reason)
+        if not isinstance(msg, TaskRequest | Advance):
             raise ValueError(f"a worker does not take a {type(msg).__name__}")
         c = msg.client
         if c not in self.shards:
@@ -231,27 +249,30 @@ class Worker:
             flat = to_tensor(msg.model) if msg.model is not None else torch.zeros(0)
             averages = [(r, flat[i * n:(i + 1) * n]) for i, r in enumerate(msg.rounds)]
             out = self.client.advance(c, averages, x, y)
+            task_id, version, round_ = self.sessions.get(c, (0, 0, 0))
         else:
-            budget = None
-            if msg.work is not None and (msg.work.steps or msg.work.epochs):
-                budget = Budget(steps=msg.work.steps, epochs=msg.work.epochs)
-            gen = torch.Generator().manual_seed(run_seed(self.sc.seed, c, msg.task_id))
-            run = LocalRun(client=c, task_id=msg.task_id, version=msg.version, round=msg.round,
-                           payload=to_tensor(msg.model), budget=budget)
-            out = self.client.begin(run, x, y, gen)
+            task = msg.task
+            gen = torch.Generator().manual_seed(run_seed(self.sc.seed, c, task.task_id))
+            out = self.client.begin(task, x, y, gen)
+            task_id, version, round_ = self.sessions[c] = (task.task_id, task.version,
+                                                           task.round)
         upload = None
         if out.upload is not None:
             # a run whose model went to NaN or an infinity is that client's failed
             # run (counted with its cause), not a message the server would refuse
             check_finite(out.upload, f"trained model of client {c}")
             copies = out.upload.numel() * 4 // self.spec.nbytes
-            upload = to_model(out.upload, self.spec.repeated(copies))
+            r = out.upload_round
+            upload = Update(client=c, task_id=task_id,
+                            base_version=version if r is None else r,
+                            round=round_ if r is None else r, num_samples=len(y),
+                            steps=out.steps, loss=out.loss,
+                            model=to_model(out.upload, self.spec.repeated(copies)))
         self._dirty = True
         self.save_state()
         return Trained(request_id=msg.request_id, client=c, steps=out.steps, loss=out.loss,
-                       compute_s=self._compute_s(started), upload=upload,
-                       upload_round=out.upload_round, next=out.next, wait_round=out.wait_round,
-                       notes=dict(out.notes))
+                       compute_s=self._compute_s(started), upload=upload is not None,
+                       next=out.next, wait_round=out.wait_round, notes=dict(out.notes)), upload
 
 
 class InlineWorker:
@@ -261,6 +282,7 @@ class InlineWorker:
                  save_every: float = 2.0) -> None:
         self.worker = Worker(sc, clients, state_path, save_every)
         self._ids = itertools.count(1)
+        self._uploads: dict[int, list[Any]] = {}
 
     async def start(self) -> WorkerReady:
         return self.worker.ready()
@@ -270,10 +292,23 @@ class InlineWorker:
 
     async def request(self, msg: Message) -> Message:
         """Answer at once (the work runs on this loop; virtual time does not move)."""
-        request, _ = decode(encode(msg), max_header=None, check_finite=False)
-        reply, _ = decode(encode(self.worker.handle(request)), max_header=None,
-                          check_finite=False)
-        return reply
+        return self._reply(read_request(encode(msg), self.worker.held))
+
+    async def train(self, frames: list[Any]) -> Message:
+        """Answer a task's frames (stamped with its due time and request id) at once."""
+        return self._reply(read_request(frames, self.worker.held))
+
+    def upload(self, request_id: int) -> list[Any] | None:
+        """The frames of the update the reply to ``request_id`` uploads (None: none)."""
+        return self._uploads.pop(request_id, None)
+
+    def _reply(self, request: Request) -> Message:
+        reply, upload = self.worker.handle(request)
+        if upload is not None:
+            self._uploads[getattr(reply, "request_id", 0)] = encode(
+                upload, seq=getattr(reply, "request_id", 0))
+        msg, _ = decode(encode(reply), max_header=None, check_finite=False)
+        return msg
 
     async def close(self) -> None:
         self.worker.save_state(force=True)
@@ -299,14 +334,13 @@ def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
     try:
         while True:
             if not waiting:
-                waiting.push(decode(sock.recv_multipart(copy=False), max_header=None,
-                                            check_finite=False)[0])
+                waiting.push(read_request(sock.recv_multipart(copy=False), worker.held))
             preempt.read()
             msg = waiting.pop()
             if isinstance(msg, Shutdown):
                 worker.save_state(force=True)
                 return
-            sock.send_multipart(encode(preempt.answer(msg)), copy=False)
+            send_reply(sock, preempt.answer(msg))
     finally:
         between_steps(None)
 

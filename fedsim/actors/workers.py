@@ -14,10 +14,11 @@ import itertools
 import logging
 import os
 import sys
+from typing import Any
 
 from fedsim.actors.zygote import ForkedProcess, spawn
 from fedsim.scenario.ids import format_id_list
-from fedsim.wire.codec import decode, encode
+from fedsim.wire.codec import decode, encode, peek
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import Message, Shutdown, WorkerReady
 from fedsim.wire.transport import ZmqContext
@@ -70,6 +71,7 @@ class WorkerHandle:
         self.conn = zmq_ctx.pair(endpoint, bind=True)
         self.proc: asyncio.subprocess.Process | ForkedProcess | None = None
         self._pending: dict[int, asyncio.Future[Message]] = {}
+        self._uploads: dict[int, list[Any]] = {}
         self._ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self.died = asyncio.Event()
@@ -137,6 +139,12 @@ class WorkerHandle:
         while True:
             frames = await self.conn.recv()
             try:
+                meta = peek(frames)
+                if meta.kind == "Update":
+                    # an upload comes just before the reply that says so, under its
+                    # request's id: kept as frames, to be forwarded as they are
+                    self._uploads[meta.seq] = frames
+                    continue
                 msg, _ = decode(frames, max_header=None, check_finite=False)
             except WireError as exc:
                 log.error("%s worker sent an unreadable reply: %s", self.role, exc)
@@ -150,15 +158,26 @@ class WorkerHandle:
 
     async def request(self, msg: Message) -> Message:
         """Send one request (its ``request_id`` from :meth:`next_id`) and await its reply."""
+        return await self._exchange(getattr(msg, "request_id", None), encode(msg))
+
+    async def train(self, frames: list[Any]) -> Message:
+        """Send a task's frames (stamped with its due time and, as ``seq``, its request
+        id from :meth:`next_id`) and await the reply."""
+        return await self._exchange(peek(frames).seq, frames)
+
+    def upload(self, request_id: int) -> list[Any] | None:
+        """The frames of the update the reply to ``request_id`` uploads (None: none)."""
+        return self._uploads.pop(request_id, None)
+
+    async def _exchange(self, rid: int | None, frames: list[Any]) -> Message:
         if self.died.is_set():
             raise WorkerDied(f"{self.role} worker is not running")
-        rid = getattr(msg, "request_id", None)
         if rid is None or rid in self._pending:
             raise ValueError(f"Invalid request id {rid!r}: missing or already pending")
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            await self.conn.send(encode(msg))
+            await self.conn.send(frames)
             return await fut
         finally:
             self._pending.pop(rid, None)

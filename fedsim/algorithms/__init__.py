@@ -51,7 +51,6 @@ from fedsim.algorithms.api import (
     register,
 )
 from fedsim.algorithms.base import (
-    ClientResult,
     LocalRunFailed,
     NonFiniteUpdate,
     StepOverflow,
@@ -77,7 +76,6 @@ __all__ = [
     "AlgorithmSpec",
     "AsyncScheduler",
     "ClientAlgorithm",
-    "ClientResult",
     "FedAsync",
     "FedAvg",
     "LocalConfig",

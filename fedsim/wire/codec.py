@@ -1,15 +1,15 @@
-"""fedsim's wire codec, schema version 3: messages to ZeroMQ frames and back.
+"""fedsim's wire codec, schema version 4: messages to ZeroMQ frames and back.
 
 The schema (message classes, :class:`~fedsim.wire.tensors.Model`,
 :class:`~fedsim.wire.tensors.TensorSpec`, :class:`~fedsim.wire.errors.WireError`
 and its reason codes) lives in :mod:`fedsim.wire.messages`; this module turns a
 message into frames and frames into a message. It does not import torch.
 
-Wire format, version 3
+Wire format, version 4
 ----------------------
 ::
 
-    frame 0  envelope  msgpack [3, <kind>, <sent_at: float64>, <seq: uint64>]
+    frame 0  envelope  msgpack [4, <kind>, <sent_at: float64>, <seq: uint64>]
     frame 1  header    msgpack [<field value>, ...]     (declaration order)
     frame 2+ model     one raw buffer per dtype of the model's spec
 
@@ -36,7 +36,18 @@ Encode once, stamp per send
 :func:`encode_body` packs frames 1.. once into a :class:`Body` (whose
 ``nbytes`` is the message's size on the wire); :func:`stamp` prepends an
 envelope for one send, e.g. after the server's egress queue has let the
-message go. :func:`encode` does both.
+message go. :func:`encode` does both. :func:`restamp` puts a new envelope on
+frames that were received, so a message is forwarded without being unpacked
+or packed again (a client host forwards a task to its trainer, an update to
+the server).
+
+A model left out
+----------------
+A task whose receiver already holds its model travels without it (the
+Model slot nil, no model frames): :func:`model_cost` is what the model adds
+to a message that carries it, so an emulated link is charged
+``meta.nbytes + model_cost(model)``, the size of the message with the model
+in it, byte for byte.
 
 Sizes, before anything is unpacked
 ----------------------------------
@@ -129,7 +140,9 @@ __all__ = [
     "encode_body",
     "header_bound",
     "max_message_bytes",
+    "model_cost",
     "peek",
+    "restamp",
     "stamp",
 ]
 
@@ -296,6 +309,36 @@ def stamp(body: Body, *, sent_at: float, seq: int) -> list[bytes | memoryview]:
 def encode(msg: Message, *, sent_at: float = 0.0, seq: int = 0) -> list[bytes | memoryview]:
     """``stamp(encode_body(msg), sent_at=sent_at, seq=seq)``: frames for one send."""
     return stamp(encode_body(msg), sent_at=sent_at, seq=seq)
+
+
+def restamp(frames: Sequence[Any], *, sent_at: float, seq: int) -> list[Any]:
+    """``frames`` (a message as received, envelope first) behind a new envelope of the
+    same kind: forward a message without unpacking its header or copying its model.
+
+    Raises
+    ------
+    WireError
+        As :func:`peek` for a bad envelope, or as :func:`stamp`.
+    """
+    if not frames:
+        raise WireError("frame_count", "0 frames")
+    cls, _, _ = _envelope(_byte_view(frames[0], 0))
+    body = Body(cls.KIND, tuple(frames[1:]), 0, _HEADS[cls.KIND])
+    return stamp(body, sent_at=sent_at, seq=seq)
+
+
+def model_cost(model: Model) -> int:
+    """The bytes ``model`` adds to a message that carries it rather than leaving it out:
+    its spec in the header (in place of a one-byte nil) and its buffers."""
+    global _cost_cache
+    spec, spec_bytes = _cost_cache
+    if spec is not model.spec:
+        spec_bytes = len(msgpack.packb(model.spec.to_wire()))
+        _cost_cache = (model.spec, spec_bytes)
+    return spec_bytes - 1 + model.nbytes
+
+
+_cost_cache: tuple[TensorSpec | None, int] = (None, 0)
 
 
 def header_bound(spec: TensorSpec | None = None) -> int:

@@ -27,6 +27,7 @@ Reason = Literal[
     "non_finite",  # NaN or +-Inf in a floating-point model buffer
     "bad_value",  # a bool tensor holding bytes other than 0 and 1
     "bad_field",  # missing, extra or wrongly typed field, or envelope argument
+    "unknown_payload",  # a task without its model, whose version's model the receiver lacks
 ]
 """Short, stable codes carried by :class:`WireError` (log them, count them)."""
 

@@ -1,4 +1,4 @@
-"""fedsim's message schema, version 3: the value types and messages, one class per kind.
+"""fedsim's message schema, version 4: the value types and messages, one class per kind.
 
 This module says *what* travels; :mod:`fedsim.wire.codec` says *how* (frames,
 envelope, size caps). Import each name from the module that defines it: the
@@ -31,12 +31,15 @@ Rules
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from fedsim.wire.errors import describe
 from fedsim.wire.records import VALUE_TYPES, AnyFloat, Bad, Record, non_negative, register
-from fedsim.wire.tensors import Model, TensorSpec
+from fedsim.wire.tensors import Model, TensorSpec, flat_model, to_tensor
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "EVENT_KINDS",
@@ -67,14 +70,13 @@ __all__ = [
     "Start",
     "Stop",
     "Task",
-    "Train",
     "Trained",
     "Update",
     "WorkerFailed",
     "WorkerReady",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version written in every envelope; :func:`fedsim.wire.codec.decode` rejects any other."""
 
 _R = TypeVar("_R", bound=type[Record])
@@ -254,29 +256,58 @@ class PhaseSample(Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Task(Record):
-    """Server -> client, when it dispatches work: train from ``model`` (version ``version``)."""
+    """A client's task, from the algorithm that makes it to the trainer that runs it.
+
+    The server's algorithm builds it (:class:`fedsim.algorithms.api.Step`'s
+    ``tasks``) with ``model``, the payload of ``version`` (every task of a
+    version trains from the same payload); it then travels unchanged, only
+    its envelope restamped per hop: server -> client host (``sent_at``: the
+    emulated send time) -> trainer (``sent_at``: when the result is due,
+    ``seq``: the request id). On a hop, ``model`` is None when the receiver
+    already holds that version's payload (each version crosses to a host,
+    and from it to a trainer, once): the receiver puts its copy back
+    (:meth:`with_model`) as it decodes the task. The emulated links are
+    charged for the full task (:func:`fedsim.wire.codec.model_cost`).
+    """
 
     client: int
     task_id: int
     version: int
     round: int
     work: LocalWork | None
-    model: Model
+    model: Model | None
 
     def _validate(self) -> None:
         non_negative(self, "client", "task_id", "version", "round")
+
+    @property
+    def params(self) -> torch.Tensor:
+        """The payload as a flat tensor (a read-only view of ``model``)."""
+        if self.model is None:
+            raise ValueError(f"task {self.task_id} carries no model (its receiver holds it)")
+        return to_tensor(self.model)
+
+    def with_model(self, model: Model | None) -> Task:
+        """This task with ``model`` in place of its own (None: without it, for a hop)."""
+        return replace(self, model=model)
 
 
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Update(Record):
-    """Client -> server, when a task is done: its result (pipeline rounds: base_version = round).
+    """A client's upload, from the trainer that makes it to the algorithm that applies it.
 
-    The server applies it by its own record: the base version (and, for a
-    task answered by one upload, the round) of the task ``task_id`` it sent,
-    the client's partition size as its weight, and a send time no earlier
-    than that task allows. ``base_version`` and ``num_samples`` are what the
-    client believes; they are checked for type and range, never trusted.
+    The trainer builds it once from its client algorithm's
+    :class:`~fedsim.algorithms.api.Outcome` (pipeline rounds: base_version =
+    round); the client host forwards its frames with a new envelope (the
+    emulated send time), and the server hands the same record to its
+    algorithm with the fields it decides by its own record put in place:
+    the base version (and, for a task answered by one upload, the round) of
+    the task ``task_id`` it sent, the client's partition size as its weight.
+    What the client claims for ``base_version`` and ``num_samples`` is
+    checked for type and range, never trusted. Inside an algorithm, an
+    update whose model is derived (a delta, a clipped model) is
+    ``upload.with_params(t)``; tests build one with :meth:`of`.
     """
 
     client: int
@@ -292,6 +323,24 @@ class Update(Record):
         non_negative(self, "client", "task_id", "base_version", "round", "steps")
         if self.num_samples < 1:
             raise Bad(f" must be >= 1, got {self.num_samples}", ".num_samples")
+
+    @property
+    def params(self) -> torch.Tensor:
+        """The upload as a flat tensor (a read-only view of ``model``)."""
+        return to_tensor(self.model)
+
+    def with_params(self, params: torch.Tensor, **fields: Any) -> Update:
+        """This update carrying ``params`` (a flat tensor of any wire dtype) instead,
+        and ``fields`` changed."""
+        return replace(self, model=flat_model(params), **fields)
+
+    @classmethod
+    def of(cls, *, client: int, base_version: int, params: torch.Tensor, num_samples: int = 1,
+           steps: int = 0, task_id: int = 0, round: int = 0,
+           loss: float | None = None) -> Update:
+        """An update carrying the flat tensor ``params``."""
+        return cls(client=client, task_id=task_id, base_version=base_version, round=round,
+                   num_samples=num_samples, steps=steps, loss=loss, model=flat_model(params))
 
 
 @_message
@@ -493,29 +542,6 @@ class WorkerReady(Record):
 
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-class Train(Record):
-    """Parent -> worker, on a Task: begin the task's local work from ``model``.
-
-    ``due``: the emulated time the host expects the result by (the task's
-    start plus its expected compute time); a worker with several requests
-    waiting takes the earliest due first (None: as soon as possible).
-    """
-
-    request_id: int
-    client: int
-    task_id: int
-    version: int
-    round: int
-    work: LocalWork | None
-    model: Model
-    due: float | None = None
-
-    def _validate(self) -> None:
-        non_negative(self, "client", "task_id", "version", "round")
-
-
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Advance(Record):
     """Parent -> worker, on DGA averages: continue the pipeline with the averages of ``rounds``.
 
@@ -529,7 +555,7 @@ class Advance(Record):
     client: int
     rounds: tuple[int, ...]
     model: Model | None
-    due: float | None = None   # as Train's
+    due: float | None = None   # as a task's: when the result is due (None: now)
 
     def _validate(self) -> None:
         if (self.model is None) != (not self.rounds):
@@ -542,15 +568,20 @@ class Advance(Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Trained(Record):
-    """Worker -> parent, on Train or Advance: the outcome (next: "done", "more" or "wait")."""
+    """Worker -> parent, on a Task or an Advance: how the piece of work went.
+
+    ``next`` is "done", "more" or "wait" (see
+    :class:`~fedsim.algorithms.api.Outcome`). When the piece uploads, the
+    worker sends the :class:`Update` first, its envelope's ``seq`` the
+    request id, and ``upload`` says so.
+    """
 
     request_id: int
     client: int
     steps: int
     loss: AnyFloat | None
     compute_s: float
-    upload: Model | None
-    upload_round: int | None
+    upload: bool
     next: str
     wait_round: int | None
     notes: dict[str, Any]
@@ -618,7 +649,6 @@ Message = (
     | ClockProbe
     | ClockReply
     | WorkerReady
-    | Train
     | Advance
     | Trained
     | Evaluate

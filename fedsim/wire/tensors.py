@@ -62,6 +62,7 @@ __all__ = [
     "WIRE_DTYPES",
     "Model",
     "TensorSpec",
+    "flat_model",
     "to_model",
     "to_tensor",
     "wire_dtype_name",
@@ -526,3 +527,13 @@ def to_tensor(model: Model) -> torch.Tensor:
 def to_model(vec: torch.Tensor, spec: TensorSpec) -> Model:
     """A flat tensor as a wire model (a view when it is already contiguous float32)."""
     return Model.from_flat(vec.detach().to(torch.float32).contiguous().numpy(), spec)
+
+
+def flat_model(vec: torch.Tensor) -> Model:
+    """A flat tensor of any wire dtype as a one-entry model, without a copy when it is
+    contiguous: an algorithm's derived upload (a float64 delta), or a test's."""
+    arr = vec.detach().contiguous().reshape(-1).numpy()
+    name = wire_dtype_name(arr.dtype)
+    if name is None:
+        raise WireError("bad_dtype", f"flat_model: dtype {arr.dtype} is not a wire dtype")
+    return Model.from_flat(arr, TensorSpec([(name, (arr.size,))]))
