@@ -45,7 +45,6 @@ from fedsim.wire.messages import (
     Start,
     Stop,
     Task,
-    Train,
     Trained,
     Update,
     WorkerFailed,
@@ -152,15 +151,6 @@ MESSAGES: list[Any] = [
     ClockProbe(seq=1, t_sent=0.5),
     ClockReply(seq=1, t_sent=0.5, t_server=1000.25),
     WorkerReady(samples=(5, 6), spec=SPEC),
-    Train(
-        request_id=1,
-        client=3,
-        task_id=11,
-        version=7,
-        round=2,
-        work=LocalWork(epochs=1.5),
-        model=_spec_model(),
-    ),
     Advance(request_id=2, client=3, rounds=(4, 5), model=_spec_model(2)),
     Advance(request_id=3, client=3, rounds=(), model=None),
     Trained(
@@ -169,8 +159,7 @@ MESSAGES: list[Any] = [
         steps=10,
         loss=0.5,
         compute_s=0.01,
-        upload=_spec_model(),
-        upload_round=5,
+        upload=True,
         next="more",
         wait_round=None,
         notes={"eta": 0.01, "corrections": [1, 2]},
@@ -181,8 +170,7 @@ MESSAGES: list[Any] = [
         steps=0,
         loss=None,
         compute_s=0.0,
-        upload=None,
-        upload_round=None,
+        upload=False,
         next="wait",
         wait_round=6,
         notes={},
@@ -306,10 +294,8 @@ def test_large_model_round_trip_with_spec() -> None:
 
 
 def test_nested_value_types_round_trip() -> None:
-    msg = Train(
-        request_id=1, client=2, task_id=3, version=4, round=5, work=LocalWork(epochs=2),
-        model=_spec_model(),
-    )
+    msg = Task(client=2, task_id=3, version=4, round=5, work=LocalWork(epochs=2),
+               model=_spec_model())
     got, _ = decode(encode(msg))
     assert got.work == LocalWork(epochs=2.0)
     assert type(got.work.epochs) is float
@@ -325,8 +311,8 @@ def test_wire_layout() -> None:
         model=Model.from_arrays(_arrays()[:3]),
     )
     frames = encode(msg, sent_at=1.5, seq=3)
-    assert frames[0] == b"\x94\x03\xa4Task" + struct.pack(">BdBQ", 0xCB, 1.5, 0xCF, 3)
-    assert msgpack.unpackb(frames[0]) == [3, "Task", 1.5, 3]
+    assert frames[0] == b"\x94\x04\xa4Task" + struct.pack(">BdBQ", 0xCB, 1.5, 0xCF, 3)
+    assert msgpack.unpackb(frames[0]) == [4, "Task", 1.5, 3]
     assert msgpack.unpackb(frames[1]) == [
         1, 4, 2, 3, [2, None],
         [["float32", [3, 4]], ["float32", [4]], ["int64", []]],
@@ -1104,14 +1090,14 @@ def test_advance_spec_is_repeated_per_round() -> None:
         ),
         (
             lambda: Trained(request_id=1, client=1, steps=1, loss=None, compute_s=0.0,
-                            upload=None, upload_round=None, next="later", wait_round=None,
+                            upload=False, next="later", wait_round=None,
                             notes={}),
             "bad_field",
             "Trained.next must be 'done', 'more' or 'wait', got str 'later'",
         ),
         (
             lambda: Trained(request_id=1, client=1, steps=1, loss=None, compute_s=0.0,
-                            upload=None, upload_round=None, next="done", wait_round=None,
+                            upload=False, next="done", wait_round=None,
                             notes=[]),
             "bad_field",
             "Trained.notes must be a dict",

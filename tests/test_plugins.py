@@ -21,9 +21,10 @@ from click.testing import CliRunner
 
 import fedsim
 from fedsim import cli
-from fedsim.algorithms import ClientResult, api
+from fedsim.algorithms import api
 from fedsim.errors import PluginError, RunFailed, ScenarioError
 from fedsim.scenario import plugins, resolved
+from fedsim.wire.messages import Update
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plugin"
@@ -49,8 +50,8 @@ def mylab(clean_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(EXAMPLE))
 
 
-def _result(client: int, params: list[float], samples: int = 10) -> ClientResult:
-    return ClientResult(client=client, base_version=0, params=torch.tensor(params),
+def _result(client: int, params: list[float], samples: int = 10) -> Update:
+    return Update.of(client=client, base_version=0, params=torch.tensor(params),
                         num_samples=samples, steps=1, round=1)
 
 

@@ -338,7 +338,8 @@ class Update(Record):
     def of(cls, *, client: int, base_version: int, params: torch.Tensor, num_samples: int = 1,
            steps: int = 0, task_id: int = 0, round: int = 0,
            loss: float | None = None) -> Update:
-        """An update carrying the flat tensor ``params``."""
+        """An update carrying the flat tensor ``params`` (``task_id`` 0: it answers
+        no task in particular, as task ids start at 1)."""
         return cls(client=client, task_id=task_id, base_version=base_version, round=round,
                    num_samples=num_samples, steps=steps, loss=loss, model=flat_model(params))
 

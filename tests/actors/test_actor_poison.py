@@ -9,6 +9,7 @@ clean run.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,6 @@ from actor_scenarios import build, of
 
 from fedsim.actors import worker as worker_module
 from fedsim.testing.federation import run_in_memory
-from fedsim.wire.messages import Trained
 from fedsim.wire.tensors import to_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -33,16 +33,11 @@ def poison(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
     real = worker_module.Worker._handle
 
     def handle(self: Any, msg: Any) -> Any:
-        out = real(self, msg)
-        if (switch["on"] and isinstance(out, Trained) and out.client == POISONED
-                and out.upload is not None):
-            bad = torch.full((out.upload.spec.nbytes // 4,), 1000.0)
-            out = Trained(request_id=out.request_id, client=out.client, steps=out.steps,
-                          loss=out.loss, compute_s=out.compute_s,
-                          upload=to_model(bad, out.upload.spec),
-                          upload_round=out.upload_round, next=out.next,
-                          wait_round=out.wait_round, notes=out.notes)
-        return out
+        reply, upload = real(self, msg)
+        if switch["on"] and upload is not None and upload.client == POISONED:
+            bad = torch.full((upload.model.spec.nbytes // 4,), 1000.0)
+            upload = replace(upload, model=to_model(bad, upload.model.spec))
+        return reply, upload
 
     monkeypatch.setattr(worker_module.Worker, "_handle", handle)
     return switch

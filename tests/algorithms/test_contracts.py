@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from fedsim.algorithms import ClientResult, NonFiniteUpdate
+from fedsim.algorithms import NonFiniteUpdate
 from fedsim.wire import statefile
+from fedsim.wire.messages import Update
 
 DIM = 6
 
@@ -133,7 +134,7 @@ def test_zero_staleness_unit_step_is_the_sync_rule(algo_case):
     x = torch.randn(DIM, generator=gen)
     version = 4
     y = torch.randn(DIM, generator=gen)
-    result = ClientResult(client=0, base_version=version, params=y, num_samples=17)
+    result = Update.of(client=0, base_version=version, params=y, num_samples=17)
     new, _ = info.apply(rule, x, version, [result])
     assert new is not None
     if inp.fresh_is_sync:
@@ -191,6 +192,6 @@ def test_wrong_length_update_rejected(algo_case):
     info, inp = algo_case
     rule = info.factory(**inp.kwargs)
     x = torch.zeros(DIM)
-    short = ClientResult(client=0, base_version=0, params=torch.ones(1), num_samples=3)
+    short = Update.of(client=0, base_version=0, params=torch.ones(1), num_samples=3)
     with pytest.raises(ValueError, match=r"shape|length|size"):
         info.apply(rule, x, 0, [short])

@@ -11,7 +11,7 @@ import pytest
 import torch
 from _fresh import fresh_python
 
-from fedsim.algorithms import ClientResult, NonFiniteUpdate
+from fedsim.algorithms import NonFiniteUpdate
 from fedsim.algorithms.fedavg import fedavg_aggregate
 from fedsim.algorithms.fedopt import (
     FEDOPT_OPTIMIZERS,
@@ -22,6 +22,7 @@ from fedsim.algorithms.fedopt import (
     fedopt_moments,
     fedopt_step,
 )
+from fedsim.wire.messages import Update
 
 F64 = torch.float64
 TIGHT = {"rtol": 1e-12, "atol": 1e-14}
@@ -31,12 +32,12 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _draw(gen: torch.Generator, x: torch.Tensor, version: int) -> list[ClientResult]:
+def _draw(gen: torch.Generator, x: torch.Tensor, version: int) -> list[Update]:
     """1-5 distinct clients, each a perturbed copy of ``x`` with 1-50 samples."""
     k = int(torch.randint(1, 6, (), generator=gen))
     clients = torch.randperm(10, generator=gen)[:k].tolist()
     return [
-        ClientResult(
+        Update.of(
             client=c,
             base_version=version,
             params=x + 0.3 * torch.randn(x.shape, generator=gen, dtype=x.dtype),
@@ -46,8 +47,8 @@ def _draw(gen: torch.Generator, x: torch.Tensor, version: int) -> list[ClientRes
     ]
 
 
-def _one(x: torch.Tensor, delta: float, client: int = 0) -> list[ClientResult]:
-    return [ClientResult(client=client, base_version=0, params=x + delta, num_samples=3)]
+def _one(x: torch.Tensor, delta: float, client: int = 0) -> list[Update]:
+    return [Update.of(client=client, base_version=0, params=x + delta, num_samples=3)]
 
 
 def _ref_kwargs(kwargs: dict) -> dict:
@@ -335,8 +336,8 @@ def test_info_norms():
 def test_weighting_by_samples():
     x = torch.zeros(1, dtype=F64)
     results = [
-        ClientResult(client=0, base_version=0, params=x + 1.0, num_samples=1),
-        ClientResult(client=1, base_version=0, params=x + 4.0, num_samples=3),
+        Update.of(client=0, base_version=0, params=x + 1.0, num_samples=1),
+        Update.of(client=1, base_version=0, params=x + 4.0, num_samples=3),
     ]
     assert fedopt_delta(x, results, "samples").item() == pytest.approx(3.25, rel=1e-15)
     assert fedopt_delta(x, results, "uniform").item() == pytest.approx(2.5, rel=1e-15)

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from fedsim.deploy.run import client_keys
 from fedsim.scenario import load, resolved, scenario_hash
 from fedsim.scenario.ids import parse_ids
 from fedsim.testing.fuzz import Fuzzer, _update_spec
-from fedsim.wire.codec import encode, encode_body, stamp
+from fedsim.wire.codec import decode, encode, encode_body, stamp
 from fedsim.wire.messages import SCHEMA_VERSION, ClockProbe, Event, EventBatch, Message, Update
 from fedsim.wire.transport import ZmqContext, ipc_address
 
@@ -76,13 +77,10 @@ async def _insider(args: argparse.Namespace, sc: Any, data: dict[str, Any],
     attacking = asyncio.Event()
 
     # -- the lies on every update ------------------------------------------------------
-    async def lying_send(msg: Message) -> None:
-        if not isinstance(msg, Update):
-            await honest_send(msg)
-            return
-        forged = Update(client=msg.client, task_id=msg.task_id,
-                        base_version=msg.base_version + 1, round=msg.round,
-                        num_samples=10**12, steps=msg.steps, loss=msg.loss, model=msg.model)
+    async def lying_forward(update: list[Any], client: int) -> None:
+        msg, _ = decode(update, check_finite=False)
+        assert isinstance(msg, Update)
+        forged = replace(msg, base_version=msg.base_version + 1, num_samples=10**12)
         sent_at = host.clock.now() - args.backdate
         frames = stamp(encode_body(forged), sent_at=sent_at, seq=next(host.seq))
         await host.conn.send(frames)
@@ -90,8 +88,7 @@ async def _insider(args: argparse.Namespace, sc: Any, data: dict[str, Any],
         host.emit("send", client=msg.client, kind="update", dir="up",
                   bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at)
 
-    honest_send = host.send
-    host.send = lying_send  # type: ignore[method-assign]
+    host.forward = lying_forward  # type: ignore[method-assign]
 
     # -- what the host itself sends: its records held back while it attacks, counted --
     honest_flush = host.flush_events
