@@ -22,7 +22,7 @@ from fedsim.algorithms.fedbuff import FedBuff
 
 def _apply(rule: FedBuff, x: torch.Tensor, version: int, results):
     (result,) = results
-    upload = dataclasses.replace(result, params=pseudo_gradient(x, result.params))
+    upload = result.with_params(pseudo_gradient(x, result.params))
     return rule.aggregate(x, version, upload)
 
 

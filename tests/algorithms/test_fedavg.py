@@ -119,14 +119,13 @@ def test_fedavg_aggregate_rejects_unknown_weighting():
     [([0, 0], r"need w >= 0, sum > 0"), ([5, -1], r"\[5\.0, -1\.0\]")],
 )
 def test_invalid_sample_counts_rejected(counts, match):
-    results = [
-        Update.of(client=i, base_version=0, params=torch.ones(2), num_samples=n)
-        for i, n in enumerate(counts)
-    ]
-    rule = FedAvg()
+    # no update can carry them (the record refuses num_samples < 1) ...
+    with pytest.raises(WireError, match="num_samples must be >= 1"):
+        [Update.of(client=i, base_version=0, params=torch.ones(2), num_samples=n)
+         for i, n in enumerate(counts)]
+    # ... and the average refuses them as weights
     with pytest.raises(ValueError, match=match):
-        rule.aggregate(torch.zeros(2), results)
-    assert rule.state_dict() == {"rounds": 0}
+        weighted_average([torch.ones(2), torch.ones(2)], [float(n) for n in counts])
 
 
 def test_one_non_finite_result_rejects_the_whole_round_naming_the_client():

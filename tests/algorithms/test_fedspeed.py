@@ -395,7 +395,7 @@ def test_server_rejects_bad_rounds_without_changing_state():
 def test_server_state_dict_round_trip_restores_h():
     gen = _gen(4)
     rule = FedSpeedServer(aggregation="fl_simulator", total_clients=4)
-    x = torch.randn(2, 2, generator=gen)
+    x = torch.randn(4, generator=gen)
     for _ in range(3):
         x, _ = rule.aggregate(x, _uploads(gen, x, [0, 2]))
     fresh = FedSpeedServer(aggregation="fl_simulator", total_clients=4)

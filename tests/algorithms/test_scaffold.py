@@ -258,9 +258,9 @@ def test_server_rejects_bad_input_without_changing_state():
 
 def test_control_is_zero_first_then_a_copy_and_state_round_trips():
     rule = Scaffold(total_clients=4)
-    x = torch.ones(2, 3, dtype=torch.float64)
+    x = torch.ones(6, dtype=torch.float64)
     c0 = rule.control(x)
-    assert torch.equal(c0, torch.zeros(2, 3, dtype=torch.float64))
+    assert torch.equal(c0, torch.zeros(6, dtype=torch.float64))
     assert rule.state_dict() == {"rounds": 0, "c": None, "shape": None, "dtype": None}
     rule.aggregate(x, *_round(x, [1, 3]))
     c1 = rule.control(x)
@@ -271,7 +271,7 @@ def test_control_is_zero_first_then_a_copy_and_state_round_trips():
     assert torch.equal(fresh.control(x), rule.control(x))
     assert fresh.control(x).dtype == torch.float64
     with pytest.raises(ValueError, match="Invalid control variate"):
-        rule.control(torch.zeros(6))
+        rule.control(torch.zeros(5))
 
 
 def test_client_validation_errors():
