@@ -442,6 +442,7 @@ class ClientActor:
         rid = host.trainer.next_id()
         reply = await host.trainer.train(host.task_frames(rec, due, rid))
         while True:
+            upload = host.trainer.upload(rid)   # the update's frames, if the piece uploads
             if not isinstance(reply, Trained):
                 reason = getattr(reply, "reason", repr(reply))
                 cause = getattr(reply, "cause", "error")
@@ -492,7 +493,6 @@ class ClientActor:
                     await host.timers.sleep_until(until)
                     self._come_back("resume", announce=False)
             await self._until_back()  # away: no compute, no traffic until back
-            upload = host.trainer.upload(rid)
             if upload is not None:
                 await host.forward(upload, self.cid)
             if reply.next == "done":
