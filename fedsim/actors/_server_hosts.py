@@ -47,7 +47,7 @@ from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids
 from fedsim.scenario.network import NetPlan
-from fedsim.wire.codec import Body, decode, encode, encode_body, model_cost, peek, stamp
+from fedsim.wire.codec import Body, Meta, decode, encode, encode_body, model_cost, peek, stamp
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import (
     Average,
@@ -58,6 +58,7 @@ from fedsim.wire.messages import (
     HostBye,
     HostHello,
     Leave,
+    Message,
     Ready,
     Refused,
     Start,
@@ -69,7 +70,7 @@ from fedsim.wire.tensors import TensorSpec
 from fedsim.wire.transport import Endpoint, PeerGone
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
-from netem.link import Link
+from netem.link import Delivery, Link
 from netem.timers import TimerHeap
 
 __all__ = ["HostSide"]
@@ -211,7 +212,7 @@ class HostSide:
     def _now(self) -> float:
         return self.clock.now() if self.clock is not None else 0.0
 
-    def _admit(self, peer: bytes, meta: Any) -> HostInfo | None:
+    def _admit(self, peer: bytes, meta: Meta) -> HostInfo | None:
         """Checks before a message is unpacked: its sender, from its envelope and size.
 
         A connection that has not registered may send ``deploy.max_unregistered_rate``
@@ -259,7 +260,7 @@ class HostSide:
                           f"deploy.max_control_mb = {self.sc.deploy.max_control_mb:g})")
         return host
 
-    async def _route(self, peer: bytes, msg: Any, meta: Any, host: HostInfo | None) -> None:
+    async def _route(self, peer: bytes, msg: Message, meta: Meta, host: HostInfo | None) -> None:
         if isinstance(msg, HostHello):
             await self._hello(peer, msg, meta)
             return
@@ -303,7 +304,7 @@ class HostSide:
         else:
             raise Refusal("unexpected_kind", f"a {type(msg).__name__} is not for the server")
 
-    async def _hello(self, peer: bytes, msg: HostHello, meta: Any) -> None:
+    async def _hello(self, peer: bytes, msg: HostHello, meta: Meta) -> None:
         user = self.endpoint.user(peer)
         moved = self.hosts.reconnect(peer, msg, user)
         if moved is not None:  # its connection dropped and came back: the same host
@@ -454,7 +455,7 @@ class HostSide:
             n += 1
         return n
 
-    def _uplink(self, host: HostInfo, cid: int, msg: ClientMessage, meta: Any) -> None:
+    def _uplink(self, host: HostInfo, cid: int, msg: ClientMessage, meta: Meta) -> None:
         assert self.timers is not None
         assert self.state is not None
         # the envelope's claim first (any client message), then an update's task
@@ -488,7 +489,7 @@ class HostSide:
             clamped = True
         self.timers.call_at(d.t_deliver, self._delivered, cid, msg, meta, d, sent, clamped, task)
 
-    def _delivered(self, cid: int, msg: ClientMessage, meta: Any, d: Any, sent: float,
+    def _delivered(self, cid: int, msg: ClientMessage, meta: Meta, d: Delivery, sent: float,
                    unjudged: bool, task: TaskRecord | None) -> None:
         assert self.state is not None
         now = self._now()

@@ -24,7 +24,6 @@ directory's logs back to it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 from collections.abc import Callable
@@ -86,7 +85,7 @@ class Checkpoints:
             "format": CHECKPOINT_FORMAT, "t": now, "fedsim_version": self.fedsim_version,
             "scenario_hash": self.scenario_hash, "version": self.strategy.version,
             "strategy": self.strategy.state_dict(), "run": self.state.checkpoint_state(),
-            "next_task_id": next(self.make_task.ids), "clamped": self.clamped,
+            "next_task_id": self.make_task.next_id, "clamped": self.clamped,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         }
         payload = statefile.encode(data, "checkpoint")
@@ -131,7 +130,7 @@ class Checkpoints:
         assert self.state is not None
         self.strategy.load_state_dict(ckpt["strategy"])
         self.state.restore(ckpt["run"])
-        self.make_task.ids = itertools.count(int(ckpt["next_task_id"]))
+        self.make_task.next_id = int(ckpt["next_task_id"])
         self.clamped = int(ckpt.get("clamped", 0))
         random.setstate(ckpt["rng"]["python"])
         torch.set_rng_state(ckpt["rng"]["torch"])

@@ -37,6 +37,7 @@ import numpy as np
 from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.network import ALWAYS, DeviceModel, NetPlan
+from fedsim.wire.codec import Meta
 from fedsim.wire.messages import (
     Advance,
     Average,
@@ -45,20 +46,25 @@ from fedsim.wire.messages import (
     Ready,
     Task,
     Trained,
+    WorkerReady,
 )
 from fedsim.wire.tensors import Model, TensorSpec
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
-from netem.link import Link
+from netem.link import Delivery, Link
 from netem.timers import TimerHeap
 
 __all__ = ["ClientActor", "HostServices", "Received", "Trainer"]
 
 
 class Trainer(Protocol):
-    """What a client actor uses of its host's trainer
+    """What a client host and its actors use of the host's trainer
     (:class:`fedsim.actors.workers.WorkerHandle`, or an in-process
     :class:`fedsim.actors.worker.InlineWorker`)."""
+
+    async def start(self) -> WorkerReady:
+        """Start it; its clients' sample counts and the model's spec."""
+        ...
 
     def next_id(self) -> int:
         """A fresh request id."""
@@ -186,7 +192,7 @@ class ClientActor:
         self.stopped = False
         self.away = False
         self.generation = 0
-        self.held: list[Task | Average] = []
+        self.held: list[Received | Average] = []
         self.away_since = 0.0  # when the current absence began
         self.time_away = 0.0  # emulated seconds away, in absences that ended
 
@@ -339,7 +345,7 @@ class ClientActor:
             await self.host.send(Ready(client=self.cid, reset=reset))
 
     # -- network --------------------------------------------------------------
-    def arrived(self, msg: Received | Average, meta: Any) -> None:
+    def arrived(self, msg: Received | Average, meta: Meta) -> None:
         """A message for this client reached its host: schedule it on the downlink."""
         d = self.down.schedule(meta.sent_at, meta.nbytes)
         if d.dropped:
@@ -348,7 +354,7 @@ class ClientActor:
             return
         self.host.timers.call_at(d.t_deliver, self._deliver, msg, meta, d, self.generation)
 
-    def _deliver(self, msg: Received | Average, meta: Any, d: Any, generation: int) -> None:
+    def _deliver(self, msg: Received | Average, meta: Meta, d: Delivery, generation: int) -> None:
         host = self.host
         now = host.clock.now()
         host.monitor.record_delivery(self.kind, d, now)

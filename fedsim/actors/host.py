@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 from fedsim.actors import process
 from fedsim.actors._refusal import Refusal
-from fedsim.actors.client import ClientActor, Received
+from fedsim.actors.client import ClientActor, Received, Trainer
 from fedsim.actors.server_gate import BYE_HEADER_BYTES
 from fedsim.actors.setup import local_config
 from fedsim.results.phases import PHASES, PhaseStats
@@ -115,7 +115,7 @@ class ClientHost:
     """The client actors of one host and what they share."""
 
     def __init__(self, sc: Scenario, name: str, clients: list[int], conn: Connection,
-                 trainer: Any, *, fedsim_version: str, scenario_hash: str,
+                 trainer: Trainer, *, fedsim_version: str, scenario_hash: str,
                  real_clock: Callable[[], float] = monotonic, use_timerfd: bool = True) -> None:
         self.sc = sc
         self.name = name
@@ -199,7 +199,9 @@ class ClientHost:
         """Send a client's update, as its trainer encoded it, stamped with the emulated
         send time (its header and model are not unpacked or packed again)."""
         sent_at = self.clock.now()
+        t0 = perf_counter()
         frames = restamp(frames, sent_at=sent_at, seq=next(self.seq))
+        self.phases.add("encode.hosts", perf_counter() - t0)
         await self.conn.send(frames)
         self.emit("send", client=client, kind="update", dir="up",
                   bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at)

@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 class Evaluator(Protocol):
     """Something that evaluates a model (a torch worker)."""
 
+    async def start(self) -> object:
+        """Start it (its WorkerReady)."""
+        ...
+
     def next_id(self) -> int:
         """A fresh request id."""
         ...

@@ -61,7 +61,7 @@ from fedsim.actors._server_tasks import TaskBook, TaskRecord
 from fedsim.actors.checkpoint import Checkpoints
 from fedsim.actors.hosts import HostTable, RateLimit
 from fedsim.actors.process import freeze_heap, process_age, thaw_heap, to_foreground
-from fedsim.actors.runstate import Progress, RunState
+from fedsim.actors.runstate import Evaluator, Progress, RunState
 from fedsim.actors.server_gate import Gate, RecordBudget, Rejections, message_limit
 from fedsim.actors.setup import local_config
 from fedsim.algorithms import get
@@ -113,7 +113,7 @@ class Server(HostSide, Checkpoints, Measurements):
         (tests pass a virtual clock and False).
     """
 
-    def __init__(self, sc: Scenario, run_dir: Path, *, endpoint: Endpoint, evaluator: Any,
+    def __init__(self, sc: Scenario, run_dir: Path, *, endpoint: Endpoint, evaluator: Evaluator,
                  dilation: float, fedsim_version: str, scenario_hash: str,
                  model_x0: torch.Tensor, model_spec: TensorSpec, partition: Sequence[int],
                  allowed: Mapping[str, tuple[int, ...]] | None = None,
@@ -488,9 +488,11 @@ class Server(HostSide, Checkpoints, Measurements):
 
     async def _dispatch(self, now: float, task: Task) -> None:
         cid = task.client
-        assert task.model is not None
-        if task.model.spec != self.task_spec:  # a view, not a copy, in the wire's layout
-            task = task.with_model(Model.from_flat(task.model.flat(), self.task_spec))
+        model = task.model
+        assert model is not None
+        if model.spec != self.task_spec:  # a view, not a copy, in the wire's layout
+            model = Model.from_flat(model.flat(), self.task_spec)
+            task = task.with_model(model)
         fields = {"kind": "task", "version": task.version, "task_id": task.task_id,
                   "round": task.round}
         # the steps its client takes (as the client host counts them): its budget
@@ -500,7 +502,7 @@ class Server(HostSide, Checkpoints, Measurements):
             # A shared downlink bottleneck at the server: the message really
             # waits here until the shared stage has sent it (charged in full,
             # its model included, whether or not it goes with it).
-            nbytes = self._encode(task.with_model(None)).nbytes + model_cost(task.model)
+            nbytes = self._encode(task.with_model(None)).nbytes + model_cost(model)
             p = self.plan.params(cid, "down")
             _, end = self.egress.reserve(now, nbytes + p.packets(nbytes) * p.overhead)
             if end > now:

@@ -37,9 +37,8 @@ Rules
 
 from __future__ import annotations
 
-import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -200,18 +199,17 @@ class Outcome:
 class TaskMaker:
     """Builds a server side's tasks: fresh task ids, one wire model per version.
 
-    ``ids`` numbers the tasks (the server's checkpoint keeps where it is);
-    the payload of a version is wrapped once (a view, not a copy, of a
-    contiguous float32 tensor) in ``spec``, the task's wire layout, and
-    every task of that version shares it.
+    ``next_id`` is the next task's id (from 1; the server's checkpoint keeps
+    it, and reading it takes nothing); the payload of a version is wrapped
+    once (a view, not a copy, of a contiguous float32 tensor) in ``spec``,
+    the task's wire layout, and every task of that version shares it.
     """
 
-    __slots__ = ("_last", "ids", "spec")
+    __slots__ = ("_last", "next_id", "spec")
 
-    def __init__(self, spec: TensorSpec | None = None,
-                 ids: Iterator[int] | None = None) -> None:
+    def __init__(self, spec: TensorSpec | None = None, next_id: int = 1) -> None:
         self.spec = spec
-        self.ids = ids if ids is not None else itertools.count(1)
+        self.next_id = next_id
         self._last: tuple[int, torch.Tensor, Any] | None = None
 
     def __call__(self, client: int, version: int, round: int,
@@ -223,7 +221,8 @@ class TaskMaker:
             if spec is None or spec.nbytes != payload.numel() * 4:
                 spec = TensorSpec([("float32", (payload.numel(),))])
             last = self._last = (version, payload, to_model(payload, spec))
-        return Task(client=client, task_id=next(self.ids), version=version, round=round,
+        task_id, self.next_id = self.next_id, self.next_id + 1
+        return Task(client=client, task_id=task_id, version=version, round=round,
                     work=work, model=last[2])
 
 

@@ -107,6 +107,7 @@ async def _echo(address: str, max_bytes: int) -> None:
                 return
             msg, _ = decode(frames, max_bytes=max_bytes, max_header=None)
             assert isinstance(msg, Task)
+            assert msg.model is not None  # the probe sends every task with its model
             body = encode_body(Update(client=msg.client, task_id=msg.task_id, base_version=0,
                                       round=0, num_samples=1, steps=1, loss=None,
                                       model=msg.model))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import pickle
 import random
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from fedsim.actors.checkpoint import Checkpoints, _write_atomically, load_checkpoint
+from fedsim.algorithms.api import TaskMaker
 from fedsim.results.writer import CHECKPOINT_FORMAT
 from fedsim.wire import statefile
 
@@ -102,7 +102,7 @@ class _Taker(Checkpoints):
         self.state = SimpleNamespace(
             updates=7, rounds=2, event=lambda *a, **k: None,
             checkpoint_state=lambda: {"events_offset": 0, "metrics_offset": 0})
-        self.task_ids = itertools.count(11)
+        self.make_task = TaskMaker(next_id=11)
         self.clamped = 0
         self._aggregations_since_checkpoint = 0
         self._checkpoint_real = 0.0
@@ -115,7 +115,7 @@ def test_checkpoints_are_written_by_the_end_and_a_failed_write_ends_the_run(
     taker.checkpoint(2.0)
     taker.wait_for_checkpoints()
     got = load_checkpoint(tmp_path, "v", "h" * 64)
-    assert (got["format"], got["t"], got["next_task_id"]) == (3, 2.0, 12)
+    assert (got["format"], got["t"], got["next_task_id"]) == (3, 2.0, 11)
 
     (tmp_path / "checkpoint.pt.tmp").mkdir()   # from now on every write fails
     taker.checkpoint(3.0)

@@ -17,8 +17,6 @@ the client's model, so every input passes the zero-staleness contract.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from _registry import AlgoInfo, AlgoInput, _draw_async, _err
 

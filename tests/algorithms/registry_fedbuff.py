@@ -11,8 +11,6 @@ client computes ``x_local - x_base`` itself. The delta is taken in float64
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from _registry import AlgoInfo, AlgoInput, _draw_async, _err
 
