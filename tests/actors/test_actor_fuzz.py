@@ -52,7 +52,11 @@ def test_hostile_frames_from_an_insider_crash_nothing_and_are_all_counted(
     assert s["status"] == "completed", s["status"]
     assert sum(categories.values()) == N_FRAMES
     assert set(categories) == set(Fuzzer.CATEGORIES)
-    assert s["final_accuracy"] == pytest.approx(clean.summary["final_accuracy"], abs=0.03)
+    # learning goes on: the flood moves the trajectory (the host's rate limit drops a
+    # few of its genuine messages), and a test set of 52 samples moves by 0.019 a
+    # sample; over scenario seeds 1-5 the fuzzed run's final accuracy was within
+    # 0.058 of the clean one's (measured, 2026-11-28)
+    assert s["final_accuracy"] == pytest.approx(clean.summary["final_accuracy"], abs=0.08)
     assert s["updates"] >= 0.7 * clean.summary["updates"]
     rejects = s["rejected_messages"]["server"]
     # every frame that must be rejected was, for its reason
