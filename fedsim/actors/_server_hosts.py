@@ -550,20 +550,21 @@ class HostSide:
                             host_step_time=self.sc.devices.host_step_time,
                             server=self.incarnation, t0=t0))
 
-    def _send_later(self, cid: int, msg: Body | Task, fields: dict[str, Any],
+    def _send_later(self, cid: int, msg: Body | Task | Average, fields: dict[str, Any],
                     steps: int | None = None) -> None:
         task = asyncio.ensure_future(self._send(self._now(), cid, msg, steps=steps, **fields))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
-    async def _send(self, now: float, cid: int, msg: Body | Task, *, steps: int | None = None,
-                    **fields: Any) -> None:
+    async def _send(self, now: float, cid: int, msg: Body | Task | Average, *,
+                    steps: int | None = None, **fields: Any) -> None:
         """Stamp and send one message to a client through its host; log it.
 
-        ``msg`` is an encoded message, or a task: encoded here, with its
-        version's model when the client's host does not hold it yet
-        (:mod:`fedsim.wire.payloads`), without it when it does; either way its
-        size, for the links and the counts, is the task's with its model.
+        ``msg`` is an encoded message, or a task or an average: encoded
+        here, with its model when the client's host does not hold it yet
+        (:mod:`fedsim.wire.payloads`: a task's by version, an average's by
+        round), without it when it does; either way its size, for the links
+        and the counts, is the message's with its model.
         A task (``steps``: its local work's steps) is noted in the record
         with its emulated delivery at the client, from the server's copy of
         the client's downlink (:meth:`_down_delivery`); where that is not
@@ -573,9 +574,11 @@ class HostSide:
         assert self.state is not None
         peer = self.hosts.owner(cid)
         owner = self.hosts.owner_info(cid)
-        if isinstance(msg, Task):
+        if isinstance(msg, Task | Average):
             assert msg.model is not None
-            inline = owner is not None and owner.sent.needs(msg.version)
+            inline = owner is not None and (
+                owner.sent.needs(msg.version) if isinstance(msg, Task)
+                else owner.sent_rounds.needs(msg.round))
             body = self._encode(msg if inline else msg.with_model(None))
             nbytes = body.nbytes if inline else body.nbytes + model_cost(msg.model)
         else:

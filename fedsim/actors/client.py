@@ -513,7 +513,7 @@ class ClientActor:
             rounds = tuple(sorted(averages))
             model = None
             if rounds:
-                flat = np.concatenate([averages[r].model.flat() for r in rounds])
+                flat = np.concatenate([_held(averages[r]).flat() for r in rounds])
                 model = Model.from_flat(flat, host.model_spec.repeated(len(rounds)))
             rid = host.trainer.next_id()
             reply = await host.trainer.request(Advance(
@@ -544,3 +544,9 @@ class ClientActor:
             elif isinstance(msg, _Back):
                 await self._announce(msg.reset)
         return averages
+
+
+def _held(average: Average) -> Model:
+    """An average's model (its host put back any it held: none reaches an actor without)."""
+    assert average.model is not None
+    return average.model

@@ -143,6 +143,7 @@ class ClientHost:
         #: the models of the versions the server's tasks train from (each version's
         #: crosses once), and the versions whose model the trainer holds
         self.held = HeldVersions()
+        self.held_rounds = HeldVersions()
         self.to_trainer = SentVersions()
         self.events: list[Event] = []
         #: this host's phases since its last event batch (sent with the next one)
@@ -483,6 +484,7 @@ class ClientHost:
         # the restarted server numbers its versions again from its checkpoint: a
         # version's model may differ from the one of that number before
         self.held.clear()
+        self.held_rounds.clear()
         self.to_trainer.clear()
         self.build_clients(samples)
 
@@ -573,20 +575,19 @@ class ClientHost:
                     want = self.task_spec if isinstance(msg, Task) else self.model_spec
                     if msg.model is not None and msg.model.spec != want:
                         raise Refusal("shape_mismatch", f"{meta.kind}: model spec differs")
+                    inline = msg.model is not None
+                    # a model the host holds came without it: put back, and its link
+                    # carries the message as it would have with it
+                    msg = (self.held.bind(msg) if isinstance(msg, Task)
+                           else self.held_rounds.bind(msg))
+                    if not inline:
+                        assert msg.model is not None
+                        meta = replace(meta, nbytes=meta.nbytes + model_cost(msg.model))
                     actor = self.clients.get(msg.client)
-                    if isinstance(msg, Task):
-                        inline = msg.model is not None
-                        msg = self.held.bind(msg)
-                        if not inline:  # its link carries the task with its model
-                            assert msg.model is not None
-                            meta = replace(meta, nbytes=meta.nbytes + model_cost(msg.model))
-                        if actor is None:
-                            raise Refusal("unknown_client", f"client {msg.client} is not here")
-                        actor.arrived(Received(msg, frames, inline), meta)
-                    elif actor is None:
+                    if actor is None:
                         raise Refusal("unknown_client", f"client {msg.client} is not here")
-                    else:
-                        actor.arrived(msg, meta)
+                    actor.arrived(Received(msg, frames, inline) if isinstance(msg, Task)
+                                  else msg, meta)
                 elif isinstance(msg, Stop):
                     self.stop_reason = msg.reason
                     self._stop.set()

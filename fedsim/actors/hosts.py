@@ -94,8 +94,10 @@ class HostInfo:
     rate: RateLimit | None = field(default=None, repr=False)
     alive: bool = True
     bye: HostBye | None = None
-    #: the versions whose model the host holds (each crosses to it once)
+    #: the versions whose model the host holds (each crosses to it once), and the
+    #: rounds whose average it holds
     sent: SentVersions = field(default_factory=SentVersions, repr=False)
+    sent_rounds: SentVersions = field(default_factory=SentVersions, repr=False)
 
 
 class HostTable:
@@ -193,6 +195,7 @@ class HostTable:
         old.peer = peer
         self._by_peer[peer] = old
         old.sent.clear()  # what was in flight on the old connection may be lost
+        old.sent_rounds.clear()
         return old
 
     def is_current(self, msg: HostHello) -> bool:
@@ -210,6 +213,7 @@ class HostTable:
                 or tuple(msg.clients) != old.clients or not self.is_current(msg)):
             return None
         old.sent.clear()  # its session starts over
+        old.sent_rounds.clear()
         return old
 
     def is_restart(self, old: HostInfo, msg: HostHello) -> bool:

@@ -472,7 +472,7 @@ class Server(HostSide, Checkpoints, Measurements):
             for cid in b.clients:
                 msg = Average(client=cid, round=b.round, version=self.strategy.version,
                               model=model)
-                await self._send(now, cid, self._encode(msg), kind="average", round=b.round)
+                await self._send(now, cid, msg, kind="average", round=b.round)
         nxt = self.strategy.next_timer()
         if nxt is not None and nxt not in self._algorithm_timers:
             # every step asks again for the same deadline (the oldest task's

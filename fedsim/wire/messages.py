@@ -347,15 +347,23 @@ class Update(Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Average(Record):
-    """Server -> client, after a DGA round: that round's average (one message per client)."""
+    """Server -> client, after a DGA round: that round's average (one message per client).
+
+    As a task's model, a round's average crosses to a host once: ``model`` is
+    None when the host already holds that round's (:mod:`fedsim.wire.payloads`).
+    """
 
     client: int
     round: int
     version: int
-    model: Model
+    model: Model | None
 
     def _validate(self) -> None:
         non_negative(self, "client", "round", "version")
+
+    def with_model(self, model: Model | None) -> Average:
+        """This average with ``model`` in place of its own (None: without it)."""
+        return replace(self, model=model)
 
 
 @_message

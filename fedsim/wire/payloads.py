@@ -5,7 +5,9 @@ of that version), and a client host serves many clients. So a sender puts
 a version's model in the first task of that version it sends to a receiver
 and leaves it out of the others (``Task.model`` None); the receiver keeps
 the model and puts it back into each task as it decodes it. The server
-does this towards each client host, a host towards its trainer.
+does this towards each client host, a host towards its trainer. A round's
+average (DGA's :class:`~fedsim.wire.messages.Average`, one per client) is
+kept the same way, by round, in a record of its own.
 
 Both sides follow the same rule, in the order of one ordered connection,
 so they agree without a word: the sender remembers the last
@@ -30,10 +32,13 @@ model in it.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from typing import TypeVar
 
 from fedsim.wire.errors import WireError
-from fedsim.wire.messages import Task
+from fedsim.wire.messages import Average, Task
 from fedsim.wire.tensors import Model
+
+M = TypeVar("M", Task, Average)
 
 __all__ = ["WINDOW", "HeldVersions", "SentVersions"]
 
@@ -71,26 +76,29 @@ class HeldVersions:
         self.window = window
         self._models: OrderedDict[int, Model] = OrderedDict()
 
-    def bind(self, task: Task) -> Task:
-        """``task`` with its version's model: its own (then kept), or the one held.
+    def bind(self, msg: M) -> M:
+        """``msg`` (a task, or an average) with its model: its own (then kept), or the
+        one held for its version (an average's: its round).
 
         Raises
         ------
         WireError
-            ``"unknown_payload"`` when the task has no model and none is held
-            for its version (the sender broke the rule; the task is refused).
+            ``"unknown_payload"`` when it has no model and none is held for its
+            key (the sender broke the rule; the message is refused).
         """
-        if task.model is not None:
-            known = task.version in self._models
-            self._models[task.version] = task.model   # a known version keeps its place
+        key = msg.version if isinstance(msg, Task) else msg.round
+        if msg.model is not None:
+            known = key in self._models
+            self._models[key] = msg.model   # a known key keeps its place
             if not known and len(self._models) > self.window:
                 self._models.popitem(last=False)
-            return task
-        model = self._models.get(task.version)
+            return msg
+        model = self._models.get(key)
         if model is None:
-            raise WireError("unknown_payload", f"Task {task.task_id} of client {task.client} "
-                            f"has no model and none is held for version {task.version}")
-        return task.with_model(model)
+            what = "version" if isinstance(msg, Task) else "round"
+            raise WireError("unknown_payload", f"{type(msg).__name__} of client {msg.client} "
+                            f"has no model and none is held for {what} {key}")
+        return msg.with_model(model)
 
     def holds(self, version: int) -> bool:
         """Whether the model of ``version`` is held."""
