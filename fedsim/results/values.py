@@ -101,7 +101,7 @@ class Summary(Mapping[str, Any]):
     """A run's ``summary.json``: typed attributes for what is read most, and the
     whole mapping (``summary["fidelity"]["lateness_ms"]``) for the rest.
 
-    The README's "Results" section lists every key.
+    docs/results.md and docs/run-directory.md list every key.
     """
 
     __slots__ = ("_data",)
