@@ -134,10 +134,16 @@ class WorkerHandle:
                 fut.set_exception(WorkerDied(f"{self.role} worker exited "
                                              f"({self.proc.returncode})"))
         self._pending.clear()
+        # a request whose send waits for a peer that is gone (a PAIR socket with no
+        # peer holds it) fails now instead of waiting forever
+        self.conn.close()
 
     async def _read(self) -> None:
         while True:
-            frames = await self.conn.recv()
+            try:
+                frames = await self.conn.recv()
+            except ConnectionError:  # closed: the worker exited, or the handle closes
+                return
             try:
                 meta = peek(frames)
                 if meta.kind == "Update":
@@ -177,7 +183,10 @@ class WorkerHandle:
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            await self.conn.send(frames)
+            try:
+                await self.conn.send(frames)
+            except ConnectionError:
+                raise WorkerDied(f"{self.role} worker is not running") from None
             return await fut
         finally:
             self._pending.pop(rid, None)
