@@ -14,16 +14,15 @@ Every queue item is a frozen value dispatched by type. The actor's tasks
 run in one ``asyncio.TaskGroup``: a reader that crashes ends the run with a
 logged error and a written summary.
 
-:class:`Server` is this module's run, event loop and decisions, plus three
-parts (mixins) in their own modules: :mod:`._server_hosts` (registration,
-the reader and its checks, the uplinks, sending, the hosts' goodbyes),
-:mod:`.checkpoint` (writing and restoring checkpoints; its home also holds
-:func:`~fedsim.actors.checkpoint.load_checkpoint`, which a resumed run calls
-before the server exists) and :mod:`._server_measure` (the fidelity verdict
-and the totals). Each part declares the server's attributes it uses;
-:meth:`Server.__init__` sets them all, except the checkpoint writer's own
-(its thread, the write in flight, a failed write's error), which
-:class:`~fedsim.actors.checkpoint.Checkpoints` keeps. What the queue
+:class:`Server` is this module's run, event loop and decisions, with its
+parts in their own modules: :class:`~fedsim.actors.checkpoint.Checkpointer`
+(when a checkpoint is due, its writer thread, a restore; its home also
+holds :func:`~fedsim.actors.checkpoint.load_checkpoint`, which a resumed
+run calls before the server exists) owns its state; two mixins still
+share the server's attributes, each declaring those it uses:
+:mod:`._server_hosts` (registration, the reader and its checks, the
+uplinks, sending, the hosts' goodbyes) and :mod:`._server_measure` (the
+fidelity verdict and the totals). What the queue
 carries is in :mod:`._server_queue`; the limits its reader applies before
 it unpacks a message (sizes, budgets, the rejections' log) are in
 :mod:`.server_gate`.
@@ -58,7 +57,7 @@ from fedsim.actors._server_queue import (
     Tick,
 )
 from fedsim.actors._server_tasks import TaskBook, TaskRecord
-from fedsim.actors.checkpoint import Checkpoints
+from fedsim.actors.checkpoint import Checkpointer
 from fedsim.actors.hosts import HostTable, RateLimit
 from fedsim.actors.process import freeze_heap, process_age, thaw_heap, to_foreground
 from fedsim.actors.runstate import Evaluator, Progress, RunState
@@ -84,7 +83,7 @@ __all__ = ["Server"]
 log = logging.getLogger(__name__)
 
 
-class Server(HostSide, Checkpoints, Measurements):
+class Server(HostSide, Measurements):
     """Runs the server side of one federation.
 
     Parameters
@@ -193,8 +192,10 @@ class Server(HostSide, Checkpoints, Measurements):
         #: another one knows the server restarted (a resumed run) and registers again
         self.incarnation = secrets.token_hex(8)
         self.fedsim_version, self.scenario_hash = fedsim_version, scenario_hash
-        self._aggregations_since_checkpoint = 0
-        self._checkpoint_real = real_clock()
+        #: writes the checkpoints (its own thread) and restores one
+        self.checkpointer = Checkpointer(run_dir, sc.run.checkpoint_every,
+                                         sc.run.checkpoint_seconds, self.strategy.cadence,
+                                         real_clock)
         self._shared_up: Any = None
         self.availability: dict[int, Any] = {}
         #: deadlines of the AlgorithmTimers on the heap: one timer per deadline,
@@ -235,7 +236,7 @@ class Server(HostSide, Checkpoints, Measurements):
                 raise
         finally:
             thaw_heap()
-            self.wait_for_checkpoints()
+            self.checkpointer.wait()
             if self.timers is not None:
                 self.timers.close()
             if self.state is None:
@@ -271,7 +272,9 @@ class Server(HostSide, Checkpoints, Measurements):
         state.startup_s = None if age is None else round(age + 0.05, 3)
         state.t0_wall = time.time() + 0.05
         if self.resume is not None:
-            self._restore(self.resume)
+            Checkpointer.restore(self.resume, self.strategy, state)
+            self.make_task.next_id = int(self.resume["next_task_id"])
+            self.clamped = int(self.resume.get("clamped", 0))
         self.rejections.attach(state.rejects, lambda source, reason, detail: state.event(
             max(t0, self._now()), "reject", reason=reason, sender=source, detail=detail))
         if self.stop_reason is not None:
@@ -463,8 +466,8 @@ class Server(HostSide, Checkpoints, Measurements):
         assert self.timers is not None
         if self.state.applied(now, step):
             self._eval(now)
-        if step.applied or step.rounds_closed:
-            self._maybe_checkpoint(now, step)
+        if (step.applied or step.rounds_closed) and self.checkpointer.due(step):
+            self.checkpoint(now)
         for task in step.tasks:
             await self._dispatch(now, task)
         for b in step.broadcasts:
@@ -479,6 +482,13 @@ class Server(HostSide, Checkpoints, Measurements):
             # timeout): one timer for it, not one per step
             self._algorithm_timers.add(nxt)
             self.timers.call_at(nxt, self.queue.put_nowait, AlgorithmTimer(nxt))
+
+    def checkpoint(self, now: float) -> Path:
+        """Take a checkpoint now (written by the checkpointer's thread); its path."""
+        assert self.state is not None
+        return self.checkpointer.take(Checkpointer.snapshot(
+            now, self.fedsim_version, self.scenario_hash, self.strategy, self.state,
+            self.make_task.next_id, self.clamped))
 
     def _eval(self, now: float, final: bool = False) -> None:
         assert self.state is not None
