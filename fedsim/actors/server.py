@@ -58,6 +58,7 @@ from fedsim.actors._server_queue import (
 )
 from fedsim.actors._server_tasks import TaskBook, TaskRecord
 from fedsim.actors.checkpoint import Checkpointer
+from fedsim.actors.client_links import ClientLinks, SendTimes
 from fedsim.actors.hosts import HostTable, RateLimit
 from fedsim.actors.process import freeze_heap, process_age, thaw_heap, to_foreground
 from fedsim.actors.runstate import Evaluator, Progress, RunState
@@ -75,7 +76,6 @@ from fedsim.wire.tensors import Model, TensorSpec, to_model
 from fedsim.wire.transport import Endpoint
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
-from netem.link import Link
 from netem.timers import SPIN_MAX, TimerHeap
 
 __all__ = ["Server"]
@@ -147,7 +147,12 @@ class Server(HostSide, Measurements):
                                        max(self.alg.task_copies, self.alg.update_copies))
         self.gate = Gate(sc, self.update_spec, allowed)
         self.rejections = Rejections(sc.deploy.max_logged_rejects)
-        self.records = RecordBudget(self._availability_changes)
+        self.plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
+        self.monitor = FidelityMonitor(dilation=dilation)
+        #: the server's side of the clients' links, and its check of claimed send times
+        self.client_links = ClientLinks(self.plan)
+        self.send_times = SendTimes(self.monitor, dilation, sc.deploy.max_transit_ms)
+        self.records = RecordBudget(self.client_links.availability_changes)
         #: messages taken from connections that had not registered (probes, hellos)
         self.unregistered_messages = 0
         self.seq = itertools.count()
@@ -156,21 +161,11 @@ class Server(HostSide, Measurements):
         self.started = False
         # a round could start at t = 0 (set by _begin): netem has something to judge
         self.began = False
-        self.plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
-        self.monitor = FidelityMonitor(dilation=dilation)
         for kind, params in self.plan.expectations().items():
             self.monitor.expect_link(kind, params)
         # O(clients): computed here, in the set-up, not when the clock starts
         self._delays_ms: dict[str, float | None] = {
             d: self.plan.mean_delay(d) * 1e3 for d in ("down", "up")}
-        #: clients whose messages are admitted (registered), the kinds of their
-        #: uplinks, and the uplinks made so far (on a client's first message)
-        self.admitted: set[int] = set()
-        self.up_kinds: dict[str, None] = {}  # in the order of the clients (a set's is random)
-        self.links: dict[int, Link] = {}
-        #: copies of the clients' downlinks (None: no longer known to match the host's)
-        self.down_links: dict[int, Link | None] = {}
-        self.egress = self.plan.bottleneck("down")
         self.clock: Clock | None = None
         self.timers: TimerHeap | None = None
         self.state: RunState | None = None
@@ -178,10 +173,6 @@ class Server(HostSide, Measurements):
         self._bye = asyncio.Event()
         self._sends: set[asyncio.Future[None]] = set()
         self._reader: asyncio.Task[None] | None = None
-        #: messages whose claimed send time was corrected, and why: outside the
-        #: window the server observed, or before its record of the task allows
-        self.clamped = 0
-        self.corrections = {"out_of_window": 0, "before_record": 0}
         #: where the run's time goes (summary["phases"]); the hosts' parts arrive
         #: with their event batches
         self.phases = PhaseStats()
@@ -196,8 +187,6 @@ class Server(HostSide, Measurements):
         self.checkpointer = Checkpointer(run_dir, sc.run.checkpoint_every,
                                          sc.run.checkpoint_seconds, self.strategy.cadence,
                                          real_clock)
-        self._shared_up: Any = None
-        self.availability: dict[int, Any] = {}
         #: deadlines of the AlgorithmTimers on the heap: one timer per deadline,
         #: however many steps ask for it
         self._algorithm_timers: set[float] = set()
@@ -260,10 +249,10 @@ class Server(HostSide, Measurements):
         t0 = float(self.resume["t"]) if self.resume is not None else 0.0
         # the per-client set-up, before the clock starts (no await until the start:
         # no host registers in between)
-        self._shared_up = self.plan.bottleneck("up")
+        self.client_links.start()
         registered = self.hosts.registered()
         for c in registered:
-            self._add_link(c)
+            self.client_links.admit(c)
         freeze_heap()  # the set-up's objects: no collection of the run walks them
         self.clock = self._clock(0.05 - t0 * self.dilation)
         self.timers = TimerHeap(self.clock, use_timerfd=self.use_timerfd, spin_max=SPIN_MAX)
@@ -274,7 +263,7 @@ class Server(HostSide, Measurements):
         if self.resume is not None:
             Checkpointer.restore(self.resume, self.strategy, state)
             self.make_task.next_id = int(self.resume["next_task_id"])
-            self.clamped = int(self.resume.get("clamped", 0))
+            self.send_times.clamped = int(self.resume.get("clamped", 0))
         self.rejections.attach(state.rejects, lambda source, reason, detail: state.event(
             max(t0, self._now()), "reject", reason=reason, sender=source, detail=detail))
         if self.stop_reason is not None:
@@ -454,7 +443,7 @@ class Server(HostSide, Measurements):
                     format_ids(info.clients))
         step = Step()
         for cid in info.clients:
-            self._add_link(cid)
+            self.client_links.admit(cid)
             self.clients.add(cid)
             self._failed.discard(cid)
             self.state.samples[cid] = info.samples[cid]
@@ -488,7 +477,7 @@ class Server(HostSide, Measurements):
         assert self.state is not None
         return self.checkpointer.take(Checkpointer.snapshot(
             now, self.fedsim_version, self.scenario_hash, self.strategy, self.state,
-            self.make_task.next_id, self.clamped))
+            self.make_task.next_id, self.send_times.clamped))
 
     def _eval(self, now: float, final: bool = False) -> None:
         assert self.state is not None
@@ -508,13 +497,14 @@ class Server(HostSide, Measurements):
         # the steps its client takes (as the client host counts them): its budget
         # on the client's partition
         steps = self.local.with_work(task.work).num_steps(self.partition[cid])
-        if self.egress is not None:
+        egress = self.client_links.egress
+        if egress is not None:
             # A shared downlink bottleneck at the server: the message really
             # waits here until the shared stage has sent it (charged in full,
             # its model included, whether or not it goes with it).
             nbytes = self._encode(task.with_model(None)).nbytes + model_cost(model)
             p = self.plan.params(cid, "down")
-            _, end = self.egress.reserve(now, nbytes + p.packets(nbytes) * p.overhead)
+            _, end = egress.reserve(now, nbytes + p.packets(nbytes) * p.overhead)
             if end > now:
                 assert self.timers is not None
                 self.timers.call_at(end, self._send_later, cid, task, fields, steps)

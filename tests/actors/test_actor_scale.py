@@ -50,8 +50,8 @@ def test_idle_clients_hold_no_task_no_timer_no_link(tmp_path: Path) -> None:
         seen["links"] = sum(a.has_link for a in actors)
         seen["streams"] = sum(a._rngs is not None for a in actors)
         assert run.server is not None
-        seen["uplinks"] = len(run.server.links)
-        seen["admitted"] = len(run.server.admitted)
+        seen["uplinks"] = len(run.server.client_links.links)
+        seen["admitted"] = len(run.server.client_links.admitted)
 
     run = run_in_memory(_crowd(40), tmp_path / "run", during=look)
     s = run.summary
