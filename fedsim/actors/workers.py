@@ -106,7 +106,8 @@ class WorkerHandle:
         done, _ = await asyncio.wait({hello, died}, timeout=ready_within,
                                      return_when=asyncio.FIRST_COMPLETED)
         died.cancel()
-        if hello not in done:
+        if hello not in done or hello.exception() is not None:
+            # (it exited first: its connection was closed under the wait)
             hello.cancel()
             raise WorkerDied(f"{self.role} worker did not start (exit {self.returncode})")
         msg, _ = decode(hello.result(), max_header=None, check_finite=False)
