@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         RunInterrupted,
         ScenarioError,
     )
-    from fedsim.results import Metrics, RunResult, Summary
+    from fedsim.results.values import Metrics, RunResult, Summary
     from fedsim.scenario import Scenario
 
 #: Public name -> the module that defines it.
@@ -46,7 +46,7 @@ _EXPORTS = {
     **dict.fromkeys(("FedsimError", "ScenarioError", "OverrideError", "PluginError",
                      "ResumeError", "DeployError", "RunFailed", "RunInterrupted"),
                     "fedsim.errors"),
-    **dict.fromkeys(("RunResult", "Summary", "Metrics"), "fedsim.results"),
+    **dict.fromkeys(("RunResult", "Summary", "Metrics"), "fedsim.results.values"),
     "Scenario": "fedsim.scenario",
 }
 

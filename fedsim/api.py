@@ -16,7 +16,7 @@ run: the same server, client-host processes and torch workers. A library
 never exits: a run that ends ``failed`` or ``error`` raises
 :class:`~fedsim.errors.RunFailed`, one that is stopped raises
 :class:`~fedsim.errors.RunInterrupted`; both carry the
-:class:`~fedsim.results.RunResult` of what it wrote.
+:class:`~fedsim.results.values.RunResult` of what it wrote.
 
 :func:`run` works inside a running event loop (Jupyter runs one): the run
 then gets its own loop in a worker thread while the caller waits.
@@ -34,13 +34,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsim._overrides import Override
 from fedsim.errors import FedsimError, RunFailed, RunInterrupted, ScenarioError
-from fedsim.results import RunResult
+from fedsim.results.values import RunResult
+from fedsim.scenario.overrides import Override
 
 if TYPE_CHECKING:
     from fedsim.actors.runstate import Progress
-    from fedsim.runner import RunControl
+    from fedsim.launch.runner import RunControl
     from fedsim.scenario import Scenario
 
 __all__ = ["aresume", "arun", "as_toml", "load", "open_run", "resume", "run"]
@@ -72,10 +72,10 @@ def load(source: str | Path | Mapping[str, Any] | Scenario,
         :class:`~fedsim.errors.OverrideError` when only the overrides are to
         blame, :class:`~fedsim.errors.PluginError` when a plug-in is missing.
     """
-    from fedsim import _overrides
-    from fedsim.network import NetPlan, NetworkError
     from fedsim.scenario import Scenario, parse, resolved
     from fedsim.scenario import load as load_file
+    from fedsim.scenario import overrides as _overrides
+    from fedsim.scenario.network import NetPlan, NetworkError
 
     if overrides is None or isinstance(overrides, Mapping):
         ovs = _overrides.from_python(overrides)
@@ -133,7 +133,7 @@ def run(scenario: Scenario | str | Path, *, out: str | Path | None = None,
         seconds.
     plots
         Draw the run's PNGs (accuracy, staleness, timeline) when it ends
-        (``False``: :func:`fedsim.plots.plot_run` or ``fedsim plot RUN`` draws
+        (``False``: :func:`fedsim.results.plots.plot_run` or ``fedsim plot RUN`` draws
         them later).
 
     Raises
@@ -196,7 +196,7 @@ class _Job:
     def __init__(self, sc: Scenario | None, out: str | Path | None,
                  dilation: float | str | None, resume: str | Path | None,
                  progress: ProgressArg, plots: bool = True) -> None:
-        from fedsim.runner import RunControl
+        from fedsim.launch.runner import RunControl
 
         self.sc, self.out, self.dilation, self.resume = sc, out, dilation, resume
         self.plots = plots
@@ -204,7 +204,7 @@ class _Job:
         self.control: RunControl = RunControl()
 
     def __call__(self) -> RunResult:
-        from fedsim.runner import run_scenario
+        from fedsim.launch.runner import run_scenario
 
         try:
             result = run_scenario(self.sc, self.out, dilation=self.dilation,

@@ -184,8 +184,8 @@ def _scenario_or_resume(scenario: str | None, resume: str | None, sets: tuple[st
 
 def _load(path: str, sets: tuple[str, ...], dilation: str | None = None) -> Scenario:
     """The validated scenario (``fedsim.load``); exit 2 naming what is wrong."""
-    from fedsim import _overrides
     from fedsim.api import load
+    from fedsim.scenario import overrides as _overrides
 
     with _exits_on(ScenarioError):
         return load(path, _overrides.from_cli(sets, dilation))
@@ -262,7 +262,7 @@ def _phase_lines(s: Any) -> list[str]:
 
 def _lost_work_line(s: Any) -> str | None:
     """The summary's line on client runs that failed (None when none did)."""
-    from fedsim._ids import format_ids
+    from fedsim.scenario.ids import format_ids
 
     lost = s.get("lost_work") or {}
     if not lost.get("runs"):
@@ -368,7 +368,7 @@ def _status_code(summary: Any) -> int:
 def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: str | None,
         resume: str | None, no_progress: bool, no_plots: bool) -> None:
     """Run SCENARIO (a TOML file) on this machine."""
-    from fedsim.actors._proc import set_up_in_background
+    from fedsim.actors.process import set_up_in_background
 
     set_up_in_background()   # a sweep's run sets up in the idle class (its neighbours train)
     from fedsim import api
@@ -422,7 +422,7 @@ def _window(text: str | None) -> tuple[float, float | None] | None:
 
 def _load_runs(paths: tuple[str, ...]) -> list[Any]:
     """Every run directory read and checked; exit 2 with a one-line reason for one that is not."""
-    from fedsim.rundir import RunDirError, load_run
+    from fedsim.results.reader import RunDirError, load_run
 
     with _exits_on(RunDirError, code=EXIT_SCENARIO):
         return [load_run(p) for p in paths]
@@ -431,7 +431,7 @@ def _load_runs(paths: tuple[str, ...]) -> list[Any]:
 def _compare(runs: list[Any], out: str | None, target: float | None,
              labels: tuple[str, ...]) -> None:
     """Print the comparison table of ``runs``; write it and the overlay figures to ``out``."""
-    from fedsim.compare import (
+    from fedsim.results.compare import (
         comparison_rows,
         default_labels,
         format_table,
@@ -505,7 +505,7 @@ def plot(runs: tuple[str, ...], out: str | None, target: float | None, labels: t
     run's staleness scale. Several: overlay figures and a comparison table,
     as `fedsim compare` draws.
     """
-    from fedsim.plots import plot_run, plot_timeline, timeline_is_large, timeline_name
+    from fedsim.results.plots import plot_run, plot_timeline, timeline_is_large, timeline_name
 
     span = _window(window)
     to_file = out is not None and out.lower().endswith(".png")
@@ -529,7 +529,7 @@ def plot(runs: tuple[str, ...], out: str | None, target: float | None, labels: t
     (run,) = _load_runs(runs)
     ids = None
     if client_ids is not None:
-        from fedsim._ids import parse_ids
+        from fedsim.scenario.ids import parse_ids
 
         total = run.summary.get("clients")
         try:
@@ -634,8 +634,8 @@ def clients(scenario: str, connect: str, ids: str, name: str | None, keys_dir: s
     (its version, scenario or key), 3 if the server went silent, 2 if its
     torch worker could not start (e.g. a --state file of an earlier fedsim).
     """
-    from fedsim._ids import parse_ids
     from fedsim.deploy.run import run_clients
+    from fedsim.scenario.ids import parse_ids
 
     _services_say_info()
     sc = _load(scenario, sets)
@@ -675,7 +675,7 @@ def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | No
         raise click.UsageError("give --clients N or --scenario FILE")
     with _exits_on(FedsimError, ValueError):
         made = make_keys(directory, hosts, num_clients, list(ranges) or None)
-    from fedsim._ids import format_ids
+    from fedsim.scenario.ids import format_ids
 
     click.echo(f"wrote {directory}/server.key(_secret) and allowed.toml")
     for h in made:

@@ -16,7 +16,7 @@ error                   raised when                                    exit
 :class:`SweepError`    a sweep file or directory is malformed, or     2
                         ``--out`` holds a different sweep
 :class:`RunDirError`    a directory is not a run, or of a format this  2
-                        fedsim cannot read (``fedsim.rundir``)
+                        fedsim cannot read (``fedsim.results.reader``)
 :class:`RunFailed`      a run ended ``failed`` or ``error``            3
 :class:`RunInterrupted` a run was stopped (Ctrl-C, a cancelled task)   130
 ======================  =============================================  ====

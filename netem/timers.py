@@ -44,8 +44,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from netem._libc import libc as load_libc
 from netem.clock import Clock
+from netem.libc import libc as load_libc
 
 __all__ = ["SPIN_MAX", "TimerHandle", "TimerHeap"]
 

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fedsim.metrics import METRIC_FIELDS, write_run_format
+from fedsim.results.writer import METRIC_FIELDS, write_run_format
 
 
 def make_run(path: Path, *, algorithm: str = "fedasync", clients: int = 4,

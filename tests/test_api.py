@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import fedsim
-from fedsim import runner
 from fedsim.errors import OverrideError, RunFailed, RunInterrupted, ScenarioError
-from fedsim.metrics import read_summary
-from fedsim.results import Metrics, RunResult, Summary
+from fedsim.launch import runner
+from fedsim.results.values import Metrics, RunResult, Summary
+from fedsim.results.writer import read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "scenarios" / "quickstart.toml"
@@ -54,7 +54,7 @@ def test_import_fedsim_is_cheap_and_its_names_come_on_first_use() -> None:
             "print(fedsim.load.__module__, fedsim.RunResult.__module__, heavy())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert out == ["[] fedsim.errors []", "fedsim.api fedsim.results []"]
+    assert out == ["[] fedsim.errors []", "fedsim.api fedsim.results.values []"]
     assert set(fedsim.__all__) <= set(dir(fedsim))
     with pytest.raises(AttributeError, match="no attribute 'lod'"):
         fedsim.lod  # noqa: B018
@@ -79,7 +79,7 @@ def test_load_takes_a_file_a_mapping_or_a_scenario_with_overrides() -> None:
 
 def test_a_runs_result_holds_its_summary_metrics_events_and_plots(
         tmp_path: Path, one_torch_thread: None) -> None:
-    from fedsim.actors.inmemory import run_in_memory
+    from fedsim.testing.federation import run_in_memory
 
     sc = fedsim.load(TINY, overrides={"run.time_budget": 2.0})
     run_in_memory(sc, tmp_path)

@@ -87,8 +87,8 @@ def test_check_prints_resolved_defaults(tmp_path: Path) -> None:
 
 
 def test_every_shipped_scenario_validates() -> None:
-    from fedsim.network import NetPlan
     from fedsim.scenario import load
+    from fedsim.scenario.network import NetPlan
 
     paths = sorted((ROOT / "scenarios").glob("*.toml"))
     assert len(paths) >= 10
@@ -125,7 +125,7 @@ PHASES_SUMMARY = {
 def test_run_prints_where_time_went(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``fedsim run`` ends with a few lines: per phase, p50 / p99 / n of each part."""
     import fedsim.api
-    from fedsim.results import RunResult
+    from fedsim.results.values import RunResult
 
     result = RunResult.of(tmp_path, PHASES_SUMMARY)
     monkeypatch.setattr(fedsim.api, "run", lambda sc, **kw: result)
@@ -153,7 +153,7 @@ def test_run_prints_where_time_went(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_a_summary_without_phases_prints_no_block(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import fedsim.api
-    from fedsim.results import RunResult
+    from fedsim.results.values import RunResult
 
     old = {k: v for k, v in PHASES_SUMMARY.items() if k != "phases"}
     monkeypatch.setattr(fedsim.api, "run", lambda sc, **kw: RunResult.of(tmp_path, old))
@@ -166,7 +166,7 @@ def test_a_summary_without_phases_prints_no_block(tmp_path: Path,
 def test_run_prints_corrected_send_times_and_the_guard(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import fedsim.api
-    from fedsim.results import RunResult
+    from fedsim.results.values import RunResult
 
     summary = {**PHASES_SUMMARY, "send_times_clamped": 37,
                "send_time_corrections": {"out_of_window": 1, "before_record": 36},

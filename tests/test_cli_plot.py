@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from run_fixtures import make_run
 
 from fedsim.cli import cli
-from fedsim.metrics import FORMAT_FILE
+from fedsim.results.writer import FORMAT_FILE
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

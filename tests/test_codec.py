@@ -1,4 +1,4 @@
-"""Tests of fedsim.messages and fedsim.codec (schema 2): round trips, zero copy,
+"""Tests of fedsim.wire.messages and fedsim.wire.codec (schema 2): round trips, zero copy,
 every rejection reason by name, field checks, real sockets, and a fuzz loop."""
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ import numpy as np
 import pytest
 import zmq
 
-from fedsim import codec, messages
-from fedsim.codec import Body, Meta, decode, encode, encode_body, stamp
-from fedsim.messages import (
+from fedsim.wire import codec, errors, messages, records, tensors
+from fedsim.wire.codec import Body, Meta, decode, encode, encode_body, stamp
+from fedsim.wire.errors import REASONS, WireError
+from fedsim.wire.messages import (
     EVENT_KINDS,
     HOST_EVENT_KINDS,
     HOST_PHASES,
     KINDS,
-    REASONS,
     SCHEMA_VERSION,
-    WIRE_DTYPES,
     Advance,
     Average,
     ClockProbe,
@@ -39,7 +38,6 @@ from fedsim.messages import (
     HostHello,
     Leave,
     LocalWork,
-    Model,
     PhaseSample,
     Ready,
     Refused,
@@ -47,14 +45,12 @@ from fedsim.messages import (
     Start,
     Stop,
     Task,
-    TensorSpec,
-    Train,
     Trained,
     Update,
-    WireError,
     WorkerFailed,
     WorkerReady,
 )
+from fedsim.wire.tensors import WIRE_DTYPES, Model, TensorSpec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -155,15 +151,6 @@ MESSAGES: list[Any] = [
     ClockProbe(seq=1, t_sent=0.5),
     ClockReply(seq=1, t_sent=0.5, t_server=1000.25),
     WorkerReady(samples=(5, 6), spec=SPEC),
-    Train(
-        request_id=1,
-        client=3,
-        task_id=11,
-        version=7,
-        round=2,
-        work=LocalWork(epochs=1.5),
-        model=_spec_model(),
-    ),
     Advance(request_id=2, client=3, rounds=(4, 5), model=_spec_model(2)),
     Advance(request_id=3, client=3, rounds=(), model=None),
     Trained(
@@ -172,8 +159,7 @@ MESSAGES: list[Any] = [
         steps=10,
         loss=0.5,
         compute_s=0.01,
-        upload=_spec_model(),
-        upload_round=5,
+        upload=True,
         next="more",
         wait_round=None,
         notes={"eta": 0.01, "corrections": [1, 2]},
@@ -184,8 +170,7 @@ MESSAGES: list[Any] = [
         steps=0,
         loss=None,
         compute_s=0.0,
-        upload=None,
-        upload_round=None,
+        upload=False,
         next="wait",
         wait_round=6,
         notes={},
@@ -309,10 +294,8 @@ def test_large_model_round_trip_with_spec() -> None:
 
 
 def test_nested_value_types_round_trip() -> None:
-    msg = Train(
-        request_id=1, client=2, task_id=3, version=4, round=5, work=LocalWork(epochs=2),
-        model=_spec_model(),
-    )
+    msg = Task(client=2, task_id=3, version=4, round=5, work=LocalWork(epochs=2),
+               model=_spec_model())
     got, _ = decode(encode(msg))
     assert got.work == LocalWork(epochs=2.0)
     assert type(got.work.epochs) is float
@@ -328,8 +311,8 @@ def test_wire_layout() -> None:
         model=Model.from_arrays(_arrays()[:3]),
     )
     frames = encode(msg, sent_at=1.5, seq=3)
-    assert frames[0] == b"\x94\x03\xa4Task" + struct.pack(">BdBQ", 0xCB, 1.5, 0xCF, 3)
-    assert msgpack.unpackb(frames[0]) == [3, "Task", 1.5, 3]
+    assert frames[0] == b"\x94\x04\xa4Task" + struct.pack(">BdBQ", 0xCB, 1.5, 0xCF, 3)
+    assert msgpack.unpackb(frames[0]) == [4, "Task", 1.5, 3]
     assert msgpack.unpackb(frames[1]) == [
         1, 4, 2, 3, [2, None],
         [["float32", [3, 4]], ["float32", [4]], ["int64", []]],
@@ -467,7 +450,7 @@ def test_spec_helpers() -> None:
     assert repr(two) == "TensorSpec(float32[2, 3], float32[4], float32[2, 3], float32[4]; 80 B)"
     assert repr(SPEC.repeated(3)).endswith("float32[4], ... 2 more; 120 B)")
     with pytest.raises(WireError, match="MAX_TENSORS"):
-        TensorSpec([("uint8", (1,))] * (messages.MAX_TENSORS + 1))
+        TensorSpec([("uint8", (1,))] * (tensors.MAX_TENSORS + 1))
 
 
 # ---------------------------------------------------------------------------
@@ -597,7 +580,8 @@ HEADER_CASES = [
     ("complex dtype", {"5.0": ["complex64", [2, 3]]}, "bad_dtype", "complex64"),
     ("object dtype", {"5.0": ["object", [2, 3]]}, "bad_dtype", "object"),
     ("numpy alias", {"5.0": ["<f4", [2, 3]]}, "bad_dtype", "<f4"),
-    ("missing model", {"5": None}, "bad_field", "Task.model must be a Model, got None"),
+    # a task may leave its model out (its receiver holds it), but not keep its frames
+    ("model left out, frames kept", {"5": None}, "frame_count", "lists 0 model buffers"),
     ("huge shape", {"5.0": ["float32", [2**62, 2**62]]}, "size_mismatch", "frame has 24 bytes"),
     ("header ext type", {"0": msgpack.ExtType(5, b"!")}, "bad_header", "extension type 5"),
     ("timestamp", {"0": msgpack.Timestamp(1)}, "bad_field", "Timestamp"),
@@ -830,8 +814,9 @@ def test_a_30_mb_header_costs_no_memory() -> None:
     """Measured in a fresh process: the peak RSS decoding it adds beyond the frame itself."""
     script = """
 import resource
-from fedsim.codec import decode
-from fedsim.messages import SCHEMA_VERSION, WireError
+from fedsim.wire.codec import decode
+from fedsim.wire.errors import WireError
+from fedsim.wire.messages import SCHEMA_VERSION
 import msgpack
 env = msgpack.packb([SCHEMA_VERSION, "EventBatch", 0.0, 0])
 header = b"\\xdd" + (30 << 20).to_bytes(4, "big") + b"\\x90" * (30 << 20)
@@ -1106,14 +1091,14 @@ def test_advance_spec_is_repeated_per_round() -> None:
         ),
         (
             lambda: Trained(request_id=1, client=1, steps=1, loss=None, compute_s=0.0,
-                            upload=None, upload_round=None, next="later", wait_round=None,
+                            upload=False, next="later", wait_round=None,
                             notes={}),
             "bad_field",
             "Trained.next must be 'done', 'more' or 'wait', got str 'later'",
         ),
         (
             lambda: Trained(request_id=1, client=1, steps=1, loss=None, compute_s=0.0,
-                            upload=None, upload_round=None, next="done", wait_round=None,
+                            upload=False, next="done", wait_round=None,
                             notes=[]),
             "bad_field",
             "Trained.notes must be a dict",
@@ -1128,7 +1113,7 @@ def test_field_errors_name_the_field(make: Callable, reason: str, text: str) -> 
 
 
 def test_a_hosts_phases_are_named_as_the_summary_names_them() -> None:
-    from fedsim.phases import PHASES
+    from fedsim.results.phases import PHASES
 
     assert set(PHASES) > HOST_PHASES
     assert EventBatch(host="h", events=()).phases == ()
@@ -1158,11 +1143,11 @@ def test_non_finite_floats_only_where_annotated() -> None:
 
 def test_dict_fields_only_where_allowed() -> None:
     @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
-    class Rogue(messages._Record):
+    class Rogue(records.Record):
         info: dict[str, Any]
 
     with pytest.raises(TypeError, match=r"Rogue\.info: no wire type"):
-        messages._register(Rogue, {}, message=True)
+        records.register(Rogue, {}, message=True)
 
 
 def test_messages_are_frozen_compare_by_value_and_repr_short() -> None:
@@ -1193,9 +1178,9 @@ def test_event_to_json_dict() -> None:
 
 
 def test_encode_argument_errors() -> None:
-    with pytest.raises(TypeError, match=r"needs a fedsim\.messages message"):
+    with pytest.raises(TypeError, match=r"needs a fedsim\.wire\.messages message"):
         encode({"kind": "Task"})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"needs a fedsim\.messages message"):
+    with pytest.raises(TypeError, match=r"needs a fedsim\.wire\.messages message"):
         encode(LocalWork(steps=1))  # type: ignore[arg-type]
     msg = Stop(reason="x")
     for kwargs in [{"sent_at": float("inf")}, {"sent_at": "1"}, {"seq": -1}, {"seq": 1.0},
@@ -1219,17 +1204,22 @@ def test_wire_error() -> None:
     tested = {c[2] for c in ENVELOPE_CASES + HEADER_CASES + FRAME_CASES} | {
         "oversize", "non_finite", "bad_value", "shape_mismatch", "dtype_mismatch",
         "oversize_header",  # test_an_oversize_header_is_refused_without_being_unpacked
+        "unknown_payload",  # tests/test_payloads.py
     }
     assert tested == REASONS
 
 
 def test_modules_import_without_torch_and_do_not_reexport() -> None:
-    code = "import sys, fedsim.messages, fedsim.codec; print('torch' in sys.modules)"
+    code = ("import sys, fedsim.wire.messages, fedsim.wire.codec, fedsim.wire.tensors;"
+            " print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    assert not set(codec.__all__) & set(messages.__all__)
-    assert all(getattr(codec, name).__module__ == "fedsim.codec"
-               for name in codec.__all__ if isinstance(getattr(codec, name), type))
+    wire = (errors, tensors, records, messages, codec)
+    exported = [name for module in wire for name in module.__all__]
+    assert len(exported) == len(set(exported))  # each name has one home
+    for module in wire:
+        assert all(getattr(module, name).__module__ == module.__name__
+                   for name in module.__all__ if isinstance(getattr(module, name), type))
 
 
 # ---------------------------------------------------------------------------

@@ -181,7 +181,7 @@ def test_synthetic_equal_sizes_give_every_user_the_same_count() -> None:
 
 
 def test_synthetic_sizes_key_reaches_the_generator() -> None:
-    from fedsim.actors._setup import build_data
+    from fedsim.actors.setup import build_data
     from fedsim.scenario import parse
 
     sc = parse({"name": "x", "seed": 2, "data": {"dataset": "synthetic", "num_clients": 10,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from fedsim._turnaround import MAX_BURST, measure_turnaround
-from fedsim.dilation import calibrate_dilation, task_spec
+from fedsim.launch._turnaround import MAX_BURST, measure_turnaround
+from fedsim.launch.dilation import calibrate_dilation, task_spec
 from fedsim.scenario import Scenario, parse
 
 # tools/bench_overhead.py's task: 10 of 100 clients per round, instant devices, no delay
@@ -103,7 +103,7 @@ def test_an_impossible_measurement_is_refused() -> None:
 
 def test_measure_turnaround_times_a_round_trip_through_a_second_process() -> None:
     sc = _scenario(data={"dataset": "synthetic", "num_clients": 10})
-    from fedsim.actors._setup import build_data
+    from fedsim.actors.setup import build_data
 
     spec = task_spec(sc, build_data(sc))
     one = measure_turnaround(sc, spec, 1, bursts=5)

@@ -9,6 +9,7 @@ code blocks and code spans are not links.
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import unicodedata
@@ -164,3 +165,84 @@ def test_every_docs_reference_in_the_code_resolves() -> None:
                     broken.append(f"{path.relative_to(ROOT)}:{number}: {ref}: {why}")
     assert found, "no docs/ reference found: is the pattern still right?"
     assert not broken, "\n".join(broken)
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+MODULE_PATH = re.compile(r"(?<![\w/.-])((?:fedsim|netem)/[\w/]*\w(?:\.py)?/?)")
+DOTTED_NAME = re.compile(r"(?<![\w./-])((?:fedsim|netem)(?:\.\w+)+)")
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module, or an attribute (chain) of one."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            module = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        value: object = module
+        for attr in parts[i:]:
+            if not hasattr(value, attr):
+                return False
+            value = getattr(value, attr)
+        return True
+    return False
+
+
+def test_every_module_architecture_md_names_exists() -> None:
+    """A file path (``fedsim/wire/codec.py``) or a dotted name
+    (``fedsim.actors.checkpoint.load_checkpoint``) in docs/architecture.md is
+    real: a module moved or renamed fails here until the page follows."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    paths = sorted(set(MODULE_PATH.findall(text)))
+    names = sorted(set(DOTTED_NAME.findall(text)))
+    assert len(paths) > 20  # the patterns find what the page names
+    assert len(names) > 5
+    assert [p for p in paths if not (ROOT / p).exists()] == []
+    assert [n for n in names if not resolves(n)] == []
+
+
+def test_architecture_md_names_every_actor_module() -> None:
+    named = set(MODULE_PATH.findall(ARCHITECTURE.read_text(encoding="utf-8")))
+    actors = sorted(p.relative_to(ROOT).as_posix()
+                    for p in (ROOT / "fedsim" / "actors").glob("*.py") if p.name != "__init__.py")
+    assert len(actors) > 10
+    assert [m for m in actors if m not in named] == []
+
+
+def readme_layout() -> dict[str, str]:
+    """README.md's layout block under ``fedsim/``: each name (``wire/``, ``api.py``) -> its job."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Layout\n\n```\n", 1)[1].split("```", 1)[0]
+    rows: dict[str, str] = {}
+    current: list[str] = []
+    for line in block.splitlines():
+        if not line.startswith("  "):  # a top-level entry: fedsim/ itself, netem/, tools/, ...
+            current = []
+            continue
+        names, job = line[:20].strip(), line[20:].strip()
+        if names:
+            current = [n.strip() for n in names.split(",")]
+        for name in current:
+            rows[name] = f"{rows.get(name, '')} {job}".strip()
+    return rows
+
+
+def test_the_readme_layout_is_the_tree() -> None:
+    """Every package and loose module of fedsim is in README.md's layout with its
+    job, and every name the layout gives (``wire/``, ``codec.py``) exists there."""
+    rows = readme_layout()
+    fedsim = ROOT / "fedsim"
+    tree = {f"{p.name}/" for p in fedsim.iterdir() if (p / "__init__.py").is_file()}
+    tree |= {p.name for p in fedsim.glob("*.py") if p.name != "__init__.py"}
+    assert len(tree) > 10
+    assert sorted(tree - set(rows)) == []  # each is listed
+    assert sorted(set(rows) - tree) == []  # each listed one exists
+    missing = []
+    for name, job in rows.items():
+        assert job, f"{name} has no job in the layout"
+        if name.endswith("/"):
+            for module in re.findall(r"([\w*]+\.py)\b", job):  # _server_*.py: a glob
+                if not list((fedsim / name).glob(module)):
+                    missing.append(f"fedsim/{name}{module}")
+    assert missing == []

@@ -1,11 +1,12 @@
-"""fedsim's import graph has no cycles, and no module re-exports another's names.
+"""fedsim's import graph: no cycle (between modules or packages), no re-export, no private reach.
 
 Every module of fedsim and netem is found with :func:`pkgutil.walk_packages`
 and its imports read with :mod:`ast`, all of them (module level, under
 ``if TYPE_CHECKING:`` and inside functions): each is an edge of the
 dependency graph whether or not it runs at import time. A package's
-``__init__`` may gather its own submodules (that is its job), so edges from a
-package to its own children are not counted.
+``__init__`` may gather its own submodules' names (that is its job): those
+edges count too, so a submodule that imports its own package's gathered names
+(a cycle at import time) fails here.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _edges(module: str, path: Path) -> set[str]:
         for name in names:
             while name and name not in MODULES:
                 name = name.rpartition(".")[0]
-            if name and name != module and not (is_package and name.startswith(module + ".")):
+            if name and name != module:
                 out.add(name)
     return out
 
@@ -100,3 +101,58 @@ def test_no_module_reexports_a_name_under_an_old_path():
             if isinstance(node, ast.ImportFrom) and any(a.asname == a.name for a in node.names):
                 offenders.append(f"{module}: line {node.lineno}")
     assert offenders == []
+
+
+def _private_owner(name: str) -> str | None:
+    """The package that private module ``name`` belongs to (its first ``_x`` part's parent)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def test_no_module_imports_another_packages_private_module():
+    """A module named ``_x`` is private to its package (and the packages inside it).
+
+    What another package needs has a public name: process plumbing
+    (``fedsim.actors.process``), a run's set-up (``fedsim.actors.setup``),
+    client-id ranges (``fedsim.scenario.ids``), ``netem.libc``.
+    """
+    offenders, private = [], 0
+    for module, path in MODULES.items():
+        for name in sorted(_edges(module, path)):
+            owner = _private_owner(name)
+            if owner is None:
+                continue
+            private += 1
+            if not (module == owner or module.startswith(owner + ".")):
+                offenders.append(f"{module} imports {name}")
+    assert private > 20  # the check sees the private imports that are allowed
+    assert offenders == []
+
+
+def _unit(module: str) -> str:
+    """The package (``fedsim.wire``, ``netem``) or loose module (``fedsim.api``) of ``module``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "fedsim" and len(parts) > 1 else parts[0]
+
+
+def test_the_packages_form_layers():
+    """Between fedsim's packages and loose modules the imports have no cycle either.
+
+    So they stack: the algorithms at the bottom, the wire and the scenario
+    below the actors, the actors below launch, deploy, sweep and testing. The
+    ``fedsim`` package itself is left out: it gathers the API's names on first use.
+    """
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        if module == "fedsim":
+            continue
+        unit = _unit(module)
+        graph.setdefault(unit, set()).update(
+            _unit(e) for e in _edges(module, path) if e != "fedsim" and _unit(e) != unit)
+    assert {"fedsim.wire", "fedsim.scenario", "fedsim.actors", "fedsim.launch"} <= set(graph)
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+    assert "fedsim.actors" not in graph["fedsim.results"]  # results are read without the actors
+    assert "fedsim.actors" not in graph["fedsim.wire"] | graph["fedsim.scenario"]

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from fedsim._ids import format_id_list, format_ids, parse_id_list, parse_ids, split_ids
 from fedsim.deploy.keys import (
     KeysError,
     load_allowed,
@@ -16,6 +15,7 @@ from fedsim.deploy.keys import (
     load_server_keys,
     make_keys,
 )
+from fedsim.scenario.ids import format_id_list, format_ids, parse_id_list, parse_ids, split_ids
 
 
 @pytest.mark.parametrize(("text", "ids"), [

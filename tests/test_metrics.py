@@ -1,5 +1,5 @@
 """Run-directory files stay readable when a run is killed mid-write; the bounded
-estimator behind the summary's ``phases`` (:class:`fedsim.phases.Durations`)."""
+estimator behind the summary's ``phases`` (:class:`fedsim.results.phases.Durations`)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedsim.metrics import (
+from fedsim.results.phases import PHASES, Durations, PhaseStats
+from fedsim.results.writer import (
     EventLog,
     MetricsTable,
     read_events,
     read_metrics,
     write_json_atomic,
 )
-from fedsim.phases import PHASES, Durations, PhaseStats
 
 
 def test_torn_last_lines_are_skipped(tmp_path: Path) -> None:

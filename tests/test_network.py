@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.network import NetPlan, NetworkError
-from fedsim.scenario import ScenarioError, parse
+from fedsim.errors import ScenarioError
+from fedsim.scenario import parse
+from fedsim.scenario.network import NetPlan, NetworkError
 from netem.profiles import profile
 
 

@@ -10,8 +10,8 @@ import pytest
 from matplotlib.collections import PolyCollection
 from run_fixtures import make_run
 
-from fedsim import plots
-from fedsim.compare import (
+from fedsim.results import plots
+from fedsim.results.compare import (
     comparison_rows,
     default_labels,
     format_table,
@@ -19,15 +19,15 @@ from fedsim.compare import (
     shared_target,
     write_csv,
 )
-from fedsim.plots import (
+from fedsim.results.plots import (
     accuracy_figure,
     plot_run,
     staleness_figure,
     staleness_values,
     timeline_figure,
 )
-from fedsim.rundir import load_run
-from fedsim.timeline import build_timeline, sample_clients
+from fedsim.results.reader import load_run
+from fedsim.results.timeline import build_timeline, sample_clients
 
 
 def test_accuracy_and_loss_share_emulated_time_and_mark_the_target(tmp_path: Path) -> None:

@@ -20,10 +20,11 @@ import torch
 from click.testing import CliRunner
 
 import fedsim
-from fedsim import cli, plugins
-from fedsim.algorithms import ClientResult, api
+from fedsim import cli
+from fedsim.algorithms import api
 from fedsim.errors import PluginError, RunFailed, ScenarioError
-from fedsim.scenario import resolved
+from fedsim.scenario import plugins, resolved
+from fedsim.wire.messages import Update
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plugin"
@@ -49,8 +50,8 @@ def mylab(clean_plugins: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(EXAMPLE))
 
 
-def _result(client: int, params: list[float], samples: int = 10) -> ClientResult:
-    return ClientResult(client=client, base_version=0, params=torch.tensor(params),
+def _result(client: int, params: list[float], samples: int = 10) -> Update:
+    return Update.of(client=client, base_version=0, params=torch.tensor(params),
                         num_samples=samples, steps=1, round=1)
 
 
@@ -172,7 +173,7 @@ def test_a_plugin_model_fedsim_cannot_build_the_same_everywhere_is_refused(
 
 def test_a_plugin_that_fails_during_a_run_is_a_run_failed(
         clean_plugins: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from fedsim import runner
+    from fedsim.launch import runner
 
     def broken(*args: Any, **kw: Any) -> Any:
         raise ValueError("Invalid model 'mylab.nets:TinyMLP': it holds buffers")
@@ -219,7 +220,7 @@ def one_torch_thread() -> Iterator[None]:
 
 def test_the_example_federates_on_virtual_time(mylab: None, one_torch_thread: None,
                                                tmp_path: Path) -> None:
-    from fedsim.actors.inmemory import run_in_memory
+    from fedsim.testing.federation import run_in_memory
 
     sc = fedsim.load(SCENARIO, overrides={"run.time_budget": 3.0})
     run = run_in_memory(sc, tmp_path)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from fedsim.metrics import FORMAT_FILE, RUN_FORMAT, write_run_format
-from fedsim.rundir import NotARunError, RunFormatError, load_run, run_format, sort_events
+from fedsim.results.reader import NotARunError, RunFormatError, load_run, run_format, sort_events
+from fedsim.results.writer import FORMAT_FILE, RUN_FORMAT, write_run_format
 
 
 def _write_events(path: Path, records: list[dict[str, Any]], tail: str = "") -> None:

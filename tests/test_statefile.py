@@ -1,4 +1,4 @@
-"""fedsim.statefile: every value a state holds comes back exactly; a bad file is refused, named."""
+"""fedsim.wire.statefile: every value a state holds comes back exactly; a bad file is refused."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim import statefile
-from fedsim.statefile import LegacyStateFile, StateFileError
+from fedsim.wire import statefile
+from fedsim.wire.statefile import LegacyStateFile, StateFileError
 
 
 def _round_trip(value: object, kind: str = "k") -> object:

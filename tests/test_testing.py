@@ -15,17 +15,15 @@ import time
 
 import pytest
 
-from fedsim.testing import (
-    MemoryConnection,
-    MemoryNetwork,
-    Packet,
+from fedsim.testing.memory_network import MemoryConnection, MemoryNetwork, Packet
+from fedsim.testing.virtual_time import (
     VirtualTimeDeadlock,
     VirtualTimeLoop,
     make_timers,
     run_virtual,
     virtual_clock,
 )
-from fedsim.transport import Connection, Endpoint, PeerGone
+from fedsim.wire.transport import Connection, Endpoint, PeerGone
 from netem.timers import TimerHeap
 
 # -- virtual time ----------------------------------------------------------------

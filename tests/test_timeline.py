@@ -1,4 +1,4 @@
-"""Per-client intervals from synthetic event lists (fedsim.timeline, pure functions)."""
+"""Per-client intervals from synthetic event lists (fedsim.results.timeline, pure functions)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fedsim.timeline import build_timeline, merge, sample_clients, subtract
+from fedsim.results.timeline import build_timeline, merge, sample_clients, subtract
 
 
 def ev(t: float, name: str, **fields: Any) -> dict[str, Any]:

@@ -1,9 +1,9 @@
-"""Client hosts never import torch; fedsim._lazy is how (docs/architecture.md#processes).
+"""Client hosts never import torch; fedsim.lazy is how (docs/architecture.md#processes).
 
 Only the processes that train, evaluate or aggregate import torch (about
 1.2 s and 185 MB each). A client host parses the scenario, which imports
 every algorithm's home module, so those modules bind torch through
-:func:`fedsim._lazy.lazy_module` and touch it only inside functions.
+:func:`fedsim.lazy.lazy_module` and touch it only inside functions.
 
 The check runs in a fresh interpreter: it imports what a host process
 imports (one started by ``fedsim run`` or by ``fedsim clients``), parses
@@ -27,7 +27,7 @@ from types import ModuleType
 
 import pytest
 
-from fedsim._lazy import LazyModule, is_loaded, lazy_module
+from fedsim.lazy import LazyModule, is_loaded, lazy_module
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted(
@@ -38,7 +38,7 @@ SCENARIOS = sorted(
 # Reports what was loaded as the last line of its output, as JSON.
 REPORT = """
 import json, sys
-from fedsim._lazy import LazyModule, is_loaded
+from fedsim.lazy import LazyModule, is_loaded
 proxies = {
     f"{name}.{attr}": is_loaded(value)
     for name, module in list(sys.modules.items()) if name.startswith("fedsim")
@@ -69,9 +69,9 @@ import fedsim.actors.client
 import fedsim.actors.host
 import fedsim.cli  # `fedsim clients` runs a host on another machine
 import fedsim.deploy.run
-from fedsim.actors._setup import local_config
+from fedsim.actors.setup import local_config
 from fedsim.actors.host import ClientHost
-from fedsim.network import NetPlan
+from fedsim.scenario.network import NetPlan
 from fedsim.scenario import load, resolved
 
 done = []

@@ -1,6 +1,6 @@
 """fedsim's ZeroMQ transport on real sockets: its reader without a future per message.
 
-:class:`fedsim._zmqsocket.LoopSocket` reads every waiting message when the
+:class:`fedsim.wire._zmqsocket.LoopSocket` reads every waiting message when the
 socket's ``ZMQ_FD`` is readable and after every call on the socket (the FD
 is edge-triggered: a send can consume the signal of a message that arrived).
 These tests check what that must keep: order, nothing lost to a cancelled
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import zmq
 
-import fedsim.transport as transport
-from fedsim.transport import READ_AHEAD, ZmqConnection, ZmqContext, ZmqEndpoint
+import fedsim.wire.transport as transport
+from fedsim.wire.transport import READ_AHEAD, ZmqConnection, ZmqContext, ZmqEndpoint
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import zmq
 
-from fedsim.transport import ClientKeys, ServerKeys, ZmqContext, assigned
+from fedsim.wire.transport import ClientKeys, ServerKeys, ZmqContext, assigned
 
 pytestmark = pytest.mark.timeout(30)
 

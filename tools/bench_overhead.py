@@ -261,7 +261,7 @@ def save_data(path: Path) -> list[int]:
     the shards' sizes."""
     import numpy as np
 
-    from fedsim.actors._setup import build_data
+    from fedsim.actors.setup import build_data
     from fedsim.api import load
 
     sc = load(path.parent / "overhead.toml")

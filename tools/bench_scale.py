@@ -211,7 +211,8 @@ def actors_in_process(n: int, dilation: float, trace: bool) -> dict[str, float]:
 
     from fedsim.actors.host import ClientHost
     from fedsim.api import load
-    from fedsim.messages import Start, TensorSpec
+    from fedsim.wire.messages import Start
+    from fedsim.wire.tensors import TensorSpec
     from netem.clock import monotonic
 
     work = Path(tempfile.mkdtemp(prefix="fedsim-bench-scale-"))

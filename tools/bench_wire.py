@@ -62,9 +62,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from fedsim.codec import decode, encode
-from fedsim.messages import Model, TensorSpec, Update
-from fedsim.transport import Connection, Endpoint, ZmqConnection, ZmqContext, ZmqEndpoint
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import Update
+from fedsim.wire.tensors import Model, TensorSpec
+from fedsim.wire.transport import Connection, Endpoint, ZmqConnection, ZmqContext, ZmqEndpoint
 
 
 def make_model(nbytes: int, ntensors: int) -> tuple[np.ndarray, TensorSpec]:

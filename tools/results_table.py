@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsim.metrics import read_summary  # noqa: E402 (after the path is set)
+from fedsim.results.writer import read_summary  # noqa: E402 (after the path is set)
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:

@@ -19,7 +19,7 @@ class Refusal(Exception):
     event-log record a host may not write), ``refused`` (a host not let in),
     ``internal_error`` (a handler failed: a bug, logged with its traceback).
     The receiver counts it by code, logs it and goes on, as for a
-    :class:`~fedsim.messages.WireError`.
+    :class:`~fedsim.wire.errors.WireError`.
     """
 
     def __init__(self, reason: str, detail: str) -> None:

@@ -11,19 +11,74 @@ import heapq
 import itertools
 import math
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import zmq
 
-from fedsim.algorithms._kernels import flatten
+from fedsim.algorithms import flatten
 from fedsim.algorithms.local import load_vector
-from fedsim.codec import decode, encode
-from fedsim.messages import Message, Shutdown
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.errors import WireError
+from fedsim.wire.messages import Message, Shutdown, Task, Update
+from fedsim.wire.payloads import HeldVersions
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["Preemption", "Requests"]
+__all__ = ["BadTask", "Preemption", "Reply", "Request", "Requests", "TaskRequest",
+           "read_request", "send_reply"]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRequest:
+    """A task as its trainer receives it: the task (its model held or its own), the
+    request id and when its result is due (emulated s), from the envelope its host
+    stamped on it."""
+
+    task: Task
+    request_id: int
+    due: float
+
+    @property
+    def client(self) -> int:
+        return self.task.client
+
+
+@dataclass(frozen=True, slots=True)
+class BadTask:
+    """A task its trainer cannot run (it came without a model the trainer holds):
+    answered with a failure, so its host does not wait for it."""
+
+    request_id: int
+    client: int
+    reason: str
+    due: float = -math.inf
+
+
+Request = Message | TaskRequest | BadTask
+#: A reply, and the update it uploads (sent first, its envelope's ``seq`` the request id).
+Reply = tuple[Message, Update | None]
+
+
+def read_request(frames: Sequence[Any], held: HeldVersions) -> Request:
+    """Decode one request from the trainer's parent; a task gets its version's model."""
+    msg, meta = decode(frames, max_header=None, check_finite=False)
+    if not isinstance(msg, Task):
+        return msg
+    try:
+        return TaskRequest(held.bind(msg), meta.seq, meta.sent_at)
+    except WireError as exc:
+        return BadTask(meta.seq, msg.client, str(exc))
+
+
+def send_reply(sock: zmq.Socket[Any], reply: Reply) -> None:
+    """Send a reply, its update first."""
+    msg, upload = reply
+    if upload is not None:
+        sock.send_multipart(encode(upload, seq=getattr(msg, "request_id", 0)), copy=False)
+    sock.send_multipart(encode(msg), copy=False)
 
 
 class Worker(Protocol):
@@ -32,8 +87,10 @@ class Worker(Protocol):
     model: nn.Module
     #: per request being answered: real seconds lent to more urgent ones
     nested: list[float]
+    #: the models of the versions its tasks train from
+    held: HeldVersions
 
-    def handle(self, msg: Message) -> Message: ...
+    def handle(self, msg: Request) -> Reply: ...
 
 
 class Requests:
@@ -48,29 +105,29 @@ class Requests:
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Message]] = []
+        self._heap: list[tuple[float, int, Request]] = []
         self._seq = itertools.count()
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def push(self, msg: Message) -> None:
+    def push(self, msg: Request) -> None:
         due = getattr(msg, "due", None)
         heapq.heappush(self._heap, (-math.inf if due is None else float(due),
                                     next(self._seq), msg))
 
-    def pop(self) -> Message:
+    def pop(self) -> Request:
         return heapq.heappop(self._heap)[2]
 
     def first_due(self) -> float:
         """The earliest due time waiting (-inf for one without; +inf when none waits)."""
         return self._heap[0][0] if self._heap else math.inf
 
-    def first(self) -> Message:
+    def first(self) -> Request:
         return self._heap[0][2]
 
 
-def _due(msg: Message) -> float:
+def _due(msg: Request) -> float:
     due = getattr(msg, "due", None)
     return -math.inf if due is None else float(due)
 
@@ -106,7 +163,7 @@ class Preemption:
         self.running: list[tuple[float, int]] = []   # (due, client) of the runs under way
         self._looked = -math.inf
 
-    def answer(self, msg: Message) -> Message:
+    def answer(self, msg: Request) -> Reply:
         """Answer ``msg`` (the outermost request, or one let in by :meth:`__call__`)."""
         self.running.append((_due(msg), getattr(msg, "client", -1)))
         try:
@@ -122,7 +179,7 @@ class Preemption:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            self.waiting.push(decode(frames, max_header=None, check_finite=False)[0])
+            self.waiting.push(read_request(frames, self.worker.held))
 
     #: Real seconds between looks at the socket in the middle of a run (a look
     #: costs about 3 % of a small model's step; a run lets another in at most
@@ -145,8 +202,7 @@ class Preemption:
             model = self.worker.model
             saved = flatten([p for p in model.parameters() if p.requires_grad])
             began = time.perf_counter()
-            reply = self.answer(nxt)
-            self.sock.send_multipart(encode(reply), copy=False)
+            send_reply(self.sock, self.answer(nxt))
             load_vector(model, saved)
             self.worker.nested[-1] += time.perf_counter() - began
             self.read()

@@ -4,7 +4,7 @@
 mixin: it holds no state of its own and declares what of the server's it
 uses). Every message a host sends is checked before it is unpacked (a
 routing id the server assigned, the envelope, its sender's budgets, its
-header's size: :mod:`._server_gate`), then decoded, checked (its host,
+header's size: :mod:`.server_gate`), then decoded, checked (its host,
 sequence number, rate and size) and routed here: control messages (registration,
 clock probes, event batches, goodbyes) are handled at once, and a client's
 message is held by the timer heap until that client's emulated uplink
@@ -29,9 +29,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-from fedsim._ids import format_ids
 from fedsim.actors._refusal import Refusal
-from fedsim.actors._server_gate import Gate, RecordBudget, Rejections
 from fedsim.actors._server_queue import (
     ClientMessage,
     FromClient,
@@ -41,11 +39,18 @@ from fedsim.actors._server_queue import (
     Tick,
 )
 from fedsim.actors._server_tasks import TOLERANCE, TaskBook, TaskRecord
+from fedsim.actors.client_links import ClientLinks, SendTimes
 from fedsim.actors.hosts import HostInfo, HostTable, RateLimit
 from fedsim.actors.runstate import RunState
+from fedsim.actors.server_gate import Gate, RecordBudget, Rejections
 from fedsim.algorithms.api import AlgorithmSpec, ServerAlgorithm
-from fedsim.codec import Body, decode, encode, encode_body, peek, stamp
-from fedsim.messages import (
+from fedsim.results.phases import PhaseStats
+from fedsim.scenario import Scenario
+from fedsim.scenario.ids import format_ids
+from fedsim.scenario.network import NetPlan
+from fedsim.wire.codec import Body, Meta, decode, encode, encode_body, model_cost, peek, stamp
+from fedsim.wire.errors import WireError
+from fedsim.wire.messages import (
     Average,
     ClockProbe,
     ClockReply,
@@ -54,22 +59,19 @@ from fedsim.messages import (
     HostBye,
     HostHello,
     Leave,
+    Message,
     Ready,
     Refused,
     Start,
     Stop,
     Task,
-    TensorSpec,
     Update,
-    WireError,
 )
-from fedsim.network import NetPlan
-from fedsim.phases import PhaseStats
-from fedsim.scenario import Scenario
-from fedsim.transport import Endpoint, PeerGone
+from fedsim.wire.tensors import TensorSpec
+from fedsim.wire.transport import Endpoint, PeerGone
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
-from netem.link import Link
+from netem.link import Delivery
 from netem.timers import TimerHeap
 
 __all__ = ["HostSide"]
@@ -107,20 +109,14 @@ class HostSide:
     monitor: FidelityMonitor
     strategy: ServerAlgorithm
     tasks: TaskBook
-    admitted: set[int]
-    up_kinds: dict[str, None]
-    links: dict[int, Link]
-    down_links: dict[int, Link | None]
-    availability: dict[int, Any]
-    clamped: int
-    corrections: dict[str, int]
+    client_links: ClientLinks
+    send_times: SendTimes
     phases: PhaseStats
     _registered: asyncio.Event
     _bye: asyncio.Event
     _stopping: bool
     _reader: asyncio.Task[None] | None
     _sends: set[asyncio.Future[None]]
-    _shared_up: Any
     _client_rates: dict[int, RateLimit]
     gate: Gate
     records: RecordBudget
@@ -211,7 +207,7 @@ class HostSide:
     def _now(self) -> float:
         return self.clock.now() if self.clock is not None else 0.0
 
-    def _admit(self, peer: bytes, meta: Any) -> HostInfo | None:
+    def _admit(self, peer: bytes, meta: Meta) -> HostInfo | None:
         """Checks before a message is unpacked: its sender, from its envelope and size.
 
         A connection that has not registered may send ``deploy.max_unregistered_rate``
@@ -259,7 +255,7 @@ class HostSide:
                           f"deploy.max_control_mb = {self.sc.deploy.max_control_mb:g})")
         return host
 
-    async def _route(self, peer: bytes, msg: Any, meta: Any, host: HostInfo | None) -> None:
+    async def _route(self, peer: bytes, msg: Message, meta: Meta, host: HostInfo | None) -> None:
         if isinstance(msg, HostHello):
             await self._hello(peer, msg, meta)
             return
@@ -272,7 +268,7 @@ class HostSide:
             raise Refusal("unknown_client",
                           f"a {type(msg).__name__} from a connection no host registered")
         if isinstance(msg, Update | Ready | Failed | Leave):
-            if msg.client not in host.samples or msg.client not in self.admitted:
+            if msg.client not in host.samples or msg.client not in self.client_links.admitted:
                 raise Refusal("unknown_client", f"client {msg.client} does not run on {host.name}")
             limit = self._client_rates.get(msg.client)
             if limit is None:
@@ -303,13 +299,12 @@ class HostSide:
         else:
             raise Refusal("unexpected_kind", f"a {type(msg).__name__} is not for the server")
 
-    async def _hello(self, peer: bytes, msg: HostHello, meta: Any) -> None:
+    async def _hello(self, peer: bytes, msg: HostHello, meta: Meta) -> None:
         user = self.endpoint.user(peer)
         moved = self.hosts.reconnect(peer, msg, user)
         if moved is not None:  # its connection dropped and came back: the same host
             # (what was under way when it dropped may never have reached it)
-            for c in moved.clients:
-                self.down_links[c] = None
+            self.client_links.unknown(moved.clients)
             moved.seen.add(meta.seq)
             moved.last_seen = self.real_clock()
             log.warning("client host %s connected again (a new connection); it goes on",
@@ -323,8 +318,7 @@ class HostSide:
             # with links made afresh, which the server's copies no longer follow
             repeat.seen.add(meta.seq)
             repeat.last_seen = self.real_clock()
-            for c in msg.clients:
-                self.down_links[c] = None
+            self.client_links.unknown(msg.clients)
             log.info("client host %s registered again: clients %s", msg.host,
                      format_ids(msg.clients))
             if self.started:
@@ -350,11 +344,10 @@ class HostSide:
         # a new process's clients make their downlinks afresh, and so does the copy; a
         # process registering again (it was taken for lost) keeps its links as they are
         again = old is not None and old.pid == msg.pid and old.boot_id == msg.boot_id
-        for c in msg.clients:
-            if again:
-                self.down_links[c] = None
-            else:
-                self.down_links.pop(c, None)
+        if again:
+            self.client_links.unknown(msg.clients)
+        else:
+            self.client_links.afresh(msg.clients)
         info.seen.add(meta.seq)
         info.last_seen = self.real_clock()
         log.info("client host %s registered: clients %s, clock offset %.6f s +- %.3f ms",
@@ -365,36 +358,6 @@ class HostSide:
         elif len(self.hosts.registered()) == self.sc.data.num_clients:
             self._registered.set()
 
-    def _send_time(self, host: HostInfo, claimed: float) -> tuple[float, bool]:
-        """The send time a message claims, bounded by what the server observed.
-
-        A host's emulated clock agrees with the server's up to its clock
-        uncertainty, and a message cannot have been in transit longer than
-        ``deploy.max_transit_ms``: a claim outside ``[now - max transit, now +
-        uncertainty]`` is clamped into it, counted against its host (which
-        fails the verdict by name) and the message is not judged for
-        lateness. Inside those bounds, a message that arrives later than the
-        link would have delivered it by more than the allowed lateness (its
-        real transit was longer than its emulated delay, or its claimed send
-        time is forged) is not judged either, but counted against its host
-        (``late_arrivals``): a real network slower than the emulated one
-        shows. An update's claim is also bounded below by the server's record
-        of its task (:meth:`_earliest`).
-        """
-        now = self._now()
-        hi = now + host.clock_uncertainty / self.dilation + 1e-6
-        lo = now - self.sc.deploy.max_transit_ms / 1e3 / self.dilation
-        if lo <= claimed <= hi:
-            return claimed, False
-        self._corrected(host, "out_of_window")
-        return min(max(claimed, lo), hi), True
-
-    def _corrected(self, host: HostInfo, why: str) -> None:
-        """Count one corrected send time against ``host`` (it fails the verdict by name)."""
-        self.clamped += 1
-        self.corrections[why] += 1
-        self.monitor.record_clamped(host=host.name)
-
     def _earliest(self, cid: int, task: TaskRecord, msg: Update) -> float:
         """The earliest emulated time ``cid`` can have sent ``msg``, answering ``task``:
         the task's earliest delivery plus the least compute of the work before
@@ -402,63 +365,12 @@ class HostSide:
         steps = self.strategy.least_steps(task.steps, msg.round)
         return task.delivered + self.plan.least_compute(cid, steps)
 
-    def _add_link(self, cid: int) -> None:
-        """Admit ``cid``'s messages; its uplink is made when the first one arrives."""
-        self.admitted.add(cid)
-        self.up_kinds.setdefault(self.plan.kind(cid, "up"))
-
-    def _link(self, cid: int) -> Link:
-        """``cid``'s uplink, made on first use (keyed by the client: when it is
-        made does not change what it draws). 10,000 links made at the start
-        took 0.24 s, and most clients of a cross-device population never send."""
-        link = self.links.get(cid)
-        if link is None:
-            link = self.links[cid] = self.plan.make_link(cid, "up", self._shared_up)
-        return link
-
-    def _down_delivery(self, cid: int, now: float, frames: list[Any]) -> float | None:
-        """When ``cid``'s downlink delivers a message sent now: its emulated delivery.
-
-        The server keeps a copy of every client's downlink: the same netem
-        link its host makes (the scenario's seed, the client's key), fed the
-        same messages at the same send times, so it schedules each one as the
-        host's will, slow start after idle, queueing and jitter included.
-        None when that is no longer known (the host's connection dropped, a
-        send failed: what reached the host is not known; until the host
-        registers again) or the link drops the message: then the record
-        takes the least the link can take.
-        """
-        if cid in self.down_links:
-            link = self.down_links[cid]
-        else:
-            link = self.down_links[cid] = self.plan.make_link(cid, "down")
-        if link is None:
-            return None
-        d = link.schedule(now, sum(memoryview(f).nbytes for f in frames))
-        return None if d.dropped else d.t_deliver
-
-    def _availability(self, cid: int) -> Any:
-        """``cid``'s availability, made on first use (its own stream, drawn lazily)."""
-        av = self.availability.get(cid)
-        if av is None:
-            av = self.availability[cid] = self.plan.availability(cid)
-        return av
-
-    def _availability_changes(self, cid: int, t0: float, t1: float) -> int:
-        """How often ``cid``'s availability changes in ``(t0, t1]`` (emulated s)."""
-        av, n, t = self._availability(cid), 0, t0
-        while n < 100_000:
-            t, _ = av.next_change(t)
-            if t > t1:
-                break
-            n += 1
-        return n
-
-    def _uplink(self, host: HostInfo, cid: int, msg: ClientMessage, meta: Any) -> None:
+    def _uplink(self, host: HostInfo, cid: int, msg: ClientMessage, meta: Meta) -> None:
         assert self.timers is not None
         assert self.state is not None
         # the envelope's claim first (any client message), then an update's task
-        sent, clamped = self._send_time(host, meta.sent_at)
+        sent, clamped = self.send_times.bounded(host.name, host.clock_uncertainty,
+                                                meta.sent_at, self._now())
         if clamped:
             self.state.event(self._now(), "warning", client=cid, kind=meta.kind.lower(),
                              sent_at=meta.sent_at, reason="send time out of bounds: clamped")
@@ -471,13 +383,13 @@ class HostSide:
             earliest = self._earliest(cid, task, msg)
             if sent < earliest - TOLERANCE:
                 if not clamped:  # (a message is counted once)
-                    self._corrected(host, "before_record")
+                    self.send_times.corrected(host.name, "before_record")
                 self.state.event(self._now(), "warning", client=cid, kind=meta.kind.lower(),
                                  sent_at=meta.sent_at, task_id=task.task_id,
                                  reason="send time before the task's earliest delivery and "
                                  f"compute: raised to {earliest:.6f}")
                 sent, clamped = earliest, True
-        d = self._link(cid).schedule(sent, meta.nbytes)
+        d = self.client_links.uplink(cid).schedule(sent, meta.nbytes)
         if d.dropped:
             self.state.event(self._now(), "drop", client=cid, kind=meta.kind.lower(), dir="up",
                              bytes=meta.nbytes, sent_at=sent, reason=d.reason)
@@ -488,13 +400,13 @@ class HostSide:
             clamped = True
         self.timers.call_at(d.t_deliver, self._delivered, cid, msg, meta, d, sent, clamped, task)
 
-    def _delivered(self, cid: int, msg: ClientMessage, meta: Any, d: Any, sent: float,
+    def _delivered(self, cid: int, msg: ClientMessage, meta: Meta, d: Delivery, sent: float,
                    unjudged: bool, task: TaskRecord | None) -> None:
         assert self.state is not None
         now = self._now()
         if not unjudged:
             self.monitor.record_delivery(self.plan.kind(cid, "up"), d, now)
-        lost = self._away_between(cid, sent, now)
+        lost = self.client_links.away_between(cid, sent, now, self.sc.network.in_flight)
         self.state.event(now, "drop" if lost else "deliver", client=cid, kind=meta.kind.lower(),
                          dir="up", bytes=meta.nbytes, sent_at=sent,
                          scheduled=d.t_deliver, version=None if task is None else task.version,
@@ -504,18 +416,6 @@ class HostSide:
         if isinstance(msg, Update):
             self.state.bytes_up += meta.nbytes
         self.queue.put_nowait(FromClient(cid, msg, perf_counter(), task))
-
-    def _away_between(self, cid: int, t_send: float, t_now: float) -> str | None:
-        """Whether the in-flight policy loses a message of an away client."""
-        policy = self.sc.network.in_flight
-        if policy == "held":
-            return None
-        av = self._availability(cid)
-        if not av.is_available(t_now):
-            return f"away ({policy})"
-        if policy == "reset" and av.next_change(t_send)[0] <= t_now:
-            return "connection reset"
-        return None
 
     # -- sending -------------------------------------------------------------------------
     def _encode(self, msg: Task | Average) -> Body:
@@ -549,16 +449,21 @@ class HostSide:
                             host_step_time=self.sc.devices.host_step_time,
                             server=self.incarnation, t0=t0))
 
-    def _send_later(self, cid: int, body: Any, fields: dict[str, Any],
+    def _send_later(self, cid: int, msg: Body | Task | Average, fields: dict[str, Any],
                     steps: int | None = None) -> None:
-        task = asyncio.ensure_future(self._send(self._now(), cid, body, steps=steps, **fields))
+        task = asyncio.ensure_future(self._send(self._now(), cid, msg, steps=steps, **fields))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
-    async def _send(self, now: float, cid: int, body: Any, *, steps: int | None = None,
-                    **fields: Any) -> None:
+    async def _send(self, now: float, cid: int, msg: Body | Task | Average, *,
+                    steps: int | None = None, **fields: Any) -> None:
         """Stamp and send one message to a client through its host; log it.
 
+        ``msg`` is an encoded message, or a task or an average: encoded
+        here, with its model when the client's host does not hold it yet
+        (:mod:`fedsim.wire.payloads`: a task's by version, an average's by
+        round), without it when it does; either way its size, for the links
+        and the counts, is the message's with its model.
         A task (``steps``: its local work's steps) is noted in the record
         with its emulated delivery at the client, from the server's copy of
         the client's downlink (:meth:`_down_delivery`); where that is not
@@ -567,31 +472,41 @@ class HostSide:
         """
         assert self.state is not None
         peer = self.hosts.owner(cid)
+        owner = self.hosts.owner_info(cid)
+        if isinstance(msg, Task | Average):
+            assert msg.model is not None
+            inline = owner is not None and (
+                owner.sent.needs(msg.version) if isinstance(msg, Task)
+                else owner.sent_rounds.needs(msg.round))
+            body = self._encode(msg if inline else msg.with_model(None))
+            nbytes = body.nbytes if inline else body.nbytes + model_cost(msg.model)
+        else:
+            body, nbytes = msg, msg.nbytes
         frames = stamp(body, sent_at=now, seq=next(self.seq))
         # scheduled on the copy of the downlink now, in the order of the sends: the
         # host's link schedules the messages to a client in the order they arrive
-        delivered = self._down_delivery(cid, now, frames)
+        delivered = self.client_links.down_delivery(cid, now, nbytes)
         try:
             if peer is None:
                 raise PeerGone(f"no host runs client {cid}")
             await self.endpoint.send(peer, frames)
         except PeerGone as exc:
-            self.down_links[cid] = None
+            self.client_links.unknown([cid])
             self.state.event(now, "warning", client=cid, reason=f"send failed: {exc}")
             if cid in self.clients:
                 self.queue.put_nowait(FromClient(cid, Leave(client=cid, reason="unreachable")))
             return
         if steps is not None:
             if delivered is None:
-                delivered = now + self.plan.least_transfer(cid, "down", body.nbytes, now)
+                delivered = now + self.plan.least_transfer(cid, "down", nbytes, now)
             self.tasks.sent(cid, TaskRecord(
                 task_id=fields["task_id"], version=fields["version"], round=fields["round"],
                 delivered=delivered, steps=steps))
-        self.state.bytes_down += body.nbytes
-        owner = self.hosts.owner_info(cid)
+        self.state.bytes_down += nbytes
+        self.state.wire_bytes_down += body.nbytes
         if owner is not None:
             self.records.sent(cid, owner.name)
-        self.state.event(now, "send", client=cid, dir="down", bytes=body.nbytes, sent_at=now,
+        self.state.event(now, "send", client=cid, dir="down", bytes=nbytes, sent_at=now,
                          **fields)
 
     # -- liveness and the end ------------------------------------------------------------

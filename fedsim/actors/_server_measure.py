@@ -14,12 +14,12 @@ import copy
 import logging
 from typing import Any
 
-from fedsim.actors._server_gate import Rejections
+from fedsim.actors.client_links import ClientLinks, SendTimes
 from fedsim.actors.hosts import HostTable
-from fedsim.network import NetPlan
+from fedsim.actors.server_gate import Rejections
+from fedsim.scenario.network import NetPlan
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
-from netem.link import Link
 from netem.lossprocess import LossStats
 
 __all__ = ["Measurements"]
@@ -36,11 +36,9 @@ class Measurements:
     began: bool
     plan: NetPlan
     monitor: FidelityMonitor
-    up_kinds: dict[str, None]
-    links: dict[int, Link]
+    client_links: ClientLinks
     hosts: HostTable
-    clamped: int
-    corrections: dict[str, int]
+    send_times: SendTimes
     rejections: Rejections
     unregistered_messages: int
 
@@ -50,8 +48,8 @@ class Measurements:
         return {"overruns": sum(b.overruns for b in byes),
                 "compute_deadlines": sum(b.compute_deadlines for b in byes),
                 "rejected": sum(b.rejected for b in byes),
-                "clamped": self.clamped,
-                "corrections": dict(self.corrections),
+                "clamped": self.send_times.clamped,
+                "corrections": dict(self.send_times.corrections),
                 "late_arrivals": sum(h.late_arrivals for h in hosts),
                 "unlogged": self.rejections.not_logged(),
                 "unregistered_messages": self.unregistered_messages,
@@ -71,9 +69,9 @@ class Measurements:
                     "lateness_ms": {"p50": None, "p99": None, "max": None},
                     "suggested_dilation": None}
         mon = copy.deepcopy(self.monitor)
-        for kind in self.up_kinds:  # every registered client's, used or not
+        for kind in self.client_links.up_kinds:  # every registered client's, used or not
             mon.record_loss(kind, LossStats())
-        for cid, link in self.links.items():
+        for cid, link in self.client_links.links.items():
             mon.record_loss(self.plan.kind(cid, "up"), link.loss_stats)
         for bye in self.hosts.byes():
             try:

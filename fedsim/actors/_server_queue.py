@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedsim.actors._server_tasks import TaskRecord
-from fedsim.messages import Failed, Leave, Ready, Update
+from fedsim.wire.messages import Failed, Leave, Ready, Update
 
 __all__ = ["AlgorithmTimer", "ClientMessage", "EvalTimer", "FromClient", "HostExited",
            "HostJoined", "Item", "StopRun", "Tick"]

@@ -9,9 +9,9 @@ have been sent. That time is the task's emulated delivery at the client
 host's link does: the same netem link, seed and send times, so slow start
 after idle, queueing and jitter are included; where the copy no longer
 matches the host's, the server's send time plus the least the downlink
-can take, :meth:`~fedsim.network.NetPlan.least_transfer`) plus the least compute time
+can take, :meth:`~fedsim.scenario.network.NetPlan.least_transfer`) plus the least compute time
 of the work before the upload on the client's device
-(:meth:`~fedsim.network.NetPlan.least_compute`; the steps from the task's
+(:meth:`~fedsim.scenario.network.NetPlan.least_compute`; the steps from the task's
 budget on the client's sample count in the server's record, and
 :meth:`~fedsim.algorithms.api.ServerAlgorithm.least_steps` for a pipelined
 session's later rounds). An honest client cannot send earlier: its

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from fedsim.actors import _proc
+from fedsim.actors import process
 
 __all__ = ["USER_ERRORS", "forked", "listen", "main", "serve", "unix_address", "warm"]
 
@@ -46,7 +46,7 @@ def forked(name: str, body: Callable[[], int]) -> NoReturn:
     with its code; nothing of the parent's runs after it."""
     code = 1
     try:
-        _proc.become_child(None, name)
+        process.become_child(None, name)
         code = body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -168,7 +168,7 @@ class _Server:
                 s.close()
             os.close(self.rfd)
             os.close(self.wakeup)
-            _proc.set_process_name(f"fedsim-{role}")
+            process.set_process_name(f"fedsim-{role}")
             return run(self.sc, endpoint, clients, state, data=self.data)
 
         forked(f"worker-{role}-{os.getpid()}", work)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--address", required=True, help="abstract Unix socket name")
     ap.add_argument("--parent", type=int, default=None)
     args = ap.parse_args(argv)
-    if not _proc.become_child(args.parent, f"zygote-{os.getpid()}"):
+    if not process.become_child(args.parent, f"zygote-{os.getpid()}"):
         return 0
     # Listen first: requesters that come while torch is importing wait in the backlog.
     try:
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     def build() -> None:
         import torch
 
-        from fedsim.actors._setup import build_data
+        from fedsim.actors.setup import build_data
         from fedsim.scenario import parse
 
         torch.set_num_threads(1)

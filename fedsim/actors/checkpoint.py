@@ -3,7 +3,7 @@
 ``checkpoint.pt`` holds all a resumed run continues from: the global model
 and the algorithm's state, the run's counters and records, the event log's
 and metrics' lengths, the RNG states and the next task id. Format 3 is a
-:mod:`fedsim.statefile` (JSON plus raw tensor buffers), read without running
+:mod:`fedsim.wire.statefile` (JSON plus raw tensor buffers), read without running
 any code; formats 1 (``torch.save``) and 2 (a pickle) are refused unread,
 since whoever could write the run directory could have put code in them.
 
@@ -14,7 +14,7 @@ one before it ends.
 ``torch.save`` and ``fsync`` on the loop had stalled it 4-6 ms at every
 checkpoint: deliveries due meanwhile came that late, the largest lateness
 of the quickstart run.
-:class:`Checkpoints` is the part of :class:`~fedsim.actors.server.Server`
+:class:`Checkpointer` is the part of :class:`~fedsim.actors.server.Server`
 that writes one every ``run.checkpoint_every`` aggregations (rounds closed
 or updates applied, by the algorithm's cadence) or, once one was applied,
 every ``run.checkpoint_seconds`` real seconds, and restores one at the start
@@ -24,7 +24,6 @@ directory's logs back to it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 from collections.abc import Callable
@@ -34,79 +33,78 @@ from typing import Any
 
 import torch
 
-from fedsim import statefile
 from fedsim.actors.runstate import RunState
 from fedsim.algorithms.api import ServerAlgorithm, Step
-from fedsim.metrics import CHECKPOINT_FILE, CHECKPOINT_FORMAT, OLD_CHECKPOINT_HELP
-from fedsim.scenario import Scenario
+from fedsim.results.writer import CHECKPOINT_FILE, CHECKPOINT_FORMAT, OLD_CHECKPOINT_HELP
+from fedsim.wire import statefile
 
-__all__ = ["Checkpoints", "load_checkpoint"]
+__all__ = ["Checkpointer", "load_checkpoint"]
 
 # the server actor's logger: its records keep their name wherever the code lives
 log = logging.getLogger("fedsim.actors.server")
 
 
-class Checkpoints:
-    """The server's checkpoint writing and restoring (a mixin of Server)."""
+class Checkpointer:
+    """The server's checkpoints: when one is due, its writer thread, its restore.
 
-    # what of the server's state it reads and writes (set by Server.__init__)
-    sc: Scenario
-    run_dir: Path
-    real_clock: Callable[[], float]
-    fedsim_version: str
-    scenario_hash: str
-    strategy: ServerAlgorithm
-    state: RunState | None
-    task_ids: itertools.count[int]
-    clamped: int
-    _aggregations_since_checkpoint: int
-    _checkpoint_real: float
-    _writer: ThreadPoolExecutor | None = None
-    _written: Future[None] | None = None
-    _write_error: BaseException | None = None
+    A part of :class:`~fedsim.actors.server.Server` that owns its state: how
+    many aggregations since the last checkpoint and when it was taken, the
+    writer thread, the write in flight and a failed write's error. What a
+    checkpoint holds is the server's (:meth:`take` is handed it); what a
+    restore puts back, the server's parts (:meth:`restore`).
+    """
 
-    def checkpoint(self, now: float) -> Path:
-        """Take a checkpoint: all a resumed run continues from, to be written to
-        ``checkpoint.pt`` atomically by the writer thread (the path returned).
+    def __init__(self, run_dir: Path, every: int | None, seconds: float | None,
+                 cadence: str, real_clock: Callable[[], float]) -> None:
+        self.path = run_dir / CHECKPOINT_FILE
+        self.every = every
+        self.seconds = seconds
+        self.cadence = cadence
+        self.real_clock = real_clock
+        #: aggregations (rounds closed or updates applied, by the cadence) since the last
+        self.since = 0
+        self.taken_real = real_clock()
+        self._writer: ThreadPoolExecutor | None = None
+        self._written: Future[None] | None = None
+        self._write_error: BaseException | None = None
 
-        The global model and the algorithm's state, the run's counters and
-        records, the event log's and metrics' lengths (a resumed run
-        truncates them back), the RNG states, the next task id. What happens
-        after it (tasks in flight, updates not yet applied) is what a resume
-        loses. A snapshot still queued when the next is taken is dropped (at
-        most one is written while one waits), and a write that failed ends
-        the run here, with the reason, as it did when the loop wrote.
+    def due(self, step: Step) -> bool:
+        """Count ``step``'s aggregations; whether a checkpoint is due now (every
+        ``run.checkpoint_every`` of them or, once one was made, every
+        ``run.checkpoint_seconds`` real seconds)."""
+        self.since += step.rounds_closed if self.cadence == "rounds" else sum(
+            a.updates for a in step.applied)
+        return bool((self.every and self.since >= self.every) or (
+            self.seconds and self.since
+            and self.real_clock() - self.taken_real >= self.seconds))
+
+    def take(self, data: dict[str, Any]) -> Path:
+        """Write ``data`` (a snapshot: later steps do not change it) to ``checkpoint.pt``
+        atomically on the writer thread; the path.
+
+        A snapshot still queued when the next is taken is dropped (at most one
+        is written while one waits), and a write that failed ends the run
+        here, with the reason, as it did when the loop wrote.
         """
-        assert self.state is not None
         if self._write_error is not None:
             raise OSError(f"the checkpoint could not be written: {self._write_error}")
-        self.state.event(now, "checkpoint", version=self.strategy.version,
-                         updates=self.state.updates, rounds=self.state.rounds)
-        data = {
-            "format": CHECKPOINT_FORMAT, "t": now, "fedsim_version": self.fedsim_version,
-            "scenario_hash": self.scenario_hash, "version": self.strategy.version,
-            "strategy": self.strategy.state_dict(), "run": self.state.checkpoint_state(),
-            "next_task_id": next(self.task_ids), "clamped": self.clamped,
-            "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-        }
         payload = statefile.encode(data, "checkpoint")
-        path = self.run_dir / CHECKPOINT_FILE
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="fedsim-checkpoint")
         if self._written is not None:
             self._written.cancel()   # only if it has not started: a newer one replaces it
-        self._written = self._writer.submit(_write_atomically, path, payload)
+        self._written = self._writer.submit(_write_atomically, self.path, payload)
         self._written.add_done_callback(self._on_written)
-        self._aggregations_since_checkpoint = 0
-        self._checkpoint_real = self.real_clock()
-        return path
+        self.since = 0
+        self.taken_real = self.real_clock()
+        return self.path
 
     def _on_written(self, done: Future[None]) -> None:
         """(The writer thread.) Keep a failed write's error for the loop to raise."""
         if not done.cancelled() and done.exception() is not None:
             self._write_error = done.exception()
 
-    def wait_for_checkpoints(self) -> None:
+    def wait(self) -> None:
         """Block until the checkpoints taken are on disk (the run's end); a failed
         last write is logged (the run's results are all written by then)."""
         if self._writer is not None:
@@ -116,32 +114,40 @@ class Checkpoints:
             log.error("the last checkpoint could not be written (a resume would start from "
                       "an earlier one): %s", self._write_error)
 
-    def _maybe_checkpoint(self, now: float, step: Step) -> None:
-        run = self.sc.run
-        n = step.rounds_closed if self.strategy.cadence == "rounds" else sum(
-            a.updates for a in step.applied)
-        self._aggregations_since_checkpoint += n
-        due = (run.checkpoint_every and self._aggregations_since_checkpoint >= run.checkpoint_every
-               ) or (run.checkpoint_seconds and self._aggregations_since_checkpoint and
-                     self.real_clock() - self._checkpoint_real >= run.checkpoint_seconds)
-        if due:
-            self.checkpoint(now)
+    @staticmethod
+    def snapshot(now: float, fedsim_version: str, scenario_hash: str,
+                 strategy: ServerAlgorithm, state: RunState, next_task_id: int,
+                 clamped: int) -> dict[str, Any]:
+        """All a resumed run continues from, at emulated ``now``: the global model
+        and the algorithm's state, the run's counters and records (the event
+        log's and metrics' lengths: a resumed run truncates them back), the RNG
+        states, the next task id. What happens after it (tasks in flight,
+        updates not yet applied) is what a resume loses."""
+        state.event(now, "checkpoint", version=strategy.version, updates=state.updates,
+                    rounds=state.rounds)
+        return {
+            "format": CHECKPOINT_FORMAT, "t": now, "fedsim_version": fedsim_version,
+            "scenario_hash": scenario_hash, "version": strategy.version,
+            "strategy": strategy.state_dict(), "run": state.checkpoint_state(),
+            "next_task_id": next_task_id, "clamped": clamped,
+            "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
+        }
 
-    def _restore(self, ckpt: dict[str, Any]) -> None:
-        assert self.state is not None
-        self.strategy.load_state_dict(ckpt["strategy"])
-        self.state.restore(ckpt["run"])
-        self.task_ids = itertools.count(int(ckpt["next_task_id"]))
-        self.clamped = int(ckpt.get("clamped", 0))
+    @staticmethod
+    def restore(ckpt: dict[str, Any], strategy: ServerAlgorithm, state: RunState) -> float:
+        """Put ``ckpt``'s algorithm state, run records and RNG states back; its
+        emulated time (the server takes its next task id and counters itself)."""
+        strategy.load_state_dict(ckpt["strategy"])
+        state.restore(ckpt["run"])
         random.setstate(ckpt["rng"]["python"])
         torch.set_rng_state(ckpt["rng"]["torch"])
         t = float(ckpt["t"])
-        self.state.resumed.append({"t": t, "updates": self.state.updates,
-                                   "rounds": self.state.rounds})
-        self.state.event(t, "resume", version=self.strategy.version,
-                         updates=self.state.updates, rounds=self.state.rounds)
+        state.resumed.append({"t": t, "updates": state.updates, "rounds": state.rounds})
+        state.event(t, "resume", version=strategy.version, updates=state.updates,
+                    rounds=state.rounds)
         log.warning("resumed at t=%.2f (version %d, %d updates, %d rounds)", t,
-                    self.strategy.version, self.state.updates, self.state.rounds)
+                    strategy.version, state.updates, state.rounds)
+        return t
 
 
 def _write_atomically(path: Path, payload: statefile.Encoded | bytes) -> None:

@@ -17,7 +17,7 @@ off in an on/off process or trace). Away, it computes nothing and sends
 nothing; a single-piece run in progress is abandoned, a pipelined session
 pauses. Messages that reach it while away are held until it returns
 (``network.in_flight = "held"``) or lost (``"dropped"``, ``"reset"``). Back,
-it announces itself with :class:`~fedsim.messages.Ready` and the server
+it announces itself with :class:`~fedsim.wire.messages.Ready` and the server
 gives it fresh work.
 """
 
@@ -34,28 +34,53 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedsim.messages import (
+from fedsim.results.phases import PhaseStats
+from fedsim.scenario import Scenario
+from fedsim.scenario.network import ALWAYS, DeviceModel, NetPlan
+from fedsim.wire.codec import Meta
+from fedsim.wire.messages import (
     Advance,
     Average,
     Failed,
     Message,
-    Model,
     Ready,
     Task,
-    TensorSpec,
-    Train,
     Trained,
-    Update,
+    WorkerReady,
 )
-from fedsim.network import ALWAYS, DeviceModel, NetPlan
-from fedsim.phases import PhaseStats
-from fedsim.scenario import Scenario
+from fedsim.wire.tensors import Model, TensorSpec
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
-from netem.link import Link
+from netem.link import Delivery, Link
 from netem.timers import TimerHeap
 
-__all__ = ["ClientActor", "HostServices"]
+__all__ = ["ClientActor", "HostServices", "Received", "Trainer"]
+
+
+class Trainer(Protocol):
+    """What a client host and its actors use of the host's trainer
+    (:class:`fedsim.actors.workers.WorkerHandle`, or an in-process
+    :class:`fedsim.actors.worker.InlineWorker`)."""
+
+    async def start(self) -> WorkerReady:
+        """Start it; its clients' sample counts and the model's spec."""
+        ...
+
+    def next_id(self) -> int:
+        """A fresh request id."""
+        ...
+
+    async def train(self, frames: list[Any]) -> Message:
+        """Send a task's frames (due time and request id in the envelope); await the reply."""
+        ...
+
+    async def request(self, msg: Message) -> Message:
+        """Send a request (an Advance); await the reply."""
+        ...
+
+    def upload(self, request_id: int) -> list[Any] | None:
+        """The frames of the update the reply to ``request_id`` uploads (None: none)."""
+        ...
 
 
 class HostServices(Protocol):
@@ -66,7 +91,7 @@ class HostServices(Protocol):
     clock: Clock
     timers: TimerHeap
     monitor: FidelityMonitor
-    trainer: Any
+    trainer: Trainer
     model_spec: TensorSpec
     overruns: int
     compute_deadlines: int
@@ -78,6 +103,14 @@ class HostServices(Protocol):
 
     async def send(self, msg: Message) -> None:
         """Send a client's message to the server."""
+        ...
+
+    async def forward(self, frames: list[Any], client: int) -> None:
+        """Send a client's update, as its trainer encoded it, to the server."""
+        ...
+
+    def task_frames(self, rec: Received, due: float, request_id: int) -> list[Any]:
+        """A task's frames for the trainer, stamped with its due time and request id."""
         ...
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -105,7 +138,21 @@ class _Stop:
     """Inbox marker: the host is stopping."""
 
 
-Inbox = Task | Average | _Back | _Stop
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A task as it reached its host: the task (with its version's model), the frames it
+    came in (forwarded to the trainer as they are) and whether they carry the model."""
+
+    task: Task
+    frames: list[Any]
+    inline: bool
+
+    @property
+    def version(self) -> int:
+        return self.task.version
+
+
+Inbox = Received | Average | _Back | _Stop
 
 
 class ClientActor:
@@ -145,7 +192,7 @@ class ClientActor:
         self.stopped = False
         self.away = False
         self.generation = 0
-        self.held: list[Task | Average] = []
+        self.held: list[Received | Average] = []
         self.away_since = 0.0  # when the current absence began
         self.time_away = 0.0  # emulated seconds away, in absences that ended
 
@@ -204,9 +251,9 @@ class ClientActor:
                 if isinstance(msg, _Stop):
                     self.stopped = True
                     break
-                if isinstance(msg, Task) and self.away:
+                if isinstance(msg, Received) and self.away:
                     self.held.append(msg)  # it went away with the task in its inbox
-                elif isinstance(msg, Task):
+                elif isinstance(msg, Received):
                     await self.on_task(msg)
                 elif isinstance(msg, _Back):
                     await self._announce(msg.reset)
@@ -257,7 +304,7 @@ class ClientActor:
         if back is not None and not back.done():
             back.set_result(None)
         self.host.emit("back", client=self.cid, why=why, held=len(self.held))
-        has_task = any(isinstance(m, Task) for m in self.held)
+        has_task = any(isinstance(m, Received) for m in self.held)
         for msg in self.held:
             self._post(msg)
         self.held = []
@@ -298,7 +345,7 @@ class ClientActor:
             await self.host.send(Ready(client=self.cid, reset=reset))
 
     # -- network --------------------------------------------------------------
-    def arrived(self, msg: Task | Average, meta: Any) -> None:
+    def arrived(self, msg: Received | Average, meta: Meta) -> None:
         """A message for this client reached its host: schedule it on the downlink."""
         d = self.down.schedule(meta.sent_at, meta.nbytes)
         if d.dropped:
@@ -307,7 +354,7 @@ class ClientActor:
             return
         self.host.timers.call_at(d.t_deliver, self._deliver, msg, meta, d, self.generation)
 
-    def _deliver(self, msg: Task | Average, meta: Any, d: Any, generation: int) -> None:
+    def _deliver(self, msg: Received | Average, meta: Meta, d: Delivery, generation: int) -> None:
         host = self.host
         now = host.clock.now()
         host.monitor.record_delivery(self.kind, d, now)
@@ -357,7 +404,7 @@ class ClientActor:
         """
         assert self.inbox
         item, posted = self.inbox.popleft()
-        if posted is not None and isinstance(item, Task | Average):
+        if posted is not None and isinstance(item, Received | Average):
             self.host.phases.add("queueing.hosts", perf_counter() - posted)
         return item
 
@@ -372,9 +419,10 @@ class ClientActor:
         return self._take()
 
     # -- work -----------------------------------------------------------------
-    async def on_task(self, task: Task) -> None:
+    async def on_task(self, rec: Received) -> None:
         """Run a task's local work, piece by piece, and send its uploads."""
         host = self.host
+        task = rec.task
         t0 = host.clock.now()
         away0 = self._away_total()
         gen = self.generation
@@ -397,11 +445,10 @@ class ClientActor:
                 self._come_back("resume")
             return
         due = t0 + self.device.mean_step() * host.expected_steps(task, self.num_samples)
-        reply = await host.trainer.request(Train(
-            request_id=host.trainer.next_id(), client=self.cid, task_id=task.task_id,
-            version=task.version, round=task.round, work=task.work, model=task.model,
-            due=due))
+        rid = host.trainer.next_id()
+        reply = await host.trainer.train(host.task_frames(rec, due, rid))
         while True:
+            upload = host.trainer.upload(rid)   # the update's frames, if the piece uploads
             if not isinstance(reply, Trained):
                 reason = getattr(reply, "reason", repr(reply))
                 cause = getattr(reply, "cause", "error")
@@ -452,13 +499,8 @@ class ClientActor:
                     await host.timers.sleep_until(until)
                     self._come_back("resume", announce=False)
             await self._until_back()  # away: no compute, no traffic until back
-            if reply.upload is not None:
-                r = reply.upload_round
-                await host.send(Update(
-                    client=self.cid, task_id=task.task_id,
-                    base_version=task.version if r is None else r,
-                    round=task.round if r is None else r, num_samples=self.num_samples,
-                    steps=reply.steps, loss=reply.loss, model=reply.upload))
+            if upload is not None:
+                await host.forward(upload, self.cid)
             if reply.next == "done":
                 return
             averages = await self._averages(reply.wait_round if reply.next == "wait" else None)
@@ -471,11 +513,11 @@ class ClientActor:
             rounds = tuple(sorted(averages))
             model = None
             if rounds:
-                flat = np.concatenate([averages[r].model.flat() for r in rounds])
+                flat = np.concatenate([_held(averages[r]).flat() for r in rounds])
                 model = Model.from_flat(flat, host.model_spec.repeated(len(rounds)))
+            rid = host.trainer.next_id()
             reply = await host.trainer.request(Advance(
-                request_id=host.trainer.next_id(), client=self.cid, rounds=rounds,
-                model=model, due=t0))
+                request_id=rid, client=self.cid, rounds=rounds, model=model, due=t0))
 
     async def _averages(self, wait_round: int | None) -> dict[int, Average] | None:
         """Round averages that arrived (waiting for ``wait_round`` first); None: stop."""
@@ -502,3 +544,9 @@ class ClientActor:
             elif isinstance(msg, _Back):
                 await self._announce(msg.reset)
         return averages
+
+
+def _held(average: Average) -> Model:
+    """An average's model (its host put back any it held: none reaches an actor without)."""
+    assert average.model is not None
+    return average.model

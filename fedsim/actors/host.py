@@ -1,19 +1,19 @@
 """A client host: many client actors on one event loop, one connection to the server.
 
 The host builds its torch worker (which loads the clients' data), registers
-its clients and their sample counts with a :class:`~fedsim.messages.HostHello`
+its clients and their sample counts with a :class:`~fedsim.wire.messages.HostHello`
 (set-up, before the emulated clock starts), and waits for the server's
-:class:`~fedsim.messages.Start` (the clock's epoch and dilation, the model's
+:class:`~fedsim.wire.messages.Start` (the clock's epoch and dilation, the model's
 tensor spec). It then demultiplexes the connection: each Task or Average
 goes to its client's downlink, then to the client's inbox; clients send
 through :meth:`ClientHost.send`. Event-log records go to the server in
 batches, with the host's phase durations (encode, decode, queueing,
-compute: :data:`~fedsim.messages.HOST_PHASES`) since the previous batch;
-on :class:`~fedsim.messages.Stop` the host stops its clients and
+compute: :data:`~fedsim.wire.messages.HOST_PHASES`) since the previous batch;
+on :class:`~fedsim.wire.messages.Stop` the host stops its clients and
 says goodbye with its own measurements (downlink fidelity, compute
 overruns, rejected messages). Its tasks run in one ``asyncio.TaskGroup``.
 A server that restarts (``fedsim server --resume`` after it died) answers
-the host's clock probes with a new incarnation (:class:`~fedsim.messages.Start`):
+the host's clock probes with a new incarnation (:class:`~fedsim.wire.messages.Start`):
 the host then drops its clients' work under way and registers them again,
 as at a start, keeping its worker and the clients' algorithm state.
 
@@ -41,16 +41,21 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from time import perf_counter
 from typing import Any, TypeVar
 
-from fedsim._ids import format_ids, parse_id_list
-from fedsim.actors import _proc
+from fedsim.actors import process
 from fedsim.actors._refusal import Refusal
-from fedsim.actors._server_gate import BYE_HEADER_BYTES
-from fedsim.actors._setup import local_config
-from fedsim.actors.client import ClientActor
-from fedsim.codec import (
+from fedsim.actors.client import ClientActor, Received, Trainer
+from fedsim.actors.server_gate import BYE_HEADER_BYTES
+from fedsim.actors.setup import local_config
+from fedsim.results.phases import PHASES, PhaseStats
+from fedsim.results.writer import boot_id
+from fedsim.scenario import Scenario
+from fedsim.scenario.ids import format_ids, parse_id_list
+from fedsim.scenario.network import NetPlan
+from fedsim.wire.codec import (
     DEFAULT_MAX_BYTES,
     MAX_HEADER_BYTES,
     decode,
@@ -58,9 +63,12 @@ from fedsim.codec import (
     encode_body,
     header_bound,
     max_message_bytes,
+    model_cost,
+    restamp,
     stamp,
 )
-from fedsim.messages import (
+from fedsim.wire.errors import WireError
+from fedsim.wire.messages import (
     HOST_PHASES,
     Average,
     ClockProbe,
@@ -76,14 +84,10 @@ from fedsim.messages import (
     Start,
     Stop,
     Task,
-    TensorSpec,
-    WireError,
 )
-from fedsim.metrics import boot_id
-from fedsim.network import NetPlan
-from fedsim.phases import PHASES, PhaseStats
-from fedsim.scenario import Scenario
-from fedsim.transport import ClientKeys, Connection
+from fedsim.wire.payloads import HeldVersions, SentVersions
+from fedsim.wire.tensors import TensorSpec
+from fedsim.wire.transport import ClientKeys, Connection
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.lossprocess import LossStats
@@ -111,7 +115,7 @@ class ClientHost:
     """The client actors of one host and what they share."""
 
     def __init__(self, sc: Scenario, name: str, clients: list[int], conn: Connection,
-                 trainer: Any, *, fedsim_version: str, scenario_hash: str,
+                 trainer: Trainer, *, fedsim_version: str, scenario_hash: str,
                  real_clock: Callable[[], float] = monotonic, use_timerfd: bool = True) -> None:
         self.sc = sc
         self.name = name
@@ -136,6 +140,11 @@ class ClientHost:
         self.model_spec = TensorSpec(())
         self.task_spec = TensorSpec(())
         self.clients: dict[int, ClientActor] = {}
+        #: the models of the versions the server's tasks train from (each version's
+        #: crosses once), and the versions whose model the trainer holds
+        self.held = HeldVersions()
+        self.held_rounds = HeldVersions()
+        self.to_trainer = SentVersions()
         self.events: list[Event] = []
         #: this host's phases since its last event batch (sent with the next one)
         self.phases = PhaseStats([p for p in PHASES if p in HOST_PHASES], capacity=256)
@@ -186,6 +195,27 @@ class ClientHost:
         self.emit("send", client=getattr(msg, "client", None), kind=type(msg).__name__.lower(),
                   dir="up", bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at,
                   reset=msg.reset if isinstance(msg, Ready) else None)
+
+    async def forward(self, frames: list[Any], client: int) -> None:
+        """Send a client's update, as its trainer encoded it, stamped with the emulated
+        send time (its header and model are not unpacked or packed again)."""
+        sent_at = self.clock.now()
+        t0 = perf_counter()
+        frames = restamp(frames, sent_at=sent_at, seq=next(self.seq))
+        self.phases.add("encode.hosts", perf_counter() - t0)
+        await self.conn.send(frames)
+        self.emit("send", client=client, kind="update", dir="up",
+                  bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at)
+
+    def task_frames(self, rec: Received, due: float, request_id: int) -> list[Any]:
+        """A task's frames for the trainer, stamped with when its result is due and its
+        request id: as they came from the server, unless the trainer holds the model the
+        server sent with it (left out) or lacks one the server left out (put back)."""
+        needs = self.to_trainer.needs(rec.task.version)
+        if needs == rec.inline:
+            return restamp(rec.frames, sent_at=due, seq=request_id)
+        task = rec.task if needs else rec.task.with_model(None)
+        return stamp(encode_body(task), sent_at=due, seq=request_id)
 
     def expected_steps(self, task: Task, num_samples: int) -> int:
         """Local steps ``task`` will take on ``num_samples`` samples (its own budget first)."""
@@ -320,7 +350,7 @@ class ClientHost:
 
     async def run(self) -> int:
         """Register, run the clients until the server says stop, say goodbye."""
-        from fedsim.actors._workers import WorkerDied
+        from fedsim.actors.workers import WorkerDied
 
         try:
             ready = await self._unless_refused(self.trainer.start())
@@ -332,11 +362,11 @@ class ClientHost:
             return EXIT_REFUSED
         samples = dict(zip(self.client_ids, ready.samples, strict=True))
         self.build_clients(samples)
-        _proc.freeze_heap()  # set-up done: no collection of the run walks it
+        process.freeze_heap()  # set-up done: no collection of the run walks it
         try:
             return await self._run(samples)
         finally:
-            _proc.thaw_heap()
+            process.thaw_heap()
 
     async def _run(self, samples: dict[int, int]) -> int:
         """Register, wait for the start, run the clients, say goodbye (after the set-up).
@@ -346,7 +376,7 @@ class ClientHost:
         clients were doing and registers them again, as at a start; the
         worker's client state stays as it is.
         """
-        _proc.to_foreground()   # the clock probes' round trips and the run keep time
+        process.to_foreground()   # the clock probes' round trips and the run keep time
         while True:
             start = await self._join(samples)
             if start is None:
@@ -451,6 +481,11 @@ class ClientHost:
         self.events = []
         self.phases.take()
         self.overruns = self.compute_deadlines = self.rejected = 0
+        # the restarted server numbers its versions again from its checkpoint: a
+        # version's model may differ from the one of that number before
+        self.held.clear()
+        self.held_rounds.clear()
+        self.to_trainer.clear()
         self.build_clients(samples)
 
     def _goodbye(self, rejected: int) -> HostBye:
@@ -538,12 +573,21 @@ class ClientHost:
                 if isinstance(msg, Task | Average):
                     self.phases.add("decode.hosts", perf_counter() - t0)
                     want = self.task_spec if isinstance(msg, Task) else self.model_spec
-                    if msg.model.spec != want:
+                    if msg.model is not None and msg.model.spec != want:
                         raise Refusal("shape_mismatch", f"{meta.kind}: model spec differs")
+                    inline = msg.model is not None
+                    # a model the host holds came without it: put back, and its link
+                    # carries the message as it would have with it
+                    msg = (self.held.bind(msg) if isinstance(msg, Task)
+                           else self.held_rounds.bind(msg))
+                    if not inline:
+                        assert msg.model is not None
+                        meta = replace(meta, nbytes=meta.nbytes + model_cost(msg.model))
                     actor = self.clients.get(msg.client)
                     if actor is None:
                         raise Refusal("unknown_client", f"client {msg.client} is not here")
-                    actor.arrived(msg, meta)
+                    actor.arrived(Received(msg, frames, inline) if isinstance(msg, Task)
+                                  else msg, meta)
                 elif isinstance(msg, Stop):
                     self.stop_reason = msg.reason
                     self._stop.set()
@@ -608,12 +652,12 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
     ``trainer_cpu`` the trainer runs on that CPU alone, and with ``cpus`` the
     host (every thread it makes from here) on those (``deploy.pin_trainers``).
     """
-    from fedsim.actors._workers import WorkerHandle
+    from fedsim.actors.workers import WorkerHandle
     from fedsim.scenario import scenario_hash
-    from fedsim.transport import ZmqContext, ipc_address
+    from fedsim.wire.transport import ZmqContext, ipc_address
 
     if cpus:
-        _proc.pin_process(os.getpid(), cpus)
+        process.pin_process(os.getpid(), cpus)
     zmq_ctx = ZmqContext(max_message_bytes=-1 if sc.deploy.max_message_mb is None
                          else int(sc.deploy.max_message_mb * 1e6))
     hosts: list[ClientHost] = []   # the host, once made: the connection's state goes to it
@@ -635,7 +679,7 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
                            scenario_file, "trainer", clients, state, zygote=zygote,
                            cpus=None if trainer_cpu is None else {trainer_cpu})
     host = ClientHost(sc, name, clients, conn, trainer,
-                      fedsim_version=_proc.fedsim_version(),
+                      fedsim_version=process.fedsim_version(),
                       scenario_hash=scenario_hash(raw))
     hosts.append(host)
     for item in early:
@@ -663,13 +707,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpus", default=None, help="CPUs for this host (comma-separated)")
     args = ap.parse_args(argv)
     name = f"host-{args.host_id}"
-    if not _proc.become_child(args.parent, name):
+    if not process.become_child(args.parent, name):
         return 0
     with open(args.scenario) as fh:
         raw = json.load(fh)
     sc = parse(raw, args.scenario)
     clients = parse_id_list(args.clients)
-    return _proc.run_loop(serve_host(sc, args.scenario, raw, connect=args.connect, name=name,
+    return process.run_loop(serve_host(sc, args.scenario, raw, connect=args.connect, name=name,
                                      clients=clients, run_id=args.run_id,
                                      zygote=args.zygote, trainer_cpu=args.trainer_cpu,
                                      cpus=None if args.cpus is None else

@@ -1,6 +1,6 @@
 """The client hosts of one federation, as the server sees them.
 
-A host registers with a :class:`~fedsim.messages.HostHello` naming the
+A host registers with a :class:`~fedsim.wire.messages.HostHello` naming the
 clients it runs and their sample counts; it is refused if its fedsim
 version or resolved-scenario hash differs from the server's, if it
 claims a client that does not exist or that another live host runs, or if
@@ -25,7 +25,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fedsim.messages import HostBye, HostHello
+from fedsim.wire.messages import HostBye, HostHello
+from fedsim.wire.payloads import SentVersions
 
 __all__ = ["HostInfo", "HostTable", "RateLimit", "SeenSet"]
 
@@ -93,6 +94,10 @@ class HostInfo:
     rate: RateLimit | None = field(default=None, repr=False)
     alive: bool = True
     bye: HostBye | None = None
+    #: the versions whose model the host holds (each crosses to it once), and the
+    #: rounds whose average it holds
+    sent: SentVersions = field(default_factory=SentVersions, repr=False)
+    sent_rounds: SentVersions = field(default_factory=SentVersions, repr=False)
 
 
 class HostTable:
@@ -189,6 +194,8 @@ class HostTable:
         self._by_peer.pop(old.peer, None)
         old.peer = peer
         self._by_peer[peer] = old
+        old.sent.clear()  # what was in flight on the old connection may be lost
+        old.sent_rounds.clear()
         return old
 
     def is_current(self, msg: HostHello) -> bool:
@@ -205,6 +212,8 @@ class HostTable:
                 or old.pid != msg.pid or old.boot_id != msg.boot_id
                 or tuple(msg.clients) != old.clients or not self.is_current(msg)):
             return None
+        old.sent.clear()  # its session starts over
+        old.sent_rounds.clear()
         return old
 
     def is_restart(self, old: HostInfo, msg: HostHello) -> bool:

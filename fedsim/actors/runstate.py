@@ -22,8 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedsim.algorithms.api import Step
-from fedsim.messages import HOST_EVENT_KINDS, Evaluate, Evaluated, Event, Model, PhaseSample
-from fedsim.metrics import (
+from fedsim.results.phases import PhaseStats
+from fedsim.results.writer import (
     RUN_FORMAT,
     EventLog,
     MetricsTable,
@@ -33,8 +33,9 @@ from fedsim.metrics import (
     write_run_format,
     writer_record,
 )
-from fedsim.phases import PhaseStats
 from fedsim.scenario import Scenario
+from fedsim.wire.messages import HOST_EVENT_KINDS, Evaluate, Evaluated, Event, PhaseSample
+from fedsim.wire.tensors import Model
 from netem.clock import Clock
 
 __all__ = ["STOP_REASONS", "Evaluator", "Progress", "RunState"]
@@ -50,6 +51,10 @@ log = logging.getLogger(__name__)
 
 class Evaluator(Protocol):
     """Something that evaluates a model (a torch worker)."""
+
+    async def start(self) -> object:
+        """Start it (its WorkerReady)."""
+        ...
 
     def next_id(self) -> int:
         """A fresh request id."""
@@ -137,6 +142,10 @@ class RunState:
         self.delays_ms = delays_ms or {}
         self.bytes_up = 0
         self.bytes_down = 0
+        #: bytes of the server's messages to the hosts as they really went (a task
+        #: whose host holds its version's model goes without it; bytes_down counts
+        #: every task with its model, as the emulated links carry it)
+        self.wire_bytes_down = 0
         self.updates = 0
         self.rounds = 0
         self.rejects: dict[str, int] = {}
@@ -170,7 +179,7 @@ class RunState:
 
     # -- records ----------------------------------------------------------------
     def event(self, t: float, ev: str, **fields: Any) -> None:
-        """Write one record of the event log (a :class:`~fedsim.messages.Event`)."""
+        """Write one record of the event log (a :class:`~fedsim.wire.messages.Event`)."""
         e = Event.of(round(t, 6), round(self.real(), 6), ev, **fields)
         rec = e.to_json_dict()
         self.transfers.record(rec)
@@ -243,7 +252,8 @@ class RunState:
         self.events.flush()
         return {
             "updates": self.updates, "rounds": self.rounds, "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down, "staleness": list(self.staleness.values),
+            "bytes_down": self.bytes_down, "wire_bytes_down": self.wire_bytes_down,
+            "staleness": list(self.staleness.values),
             "rejects": dict(self.rejects), "guard": dict(self.guard),
             "samples": _pack_counts(self.samples),
             "host_failures": list(self.host_failures), "lost": list(self.lost),
@@ -260,6 +270,7 @@ class RunState:
         """Continue from :meth:`checkpoint_state` (the files already truncated to it)."""
         self.updates, self.rounds = int(state["updates"]), int(state["rounds"])
         self.bytes_up, self.bytes_down = int(state["bytes_up"]), int(state["bytes_down"])
+        self.wire_bytes_down = int(state.get("wire_bytes_down", 0))
         for x in state["staleness"]:
             self.staleness.add(int(x))
         self.rejects = dict(state["rejects"])
@@ -402,6 +413,7 @@ class RunState:
             "time_to_target_s": self.time_to_target,
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
+            "wire_bytes_down": self.wire_bytes_down,
             "staleness": self.staleness.summary(),
             "transfer": self.transfers.summary(self.delays_ms),
             "phases": self.phases.summary(),

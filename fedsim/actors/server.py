@@ -14,15 +14,18 @@ Every queue item is a frozen value dispatched by type. The actor's tasks
 run in one ``asyncio.TaskGroup``: a reader that crashes ends the run with a
 logged error and a written summary.
 
-:class:`Server` is this module's run, event loop and decisions, plus three
-parts (mixins that hold no state of their own) in their own modules:
+:class:`Server` is this module's run, event loop and decisions, with its
+parts in their own modules: :class:`~fedsim.actors.checkpoint.Checkpointer`
+(when a checkpoint is due, its writer thread, a restore; its home also
+holds :func:`~fedsim.actors.checkpoint.load_checkpoint`, which a resumed
+run calls before the server exists) owns its state; two mixins still
+share the server's attributes, each declaring those it uses:
 :mod:`._server_hosts` (registration, the reader and its checks, the
-uplinks, sending, the hosts' goodbyes), :mod:`.checkpoint` (writing and
-restoring checkpoints; :func:`~fedsim.actors.checkpoint.load_checkpoint`,
-also importable from here) and :mod:`._server_measure` (the fidelity
-verdict and the totals). What its queue carries is in :mod:`._server_queue`;
-the limits its reader applies before it unpacks a message (sizes, budgets,
-the rejections' log) are in :mod:`._server_gate`.
+uplinks, sending, the hosts' goodbyes) and :mod:`._server_measure` (the
+fidelity verdict and the totals). What the queue
+carries is in :mod:`._server_queue`; the limits its reader applies before
+it unpacks a message (sizes, budgets, the rejections' log) are in
+:mod:`.server_gate`.
 """
 
 from __future__ import annotations
@@ -33,15 +36,13 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 import torch
 
-from fedsim._ids import format_ids
-from fedsim.actors._proc import freeze_heap, process_age, thaw_heap, to_foreground
-from fedsim.actors._server_gate import Gate, RecordBudget, Rejections, message_limit
 from fedsim.actors._server_hosts import HostSide
 from fedsim.actors._server_measure import Measurements
 from fedsim.actors._server_queue import (
@@ -56,29 +57,25 @@ from fedsim.actors._server_queue import (
     Tick,
 )
 from fedsim.actors._server_tasks import TaskBook, TaskRecord
-from fedsim.actors._setup import local_config
-from fedsim.actors._tensors import to_model, to_tensor
-from fedsim.actors.checkpoint import Checkpoints
+from fedsim.actors.checkpoint import Checkpointer
+from fedsim.actors.client_links import ClientLinks, SendTimes
 from fedsim.actors.hosts import HostTable, RateLimit
-from fedsim.actors.runstate import Progress, RunState
-from fedsim.algorithms import ClientResult, get
-from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step
-from fedsim.messages import (
-    Average,
-    Failed,
-    LocalWork,
-    Ready,
-    Task,
-    TensorSpec,
-    Update,
-)
-from fedsim.network import NetPlan
-from fedsim.phases import PhaseStats
+from fedsim.actors.process import freeze_heap, process_age, thaw_heap, to_foreground
+from fedsim.actors.runstate import Evaluator, Progress, RunState
+from fedsim.actors.server_gate import Gate, RecordBudget, Rejections, message_limit
+from fedsim.actors.setup import local_config
+from fedsim.algorithms import get
+from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step, TaskMaker
+from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
-from fedsim.transport import Endpoint
+from fedsim.scenario.ids import format_ids
+from fedsim.scenario.network import NetPlan
+from fedsim.wire.codec import model_cost
+from fedsim.wire.messages import Average, Failed, Ready, Task, Update
+from fedsim.wire.tensors import Model, TensorSpec, to_model
+from fedsim.wire.transport import Endpoint
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
-from netem.link import Link
 from netem.timers import SPIN_MAX, TimerHeap
 
 __all__ = ["Server"]
@@ -86,13 +83,13 @@ __all__ = ["Server"]
 log = logging.getLogger(__name__)
 
 
-class Server(HostSide, Checkpoints, Measurements):
+class Server(HostSide, Measurements):
     """Runs the server side of one federation.
 
     Parameters
     ----------
     endpoint
-        Where hosts connect (:class:`~fedsim.transport.ZmqEndpoint`, or an
+        Where hosts connect (:class:`~fedsim.wire.transport.ZmqEndpoint`, or an
         in-memory one in tests).
     evaluator
         A torch worker handle with ``start()``, ``next_id()``, ``request()``, ``close()``.
@@ -115,7 +112,7 @@ class Server(HostSide, Checkpoints, Measurements):
         (tests pass a virtual clock and False).
     """
 
-    def __init__(self, sc: Scenario, run_dir: Path, *, endpoint: Endpoint, evaluator: Any,
+    def __init__(self, sc: Scenario, run_dir: Path, *, endpoint: Endpoint, evaluator: Evaluator,
                  dilation: float, fedsim_version: str, scenario_hash: str,
                  model_x0: torch.Tensor, model_spec: TensorSpec, partition: Sequence[int],
                  allowed: Mapping[str, tuple[int, ...]] | None = None,
@@ -132,8 +129,10 @@ class Server(HostSide, Checkpoints, Measurements):
         self.model_spec = model_spec
         self.task_spec = model_spec.repeated(self.alg.task_copies)
         self.update_spec = model_spec.repeated(self.alg.update_copies)
+        #: numbers the algorithm's tasks and wraps their payloads in the task's layout
+        self.make_task = TaskMaker(self.task_spec)
         ctx = ServerContext(x0=model_x0, num_clients=sc.data.num_clients, seed=sc.seed,
-                            local=local_config(sc))
+                            local=local_config(sc), tasks=self.make_task)
         self.strategy: ServerAlgorithm = self.alg.server(sc.algorithm, ctx)
         self.local = ctx.local
         self.hosts = HostTable(sc.data.num_clients, fedsim_version, scenario_hash, allowed,
@@ -148,31 +147,25 @@ class Server(HostSide, Checkpoints, Measurements):
                                        max(self.alg.task_copies, self.alg.update_copies))
         self.gate = Gate(sc, self.update_spec, allowed)
         self.rejections = Rejections(sc.deploy.max_logged_rejects)
-        self.records = RecordBudget(self._availability_changes)
+        self.plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
+        self.monitor = FidelityMonitor(dilation=dilation)
+        #: the server's side of the clients' links, and its check of claimed send times
+        self.client_links = ClientLinks(self.plan)
+        self.send_times = SendTimes(self.monitor, dilation, sc.deploy.max_transit_ms)
+        self.records = RecordBudget(self.client_links.availability_changes)
         #: messages taken from connections that had not registered (probes, hellos)
         self.unregistered_messages = 0
-        self.task_ids = itertools.count(1)
         self.seq = itertools.count()
         self.stop_reason: str | None = None
         self.on_progress: Callable[[Progress], None] | None = None
         self.started = False
         # a round could start at t = 0 (set by _begin): netem has something to judge
         self.began = False
-        self.plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
-        self.monitor = FidelityMonitor(dilation=dilation)
         for kind, params in self.plan.expectations().items():
             self.monitor.expect_link(kind, params)
         # O(clients): computed here, in the set-up, not when the clock starts
         self._delays_ms: dict[str, float | None] = {
             d: self.plan.mean_delay(d) * 1e3 for d in ("down", "up")}
-        #: clients whose messages are admitted (registered), the kinds of their
-        #: uplinks, and the uplinks made so far (on a client's first message)
-        self.admitted: set[int] = set()
-        self.up_kinds: dict[str, None] = {}  # in the order of the clients (a set's is random)
-        self.links: dict[int, Link] = {}
-        #: copies of the clients' downlinks (None: no longer known to match the host's)
-        self.down_links: dict[int, Link | None] = {}
-        self.egress = self.plan.bottleneck("down")
         self.clock: Clock | None = None
         self.timers: TimerHeap | None = None
         self.state: RunState | None = None
@@ -180,10 +173,6 @@ class Server(HostSide, Checkpoints, Measurements):
         self._bye = asyncio.Event()
         self._sends: set[asyncio.Future[None]] = set()
         self._reader: asyncio.Task[None] | None = None
-        #: messages whose claimed send time was corrected, and why: outside the
-        #: window the server observed, or before its record of the task allows
-        self.clamped = 0
-        self.corrections = {"out_of_window": 0, "before_record": 0}
         #: where the run's time goes (summary["phases"]); the hosts' parts arrive
         #: with their event batches
         self.phases = PhaseStats()
@@ -194,10 +183,10 @@ class Server(HostSide, Checkpoints, Measurements):
         #: another one knows the server restarted (a resumed run) and registers again
         self.incarnation = secrets.token_hex(8)
         self.fedsim_version, self.scenario_hash = fedsim_version, scenario_hash
-        self._aggregations_since_checkpoint = 0
-        self._checkpoint_real = real_clock()
-        self._shared_up: Any = None
-        self.availability: dict[int, Any] = {}
+        #: writes the checkpoints (its own thread) and restores one
+        self.checkpointer = Checkpointer(run_dir, sc.run.checkpoint_every,
+                                         sc.run.checkpoint_seconds, self.strategy.cadence,
+                                         real_clock)
         #: deadlines of the AlgorithmTimers on the heap: one timer per deadline,
         #: however many steps ask for it
         self._algorithm_timers: set[float] = set()
@@ -236,7 +225,7 @@ class Server(HostSide, Checkpoints, Measurements):
                 raise
         finally:
             thaw_heap()
-            self.wait_for_checkpoints()
+            self.checkpointer.wait()
             if self.timers is not None:
                 self.timers.close()
             if self.state is None:
@@ -260,10 +249,10 @@ class Server(HostSide, Checkpoints, Measurements):
         t0 = float(self.resume["t"]) if self.resume is not None else 0.0
         # the per-client set-up, before the clock starts (no await until the start:
         # no host registers in between)
-        self._shared_up = self.plan.bottleneck("up")
+        self.client_links.start()
         registered = self.hosts.registered()
         for c in registered:
-            self._add_link(c)
+            self.client_links.admit(c)
         freeze_heap()  # the set-up's objects: no collection of the run walks them
         self.clock = self._clock(0.05 - t0 * self.dilation)
         self.timers = TimerHeap(self.clock, use_timerfd=self.use_timerfd, spin_max=SPIN_MAX)
@@ -272,7 +261,9 @@ class Server(HostSide, Checkpoints, Measurements):
         state.startup_s = None if age is None else round(age + 0.05, 3)
         state.t0_wall = time.time() + 0.05
         if self.resume is not None:
-            self._restore(self.resume)
+            Checkpointer.restore(self.resume, self.strategy, state)
+            self.make_task.next_id = int(self.resume["next_task_id"])
+            self.send_times.clamped = int(self.resume.get("clamped", 0))
         self.rejections.attach(state.rejects, lambda source, reason, detail: state.event(
             max(t0, self._now()), "reject", reason=reason, sender=source, detail=detail))
         if self.stop_reason is not None:
@@ -330,7 +321,7 @@ class Server(HostSide, Checkpoints, Measurements):
             state.event(t0, "missing", clients=missing)
         state.samples.update(registered)
         step = self.strategy.start(sorted(registered), t0)
-        if not step.dispatch and self.strategy.in_flight() == 0:
+        if not step.tasks and self.strategy.in_flight() == 0:
             self.stop_reason = (f"failed: no round could start ({len(registered)} of "
                                 f"{self.sc.data.num_clients} clients registered)")
             return
@@ -395,12 +386,10 @@ class Server(HostSide, Checkpoints, Measurements):
                 # the task was sent with (its round too, when one upload answers
                 # it), and the client's partition size as its weight
                 assert task is not None  # the reader found it (or refused the update)
-                result = ClientResult(
-                    client=cid, base_version=task.version, params=to_tensor(msg.model),
-                    num_samples=self.partition[cid], steps=msg.steps, task_id=task.task_id,
-                    round=task.round if self.strategy.one_upload else msg.round,
-                    stats={"loss": msg.loss})
-                return self.strategy.update(result, now)
+                upload = replace(msg, base_version=task.version,
+                                 num_samples=self.partition[cid],
+                                 round=task.round if self.strategy.one_upload else msg.round)
+                return self.strategy.update(upload, now)
             if isinstance(msg, Ready):
                 return self.strategy.rejoin(cid, now, reset=msg.reset)
             if isinstance(msg, Failed):
@@ -454,7 +443,7 @@ class Server(HostSide, Checkpoints, Measurements):
                     format_ids(info.clients))
         step = Step()
         for cid in info.clients:
-            self._add_link(cid)
+            self.client_links.admit(cid)
             self.clients.add(cid)
             self._failed.discard(cid)
             self.state.samples[cid] = info.samples[cid]
@@ -466,16 +455,16 @@ class Server(HostSide, Checkpoints, Measurements):
         assert self.timers is not None
         if self.state.applied(now, step):
             self._eval(now)
-        if step.applied or step.rounds_closed:
-            self._maybe_checkpoint(now, step)
-        for cid in step.dispatch:
-            await self._dispatch(now, cid)
+        if (step.applied or step.rounds_closed) and self.checkpointer.due(step):
+            self.checkpoint(now)
+        for task in step.tasks:
+            await self._dispatch(now, task)
         for b in step.broadcasts:
             model = to_model(b.payload, self.model_spec)
             for cid in b.clients:
                 msg = Average(client=cid, round=b.round, version=self.strategy.version,
                               model=model)
-                await self._send(now, cid, self._encode(msg), kind="average", round=b.round)
+                await self._send(now, cid, msg, kind="average", round=b.round)
         nxt = self.strategy.next_timer()
         if nxt is not None and nxt not in self._algorithm_timers:
             # every step asks again for the same deadline (the oldest task's
@@ -483,33 +472,41 @@ class Server(HostSide, Checkpoints, Measurements):
             self._algorithm_timers.add(nxt)
             self.timers.call_at(nxt, self.queue.put_nowait, AlgorithmTimer(nxt))
 
+    def checkpoint(self, now: float) -> Path:
+        """Take a checkpoint now (written by the checkpointer's thread); its path."""
+        assert self.state is not None
+        return self.checkpointer.take(Checkpointer.snapshot(
+            now, self.fedsim_version, self.scenario_hash, self.strategy, self.state,
+            self.make_task.next_id, self.send_times.clamped))
+
     def _eval(self, now: float, final: bool = False) -> None:
         assert self.state is not None
         s = self.strategy
         self.state.request_eval(now, s.version, s.round, to_model(s.model(), self.model_spec),
                                 final=final)
 
-    async def _dispatch(self, now: float, cid: int) -> None:
-        d = self.strategy.task(cid, next(self.task_ids))
-        work = None
-        local = self.local
-        if d.budget is not None:
-            work = LocalWork(steps=d.budget.steps, epochs=d.budget.epochs)
-            local = d.budget.apply(local)
-        body = self._encode(Task(client=cid, task_id=d.task_id, version=d.version,
-                                 round=d.round, work=work,
-                                 model=to_model(d.payload, self.task_spec)))
-        fields = {"kind": "task", "version": d.version, "task_id": d.task_id, "round": d.round}
+    async def _dispatch(self, now: float, task: Task) -> None:
+        cid = task.client
+        model = task.model
+        assert model is not None
+        if model.spec != self.task_spec:  # a view, not a copy, in the wire's layout
+            model = Model.from_flat(model.flat(), self.task_spec)
+            task = task.with_model(model)
+        fields = {"kind": "task", "version": task.version, "task_id": task.task_id,
+                  "round": task.round}
         # the steps its client takes (as the client host counts them): its budget
         # on the client's partition
-        steps = local.num_steps(self.partition[cid])
-        if self.egress is not None:
+        steps = self.local.with_work(task.work).num_steps(self.partition[cid])
+        egress = self.client_links.egress
+        if egress is not None:
             # A shared downlink bottleneck at the server: the message really
-            # waits here until the shared stage has sent it.
+            # waits here until the shared stage has sent it (charged in full,
+            # its model included, whether or not it goes with it).
+            nbytes = self._encode(task.with_model(None)).nbytes + model_cost(model)
             p = self.plan.params(cid, "down")
-            _, end = self.egress.reserve(now, body.nbytes + p.packets(body.nbytes) * p.overhead)
+            _, end = egress.reserve(now, nbytes + p.packets(nbytes) * p.overhead)
             if end > now:
                 assert self.timers is not None
-                self.timers.call_at(end, self._send_later, cid, body, fields, steps)
+                self.timers.call_at(end, self._send_later, cid, task, fields, steps)
                 return
-        await self._send(now, cid, body, steps=steps, **fields)
+        await self._send(now, cid, task, steps=steps, **fields)

@@ -32,29 +32,38 @@ import numpy as np
 import torch
 import zmq
 
-from fedsim import statefile
-from fedsim._ids import parse_id_list
-from fedsim.actors import _proc
-from fedsim.actors._requests import Preemption, Requests
-from fedsim.actors._setup import build_data, build_model, local_config, model_shapes
-from fedsim.actors._tensors import to_model, to_tensor
+from fedsim.actors import process
+from fedsim.actors._requests import (
+    BadTask,
+    Preemption,
+    Reply,
+    Request,
+    Requests,
+    TaskRequest,
+    read_request,
+    send_reply,
+)
+from fedsim.actors.setup import build_data, build_model, local_config, model_shapes
 from fedsim.algorithms import check_finite, failure_cause, get, local_train
-from fedsim.algorithms.api import Budget, ClientContext, LocalRun
+from fedsim.algorithms.api import ClientContext
 from fedsim.algorithms.local import load_vector
-from fedsim.codec import decode, encode
-from fedsim.messages import (
+from fedsim.scenario import Scenario, parse
+from fedsim.scenario.ids import parse_id_list
+from fedsim.wire import statefile
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import (
     Advance,
     Evaluate,
     Evaluated,
     Message,
     Shutdown,
-    TensorSpec,
-    Train,
     Trained,
+    Update,
     WorkerFailed,
     WorkerReady,
 )
-from fedsim.scenario import Scenario, parse
+from fedsim.wire.payloads import HeldVersions
+from fedsim.wire.tensors import TensorSpec, to_model, to_tensor
 
 __all__ = ["InlineWorker", "Worker", "evaluate", "main", "run", "run_seed"]
 
@@ -101,7 +110,7 @@ class Worker:
 
     With ``state_path`` the client side's state (its ``state_dict``: whatever
     the algorithm keeps per client between tasks) is saved there as a
-    :mod:`fedsim.statefile`, atomically, at most every ``save_every``
+    :mod:`fedsim.wire.statefile`, atomically, at most every ``save_every``
     seconds after a task and at shutdown, and loaded from there at start: a
     client host restarted with the same state directory takes its clients'
     state back. A pickle there (an earlier fedsim's file) is refused unread.
@@ -127,6 +136,10 @@ class Worker:
         self.test = (torch.as_tensor(data.test_x), torch.as_tensor(data.test_y))
         ctx = ClientContext(model=self.model, local=self.local, seed=sc.seed)
         self.client = get(sc.algorithm.name).client(sc.algorithm, ctx)
+        #: the models of the versions this worker's tasks train from
+        self.held = HeldVersions()
+        #: per client, the task its (pipelined) session answers: id, version, round
+        self.sessions: dict[int, tuple[int, int, int]] = {}
         self.restored = False
         #: per request being answered (outermost first): real seconds spent on
         #: more urgent requests answered in the middle of it (see Preemption)
@@ -135,10 +148,10 @@ class Worker:
             self._restore_state(self.state_path)
 
     def _restore_state(self, path: Path) -> None:
-        """Take the clients' state back from ``path`` (a :mod:`fedsim.statefile`).
+        """Take the clients' state back from ``path`` (a :mod:`fedsim.wire.statefile`).
 
         A file of an older fedsim (a pickle) or one that is not a state file
-        is refused with the reason (:class:`~fedsim.statefile.StateFileError`,
+        is refused with the reason (:class:`~fedsim.wire.statefile.StateFileError`,
         which ends the worker: its host then fails with it); a file of
         another host's or another algorithm's clients is left alone.
         """
@@ -187,8 +200,10 @@ class Worker:
         return WorkerReady(samples=tuple(len(self.shards[c][1]) for c in self.clients),
                            spec=self.spec)
 
-    def handle(self, msg: Message) -> Message:
-        """Answer one request; an exception becomes a WorkerFailed (the worker goes on)."""
+    def handle(self, msg: Request) -> Reply:
+        """Answer one request: the reply and the update it uploads, if any.
+
+        An exception becomes a WorkerFailed (the worker goes on)."""
         rid = getattr(msg, "request_id", -1)
         try:
             return self._handle(msg)
@@ -199,9 +214,9 @@ class Worker:
             else:  # the run's own numbers went out of range: no traceback to read
                 log.error("request %d failed (%s): %s", rid, cause, exc)
             return WorkerFailed(request_id=rid, cause=cause,
-                                reason=f"{type(exc).__name__}: {exc}"[:1000])
+                                reason=f"{type(exc).__name__}: {exc}"[:1000]), None
 
-    def _handle(self, msg: Message) -> Message:
+    def _handle(self, msg: Request) -> Reply:
         started = time.perf_counter()
         self.nested.append(0.0)
         try:
@@ -213,13 +228,15 @@ class Worker:
         """Real seconds since ``started`` spent on this request (not on runs it let go first)."""
         return time.perf_counter() - started - self.nested[-1]
 
-    def _answer(self, msg: Message, started: float) -> Message:
+    def _answer(self, msg: Request, started: float) -> Reply:
         if isinstance(msg, Evaluate):
             load_vector(self.model, to_tensor(msg.model))
             loss, acc = evaluate(self.model, *self.test)
             return Evaluated(request_id=msg.request_id, version=msg.version, loss=loss,
-                             accuracy=acc, seconds=self._compute_s(started))
-        if not isinstance(msg, Train | Advance):
+                             accuracy=acc, seconds=self._compute_s(started)), None
+        if isinstance(msg, BadTask):
+            raise ValueError(msg.reason)
+        if not isinstance(msg, TaskRequest | Advance):
             raise ValueError(f"a worker does not take a {type(msg).__name__}")
         c = msg.client
         if c not in self.shards:
@@ -232,27 +249,30 @@ class Worker:
             flat = to_tensor(msg.model) if msg.model is not None else torch.zeros(0)
             averages = [(r, flat[i * n:(i + 1) * n]) for i, r in enumerate(msg.rounds)]
             out = self.client.advance(c, averages, x, y)
+            task_id, version, round_ = self.sessions.get(c, (0, 0, 0))
         else:
-            budget = None
-            if msg.work is not None and (msg.work.steps or msg.work.epochs):
-                budget = Budget(steps=msg.work.steps, epochs=msg.work.epochs)
-            gen = torch.Generator().manual_seed(run_seed(self.sc.seed, c, msg.task_id))
-            run = LocalRun(client=c, task_id=msg.task_id, version=msg.version, round=msg.round,
-                           payload=to_tensor(msg.model), budget=budget)
-            out = self.client.begin(run, x, y, gen)
+            task = msg.task
+            gen = torch.Generator().manual_seed(run_seed(self.sc.seed, c, task.task_id))
+            out = self.client.begin(task, x, y, gen)
+            task_id, version, round_ = self.sessions[c] = (task.task_id, task.version,
+                                                           task.round)
         upload = None
         if out.upload is not None:
             # a run whose model went to NaN or an infinity is that client's failed
             # run (counted with its cause), not a message the server would refuse
             check_finite(out.upload, f"trained model of client {c}")
             copies = out.upload.numel() * 4 // self.spec.nbytes
-            upload = to_model(out.upload, self.spec.repeated(copies))
+            r = out.upload_round
+            upload = Update(client=c, task_id=task_id,
+                            base_version=version if r is None else r,
+                            round=round_ if r is None else r, num_samples=len(y),
+                            steps=out.steps, loss=out.loss,
+                            model=to_model(out.upload, self.spec.repeated(copies)))
         self._dirty = True
         self.save_state()
         return Trained(request_id=msg.request_id, client=c, steps=out.steps, loss=out.loss,
-                       compute_s=self._compute_s(started), upload=upload,
-                       upload_round=out.upload_round, next=out.next, wait_round=out.wait_round,
-                       notes=dict(out.notes))
+                       compute_s=self._compute_s(started), upload=upload is not None,
+                       next=out.next, wait_round=out.wait_round, notes=dict(out.notes)), upload
 
 
 class InlineWorker:
@@ -262,6 +282,7 @@ class InlineWorker:
                  save_every: float = 2.0) -> None:
         self.worker = Worker(sc, clients, state_path, save_every)
         self._ids = itertools.count(1)
+        self._uploads: dict[int, list[Any]] = {}
 
     async def start(self) -> WorkerReady:
         return self.worker.ready()
@@ -271,10 +292,23 @@ class InlineWorker:
 
     async def request(self, msg: Message) -> Message:
         """Answer at once (the work runs on this loop; virtual time does not move)."""
-        request, _ = decode(encode(msg), max_header=None, check_finite=False)
-        reply, _ = decode(encode(self.worker.handle(request)), max_header=None,
-                          check_finite=False)
-        return reply
+        return self._reply(read_request(encode(msg), self.worker.held))
+
+    async def train(self, frames: list[Any]) -> Message:
+        """Answer a task's frames (stamped with its due time and request id) at once."""
+        return self._reply(read_request(frames, self.worker.held))
+
+    def upload(self, request_id: int) -> list[Any] | None:
+        """The frames of the update the reply to ``request_id`` uploads (None: none)."""
+        return self._uploads.pop(request_id, None)
+
+    def _reply(self, request: Request) -> Message:
+        reply, upload = self.worker.handle(request)
+        if upload is not None:
+            self._uploads[getattr(reply, "request_id", 0)] = encode(
+                upload, seq=getattr(reply, "request_id", 0))
+        msg, _ = decode(encode(reply), max_header=None, check_finite=False)
+        return msg
 
     async def close(self) -> None:
         self.worker.save_state(force=True)
@@ -300,14 +334,13 @@ def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
     try:
         while True:
             if not waiting:
-                waiting.push(decode(sock.recv_multipart(copy=False), max_header=None,
-                                            check_finite=False)[0])
+                waiting.push(read_request(sock.recv_multipart(copy=False), worker.held))
             preempt.read()
             msg = waiting.pop()
             if isinstance(msg, Shutdown):
                 worker.save_state(force=True)
                 return
-            sock.send_multipart(encode(preempt.answer(msg)), copy=False)
+            send_reply(sock, preempt.answer(msg))
     finally:
         between_steps(None)
 
@@ -322,7 +355,7 @@ def run(sc: Scenario, endpoint: str, clients: list[int], state: str | None = Non
     # imports, and the federation's start with it), and it enters the class
     # after. Either way before its ZeroMQ I/O thread is made, which inherits it.
     if data is None:
-        _proc.yield_cpu_to_loops()
+        process.yield_cpu_to_loops()
     try:
         worker = Worker(sc, clients, state, data=data)
     except statefile.StateFileError as exc:   # --state holds a file it must not read
@@ -330,8 +363,8 @@ def run(sc: Scenario, endpoint: str, clients: list[int], state: str | None = Non
         return 2
     worker.warm_up()
     if data is not None:
-        _proc.yield_cpu_to_loops()
-    _proc.freeze_heap()  # a full collection mid-run would be a compute overrun
+        process.yield_cpu_to_loops()
+    process.freeze_heap()  # a full collection mid-run would be a compute overrun
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PAIR)
     sock.connect(endpoint)
@@ -353,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", default=None, help="file for the clients' state (restarts)")
     ap.add_argument("--parent", type=int, default=None)
     args = ap.parse_args(argv)
-    if not _proc.become_child(args.parent, f"worker-{args.role}-{os.getpid()}"):
+    if not process.become_child(args.parent, f"worker-{args.role}-{os.getpid()}"):
         return 0
     with open(args.scenario) as fh:
         sc = parse(json.load(fh), args.scenario)

@@ -47,7 +47,7 @@ import sys
 import time
 from typing import Any
 
-from fedsim.actors import _proc
+from fedsim.actors import process
 from fedsim.actors._zygote_server import USER_ERRORS, forked, listen, serve, unix_address, warm
 
 __all__ = ["ForkedProcess", "Zygote", "can_fork_here", "describe", "spawn"]
@@ -223,9 +223,9 @@ class Zygote:
         pid = os.fork()
         if pid == 0:  # the zygote
             def zygote() -> int:
-                _proc.set_process_name("fedsim-zygote")
+                process.set_process_name("fedsim-zygote")
                 broken = warm(sc, data)
-                _proc.freeze_heap()  # the workers inherit it: their collections skip it
+                process.freeze_heap()  # the workers inherit it: their collections skip it
                 return serve(sc, data, listener, broken)
 
             forked(f"zygote-{os.getpid()}", zygote)
@@ -235,7 +235,7 @@ class Zygote:
     @classmethod
     def start(cls, name: str, scenario_file: str) -> Zygote:
         """Start a zygote for the resolved scenario in ``scenario_file``."""
-        from fedsim.plugins import child_env
+        from fedsim.scenario.plugins import child_env
 
         proc = subprocess.Popen(
             [sys.executable, "-m", "fedsim.actors._zygote_server", "--scenario", scenario_file,

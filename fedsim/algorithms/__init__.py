@@ -11,7 +11,7 @@ Rules
    decide *when* these run; the functions here decide *what* they compute.
 3. Every process that parses a scenario imports this package, client hosts
    included, and those never import torch (docs/architecture.md#processes):
-   a module here binds torch with :func:`fedsim._lazy.lazy_module` (or
+   a module here binds torch with :func:`fedsim.lazy.lazy_module` (or
    under ``TYPE_CHECKING`` alone) and touches it only inside functions.
 
 Every algorithm registers an :class:`AlgorithmSpec` (:mod:`fedsim.algorithms.api`)
@@ -51,7 +51,6 @@ from fedsim.algorithms.api import (
     register,
 )
 from fedsim.algorithms.base import (
-    ClientResult,
     LocalRunFailed,
     NonFiniteUpdate,
     StepOverflow,
@@ -77,7 +76,6 @@ __all__ = [
     "AlgorithmSpec",
     "AsyncScheduler",
     "ClientAlgorithm",
-    "ClientResult",
     "FedAsync",
     "FedAvg",
     "LocalConfig",

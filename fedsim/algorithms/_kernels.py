@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedsim._lazy import lazy_module
-from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
+from fedsim.algorithms.base import NonFiniteUpdate
+from fedsim.lazy import lazy_module
+from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
     import torch
@@ -70,7 +71,7 @@ def check_shape(x: torch.Tensor, update: torch.Tensor, what: str = "update") -> 
 
 
 def check_round(
-    x: torch.Tensor, results: Sequence[ClientResult], what: str = "update", *, unique: bool = False
+    x: torch.Tensor, results: Sequence[Update], what: str = "update", *, unique: bool = False
 ) -> list[int]:
     """Raise unless a round's results exist, match ``x``'s shape and are finite.
 
@@ -88,7 +89,7 @@ def check_round(
     return clients
 
 
-def check_async_update(x: torch.Tensor, result: ClientResult, version: int) -> int:
+def check_async_update(x: torch.Tensor, result: Update, version: int) -> int:
     """Validate one asynchronous update against the server's model; return its staleness.
 
     Staleness is ``version - result.base_version``, what really happened; an

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from fedsim._lazy import lazy_module
+from fedsim.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch

@@ -10,20 +10,28 @@ Rules
 2. Both sides are sans-I/O. The server side (:class:`ServerAlgorithm`)
    answers events (start, an update, a client back or lost, a timer) with a
    :class:`Step` of *decisions*: whom to dispatch a task to, what to
-   broadcast, what was applied or discarded. The client side
+   broadcast, what was applied or discarded. A task
+   (:class:`~fedsim.wire.messages.Task`) and an update
+   (:class:`~fedsim.wire.messages.Update`) are the wire's own records: the
+   task the server side puts in its step is the one the client side
+   begins, and the update the trainer builds is the one the server side
+   applies; only their envelopes change on the way. The client side
    (:class:`ClientAlgorithm`) runs in a torch worker and answers "begin this
    task" (and, for pipelined algorithms such as DGA, "advance with these
    averages") with an :class:`Outcome`: steps taken, what to upload, and
    whether the client is done, has more to do, or must wait for a round's
    average. Time is passed in as emulated seconds.
-3. A model travels as one flat float32 vector. An algorithm whose task or
+3. A model travels as one flat float32 vector (``task.params``,
+   ``upload.params`` are its tensor views). An algorithm whose task or
    upload carries several model-sized vectors (SCAFFOLD: the model and a
-   control variate) says so with ``task_copies`` / ``update_copies``.
+   control variate) says so with ``task_copies`` / ``update_copies``. Every
+   task of one version carries the same payload: on the real wire each
+   version crosses to a host, and to a trainer, once.
 4. A new algorithm, inside or outside this package, is one call to
    :func:`register`; the scenario loader then accepts its name under
    ``[algorithm]`` and validates its table with the spec's config class.
    A plug-in needs no call at all: ``algorithm.name = "module:attribute"``
-   names its spec, which the loader finds (:mod:`fedsim.plugins`) and
+   names its spec, which the loader finds (:mod:`fedsim.scenario.plugins`) and
    makes answer to that reference with :func:`register_alias`.
 """
 
@@ -34,9 +42,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from fedsim._schema import SchemaModel
-from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.local import LocalConfig
+from fedsim.schema import SchemaModel
+from fedsim.wire.messages import LocalWork, Task, Update
+from fedsim.wire.tensors import TensorSpec, to_model
 
 if TYPE_CHECKING:
     import torch
@@ -47,17 +56,15 @@ __all__ = [
     "AlgorithmSpec",
     "Applied",
     "Broadcast",
-    "Budget",
     "ClientAlgorithm",
     "ClientContext",
     "Discarded",
-    "Dispatch",
     "Guarded",
-    "LocalRun",
     "Outcome",
     "ServerAlgorithm",
     "ServerContext",
     "Step",
+    "TaskMaker",
     "algorithm_names",
     "get",
     "register",
@@ -90,44 +97,6 @@ class AlgorithmConfig(SchemaModel):
 
 
 # -- values exchanged with the actors -----------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """A task's own local budget (AsyncFedED's adaptive K); None fields: the scenario's."""
-
-    steps: int | None = None
-    epochs: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.steps is not None and self.epochs is not None:
-            raise ValueError(f"Invalid budget: steps={self.steps} and epochs={self.epochs}")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"Invalid budget steps: {self.steps} (must be >= 1)")
-        if self.epochs is not None and not self.epochs > 0:
-            raise ValueError(f"Invalid budget epochs: {self.epochs} (must be > 0)")
-
-    def apply(self, local: LocalConfig) -> LocalConfig:
-        """``local`` with this budget in place of its own (unchanged if both unset)."""
-        from dataclasses import replace
-
-        if self.steps is not None:
-            return replace(local, steps=self.steps, epochs=None)
-        if self.epochs is not None:
-            return replace(local, steps=None, epochs=self.epochs)
-        return local
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """A task for one client: the payload it trains from and its budget."""
-
-    client: int
-    task_id: int
-    version: int
-    round: int
-    payload: torch.Tensor
-    budget: Budget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,11 +153,12 @@ class Guarded:
 class Step:
     """The decisions one event leads to.
 
-    ``guarded`` lists the updates the update guard rejected (each is also in
-    ``discarded``, with its reason) or clipped (applied, clipped).
+    ``tasks`` are sent in order, each to its client. ``guarded`` lists the
+    updates the update guard rejected (each is also in ``discarded``, with
+    its reason) or clipped (applied, clipped).
     """
 
-    dispatch: list[int] = field(default_factory=list)
+    tasks: list[Task] = field(default_factory=list)
     broadcasts: list[Broadcast] = field(default_factory=list)
     applied: list[Applied] = field(default_factory=list)
     discarded: list[Discarded] = field(default_factory=list)
@@ -197,25 +167,13 @@ class Step:
 
     def then(self, other: Step) -> Step:
         """This step followed by ``other`` (in place; returns self)."""
-        self.dispatch.extend(other.dispatch)
+        self.tasks.extend(other.tasks)
         self.broadcasts.extend(other.broadcasts)
         self.applied.extend(other.applied)
         self.discarded.extend(other.discarded)
         self.rounds_closed += other.rounds_closed
         self.guarded.extend(other.guarded)
         return self
-
-
-@dataclass(frozen=True, slots=True)
-class LocalRun:
-    """A task as the client side sees it."""
-
-    client: int
-    task_id: int
-    version: int
-    round: int
-    payload: torch.Tensor
-    budget: Budget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,14 +196,49 @@ class Outcome:
     notes: Mapping[str, Any] = field(default_factory=dict)
 
 
+class TaskMaker:
+    """Builds a server side's tasks: fresh task ids, one wire model per version.
+
+    ``next_id`` is the next task's id (from 1; the server's checkpoint keeps
+    it, and reading it takes nothing); the payload of a version is wrapped
+    once (a view, not a copy, of a contiguous float32 tensor) in ``spec``,
+    the task's wire layout, and every task of that version shares it.
+    """
+
+    __slots__ = ("_last", "next_id", "spec")
+
+    def __init__(self, spec: TensorSpec | None = None, next_id: int = 1) -> None:
+        self.spec = spec
+        self.next_id = next_id
+        self._last: tuple[int, torch.Tensor, Any] | None = None
+
+    def __call__(self, client: int, version: int, round: int,
+                 payload: torch.Tensor, work: LocalWork | None = None) -> Task:
+        """The task of ``client`` training from ``payload``, the payload of ``version``."""
+        last = self._last
+        if last is None or last[0] != version or last[1] is not payload:
+            spec = self.spec
+            if spec is None or spec.nbytes != payload.numel() * 4:
+                spec = TensorSpec([("float32", (payload.numel(),))])
+            last = self._last = (version, payload, to_model(payload, spec))
+        task_id, self.next_id = self.next_id, self.next_id + 1
+        return Task(client=client, task_id=task_id, version=version, round=round,
+                    work=work, model=last[2])
+
+
 @dataclass(frozen=True, slots=True)
 class ServerContext:
-    """What a server side is built from."""
+    """What a server side is built from.
+
+    ``tasks`` makes its tasks (the server passes one that numbers them with
+    its own counter and wraps payloads in the task's wire spec).
+    """
 
     x0: torch.Tensor
     num_clients: int
     seed: int
     local: LocalConfig
+    tasks: TaskMaker = field(default_factory=TaskMaker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,8 +296,11 @@ class ServerAlgorithm(ABC):
         """``client`` is gone for good (left, failed, unreachable, its host died)."""
 
     @abstractmethod
-    def update(self, upload: ClientResult, now: float) -> Step:
-        """An update arrived (``upload.params`` has ``update_copies`` model sizes)."""
+    def update(self, upload: Update, now: float) -> Step:
+        """An update arrived (``upload.params`` has ``update_copies`` model sizes).
+
+        Its ``base_version``, ``num_samples`` and (for a task answered by one
+        upload) ``round`` are the server's record of the task, not the client's claim."""
 
     @abstractmethod
     def timer(self, now: float) -> Step:
@@ -315,10 +311,6 @@ class ServerAlgorithm(ABC):
         """Emulated time at which :meth:`timer` must be called, if any."""
 
     @abstractmethod
-    def task(self, client: int, task_id: int) -> Dispatch:
-        """Build the task for a client this algorithm just dispatched."""
-
-    @abstractmethod
     def in_flight(self) -> int:
         """Clients currently working on a task."""
 
@@ -327,7 +319,7 @@ class ServerAlgorithm(ABC):
         """The server side's state, for a checkpoint: a snapshot (later steps do
         not change it) of tensors, arrays, bytes, numbers, strings, None, and
         lists, tuples and dicts of them (keys: numbers, strings, tuples), which
-        :mod:`fedsim.statefile` stores without pickling; anything else fails the
+        :mod:`fedsim.wire.statefile` stores without pickling; anything else fails the
         first checkpoint, named. Tensors that share storage come back as
         copies; fedsim's algorithms keep theirs with
         :func:`~fedsim.algorithms._kernels.pack_tensor`."""
@@ -347,9 +339,10 @@ class ClientAlgorithm(ABC):
 
     @abstractmethod
     def begin(
-        self, run: LocalRun, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+        self, task: Task, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
     ) -> Outcome:
-        """Start (and, for most algorithms, finish) a task's local work."""
+        """Start (and, for most algorithms, finish) a task's local work
+        (``task.params``: its payload; ``task.work``: its own budget, if any)."""
 
     def advance(
         self,
@@ -365,7 +358,7 @@ class ClientAlgorithm(ABC):
     def state_dict(self) -> dict[str, Any]:
         """Per-client state, as plain comparable data (the values
         :meth:`ServerAlgorithm.state_dict` may hold: ``fedsim clients --state``
-        saves it as a :mod:`fedsim.statefile`)."""
+        saves it as a :mod:`fedsim.wire.statefile`)."""
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -47,13 +47,13 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import check_async_update, norm64, pack_tensor, unpack_tensor
-from fedsim.algorithms.api import AlgorithmSpec, Budget, ServerContext, register
-from fedsim.algorithms.base import ClientResult
+from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.lazy import lazy_module
+from fedsim.schema import NonNeg, Pos
+from fedsim.wire.messages import LocalWork, Update
 
 if TYPE_CHECKING:
     import torch
@@ -252,10 +252,10 @@ class AsyncFedED(AsyncRule):
 
     # -- per-client K ---------------------------------------------------------
 
-    def budget(self, client: int) -> Budget:
+    def budget(self, client: int) -> LocalWork:
         """The next task of ``client`` runs ``floor(K_i)`` epochs or steps."""
         k = self.local_units(client)
-        return Budget(epochs=k) if self.k_unit == "epochs" else Budget(steps=k)
+        return LocalWork(epochs=k) if self.k_unit == "epochs" else LocalWork(steps=k)
 
     def keep(self, version: int, x: torch.Tensor) -> None:
         """A task left from ``version``: hold its snapshot (the GMIS)."""
@@ -351,7 +351,7 @@ class AsyncFedED(AsyncRule):
     # -- the update --------------------------------------------------------------
 
     def aggregate(
-        self, x: torch.Tensor, version: int, result: ClientResult
+        self, x: torch.Tensor, version: int, result: Update
     ) -> tuple[torch.Tensor | None, dict[str, Any]]:
         """Apply one client's pseudo-gradient to ``x`` (version ``version``).
 

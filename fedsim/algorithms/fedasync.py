@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import check_async_update, lerp
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
-from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.schema import NonNeg, Pos
+from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
     import torch
@@ -149,7 +149,7 @@ class FedAsync(AsyncRule):
         )
 
     def aggregate(
-        self, x: torch.Tensor, version: int, result: ClientResult
+        self, x: torch.Tensor, version: int, result: Update
     ) -> tuple[torch.Tensor | None, dict[str, Any]]:
         """Apply one client result to the global model ``x`` at ``version``.
 

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from fedsim._schema import NonNeg
 from fedsim.algorithms._kernels import check_round, weighted_average
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
-from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.robust import Aggregator
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.schema import NonNeg
+from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,7 @@ WEIGHTINGS = ("samples", "uniform")
 
 def fedavg_aggregate(
     x: torch.Tensor,
-    results: Sequence[ClientResult],
+    results: Sequence[Update],
     server_lr: float = 1.0,
     weighting: str = "samples",
 ) -> torch.Tensor:
@@ -79,7 +79,7 @@ class FedAvg(RoundRule):
         self.rounds = 0
 
     def aggregate(
-        self, x: torch.Tensor, results: Sequence[ClientResult]
+        self, x: torch.Tensor, results: Sequence[Update]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Aggregate one round; non-finite results raise before anything changes."""
         check_round(x, results)

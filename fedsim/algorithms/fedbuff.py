@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import check_async_update, check_shape, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
-from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.fedasync import STALENESS_FUNCTIONS, staleness_weight
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.lazy import lazy_module
+from fedsim.schema import NonNeg, Pos
+from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
     import torch
@@ -123,7 +123,7 @@ class FedBuff(AsyncRule):
         return len(self._entries)
 
     def aggregate(
-        self, x: torch.Tensor, version: int, result: ClientResult
+        self, x: torch.Tensor, version: int, result: Update
     ) -> tuple[torch.Tensor | None, dict[str, Any]]:
         """Buffer one client's delta; step when the buffer holds ``buffer_size``.
 

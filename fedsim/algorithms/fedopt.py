@@ -61,8 +61,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import Pos
 from fedsim.algorithms._kernels import (
     check_round,
     norm64,
@@ -72,10 +70,12 @@ from fedsim.algorithms._kernels import (
     weighted_average,
 )
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
-from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.robust import Aggregator
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.lazy import lazy_module
+from fedsim.schema import Pos
+from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
     import torch
@@ -104,14 +104,14 @@ DEFAULT_SERVER_LR = {"adam": 0.1, "yogi": 0.1, "adagrad": 0.1, "avgm": 1.0}
 
 
 def fedopt_delta(
-    x: torch.Tensor, results: Sequence[ClientResult], weighting: str = "uniform"
+    x: torch.Tensor, results: Sequence[Update], weighting: str = "uniform"
 ) -> torch.Tensor:
     """Return the pseudo-gradient ``Delta = sum_i w_i (y_i - x)`` in float64."""
     weights = _weights(results, weighting)
     return weighted_average([pseudo_gradient(x, r.params) for r in results], weights)
 
 
-def _weights(results: Sequence[ClientResult], weighting: str) -> list[float]:
+def _weights(results: Sequence[Update], weighting: str) -> list[float]:
     """The unnormalized ``w_i``: ``n_i`` ("samples") or 1 ("uniform")."""
     if weighting not in WEIGHTINGS:
         raise ValueError(
@@ -426,7 +426,7 @@ class FedOpt(RoundRule):
         return (None if m is None else m.clone()), (None if v is None else v.clone())
 
     def aggregate(
-        self, x: torch.Tensor, results: Sequence[ClientResult]
+        self, x: torch.Tensor, results: Sequence[Update]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Aggregate one round; invalid or non-finite results raise before anything changes.
 

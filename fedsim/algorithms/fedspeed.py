@@ -38,8 +38,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from pydantic import model_validator
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import NonNeg, Pos, Prob
 from fedsim.algorithms._kernels import (
     check_round,
     check_shape,
@@ -52,16 +50,17 @@ from fedsim.algorithms.api import (
     AlgorithmSpec,
     ClientAlgorithm,
     ClientContext,
-    LocalRun,
     Outcome,
     ServerContext,
     register,
 )
-from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.fedavg import WEIGHTINGS, fedavg_aggregate
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
+from fedsim.lazy import lazy_module
+from fedsim.schema import NonNeg, Pos, Prob
+from fedsim.wire.messages import Task, Update
 
 if TYPE_CHECKING:
     import torch
@@ -405,7 +404,7 @@ class FedSpeedServer(RoundRule):
         self._h: dict[int, torch.Tensor] = {}
 
     def aggregate(
-        self, x: torch.Tensor, results: Sequence[ClientResult]
+        self, x: torch.Tensor, results: Sequence[Update]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Aggregate one round; invalid or non-finite uploads raise before any change."""
         clients = check_round(x, results, "upload", unique=True)
@@ -416,7 +415,7 @@ class FedSpeedServer(RoundRule):
         self.rounds += 1
         return new, {"clients": clients}
 
-    def _fl_simulator(self, x: torch.Tensor, results: Sequence[ClientResult]) -> torch.Tensor:
+    def _fl_simulator(self, x: torch.Tensor, results: Sequence[Update]) -> torch.Tensor:
         h = dict(self._h)
         for r in results:
             step = r.params.to(torch.float64) - x.to(torch.float64)
@@ -510,11 +509,11 @@ class FedSpeedClient(ClientAlgorithm):
         self.g_hat: dict[int, torch.Tensor] = {}
 
     def begin(
-        self, run: LocalRun, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+        self, task: Task, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
     ) -> Outcome:
-        local = run.budget.apply(self.ctx.local) if run.budget else self.ctx.local
-        upload, self.g_hat[run.client], stats = fedspeed_local_train(
-            self.ctx.model, run.payload, x, y, local, self.cfg, self.g_hat.get(run.client), gen)
+        local = self.ctx.local.with_work(task.work)
+        upload, self.g_hat[task.client], stats = fedspeed_local_train(
+            self.ctx.model, task.params, x, y, local, self.cfg, self.g_hat.get(task.client), gen)
         return Outcome(steps=int(stats["steps"]), loss=float(stats["loss"]), upload=upload,
                        notes={"ascent_scale": stats["ascent_scale"]})
 

@@ -19,23 +19,23 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import NonNeg, Pos
 from fedsim.algorithms._kernels import all_finite, pack_tensor, pseudo_gradient, unpack_tensor
 from fedsim.algorithms.api import (
     AlgorithmConfig,
     Applied,
-    Budget,
     Discarded,
-    Dispatch,
     Guarded,
     ServerAlgorithm,
     ServerContext,
     Step,
+    TaskMaker,
 )
-from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
+from fedsim.algorithms.base import NonFiniteUpdate
 from fedsim.algorithms.robust import Aggregator, GuardConfig, UpdateGuard, aggregate_models
 from fedsim.algorithms.scheduling import AsyncScheduler, RoundScheduler
+from fedsim.lazy import lazy_module
+from fedsim.schema import NonNeg, Pos
+from fedsim.wire.messages import LocalWork, Task, Update
 
 if TYPE_CHECKING:
     import torch
@@ -112,11 +112,11 @@ class AsyncRule(ABC):
 
     @abstractmethod
     def aggregate(
-        self, x: torch.Tensor, version: int, result: ClientResult
+        self, x: torch.Tensor, version: int, result: Update
     ) -> tuple[torch.Tensor | None, Info]:
         """Apply one result; the new model, or None (buffered or discarded)."""
 
-    def budget(self, client: int) -> Budget | None:
+    def budget(self, client: int) -> LocalWork | None:
         """The local budget of ``client``'s next task (None: the scenario's)."""
         return None
 
@@ -171,12 +171,14 @@ class AsyncFlow(ServerAlgorithm):
     def build(cls, rule: AsyncRule, cfg: AsyncConfig, ctx: ServerContext) -> AsyncFlow:
         """The flow of an algorithm whose config extends :class:`AsyncConfig`."""
         return cls(rule, ctx.x0, concurrency=cfg.concurrency or ctx.num_clients,
-                   task_timeout=cfg.task_timeout, seed=ctx.seed, guard=cfg.guard)
+                   task_timeout=cfg.task_timeout, seed=ctx.seed, guard=cfg.guard,
+                   tasks=ctx.tasks)
 
     def __init__(self, rule: AsyncRule, x0: torch.Tensor, *, concurrency: int,
-                 task_timeout: float | None, seed: int, guard: GuardConfig | None = None
-                 ) -> None:
+                 task_timeout: float | None, seed: int, guard: GuardConfig | None = None,
+                 tasks: TaskMaker | None = None) -> None:
         self.rule = rule
+        self.make_task = tasks if tasks is not None else TaskMaker()
         self.guard = UpdateGuard(guard) if guard is not None else None
         self.sched = AsyncScheduler(concurrency, task_timeout=task_timeout, seed=seed)
         self.x = x0
@@ -195,51 +197,52 @@ class AsyncFlow(ServerAlgorithm):
     def start(self, clients: Sequence[int], now: float) -> Step:
         for c in clients:
             self.sched.add(c)
-        return Step(dispatch=self.sched.fill(now))
+        return Step(tasks=self._fill(now))
 
     def rejoin(self, client: int, now: float, reset: bool) -> Step:
         self._release(client)
         self.rule.rejoined(client)
         self.sched.add(client)
-        return Step(dispatch=self.sched.fill(now))
+        return Step(tasks=self._fill(now))
 
     def lost(self, client: int, now: float) -> Step:
         self._release(client)
         self.sched.remove(client, "lose")
-        return Step(dispatch=self.sched.fill(now))
+        return Step(tasks=self._fill(now))
 
-    def task(self, client: int, task_id: int) -> Dispatch:
+    def _fill(self, now: float) -> list[Task]:
+        """Tasks for the clients the scheduler starts now."""
+        return [self._task(c) for c in self.sched.fill(now)]
+
+    def _task(self, client: int) -> Task:
         self._release(client)
-        self.sched.bind(client, task_id)
+        task = self.make_task(client, self.version, 0, self.x, self.rule.budget(client))
+        self.sched.bind(client, task.task_id)
         self.task_version[client] = self.version
         if self.rule.takes == "delta":
             self.rule.keep(self.version, self.x)
-        return Dispatch(client=client, task_id=task_id, version=self.version, round=0,
-                        payload=self.x, budget=self.rule.budget(client))
+        return task
 
-    def update(self, upload: ClientResult, now: float) -> Step:
+    def update(self, upload: Update, now: float) -> Step:
         step = Step()
         current = self.sched.on_result(upload.client, upload.task_id)
         if not current:
             step.discarded.append(Discarded(upload.client,
                                             f"result of an abandoned task {upload.task_id}"))
-            step.dispatch = self.sched.fill(now)
+            step.tasks = self._fill(now)
             return step
         if self.guard is not None:
             guarded = _guard(self.guard, upload, self.x, step)
             if guarded is None:
                 self._release(upload.client)
-                step.dispatch = self.sched.fill(now)
+                step.tasks = self._fill(now)
                 return step
             upload = guarded
         try:
             result = upload
             if self.rule.takes == "delta":
                 delta = pseudo_gradient(self.rule.base(upload.base_version), upload.params)
-                result = ClientResult(
-                    client=upload.client, base_version=upload.base_version,
-                    params=delta, num_samples=upload.num_samples, steps=upload.steps,
-                    stats=upload.stats, task_id=upload.task_id, round=upload.round)
+                result = upload.with_params(delta)
             new, info = self.rule.aggregate(self.x, self.version, result)
         except (NonFiniteUpdate, ValueError, KeyError) as exc:
             new, info = None, {}
@@ -257,13 +260,13 @@ class AsyncFlow(ServerAlgorithm):
         elif not step.discarded and info.get("discarded"):
             why = info.get("reason") or f"staleness {info.get('staleness')} above max_staleness"
             step.discarded.append(Discarded(upload.client, why, info.get("staleness")))
-        step.dispatch = self.sched.fill(now)
+        step.tasks = self._fill(now)
         return step
 
     def timer(self, now: float) -> Step:
         for c in self.sched.expire(now):
             self._release(c)
-        return Step(dispatch=self.sched.fill(now))
+        return Step(tasks=self._fill(now))
 
     def next_timer(self) -> float | None:
         return self.sched.next_expiry()
@@ -288,7 +291,7 @@ class RoundRule(ABC):
 
     @abstractmethod
     def aggregate(
-        self, x: torch.Tensor, results: Sequence[ClientResult]
+        self, x: torch.Tensor, results: Sequence[Update]
     ) -> tuple[torch.Tensor, Info]:
         """Aggregate one round; raise (NonFiniteUpdate, ValueError) before changing state."""
 
@@ -321,12 +324,14 @@ class RoundsFlow(ServerAlgorithm):
         return cls(rule, ctx.x0, fraction=cfg.fraction, min_clients=cfg.min_clients,
                    over_selection=cfg.over_selection, deadline=cfg.round_deadline,
                    seed=ctx.seed, total=ctx.num_clients, guard=cfg.guard,
-                   aggregator=getattr(cfg, "aggregator", "mean"), trim=getattr(cfg, "trim", 0.1))
+                   aggregator=getattr(cfg, "aggregator", "mean"), trim=getattr(cfg, "trim", 0.1),
+                   tasks=ctx.tasks)
 
     def __init__(self, rule: RoundRule, x0: torch.Tensor, *, fraction: float,
                  min_clients: int, over_selection: float, deadline: float | None,
                  seed: int, total: int, guard: GuardConfig | None = None,
-                 aggregator: Aggregator = "mean", trim: float = 0.1) -> None:
+                 aggregator: Aggregator = "mean", trim: float = 0.1,
+                 tasks: TaskMaker | None = None) -> None:
         self.rule = rule
         self.guard = UpdateGuard(guard) if guard is not None else None
         self.aggregator: Aggregator = aggregator
@@ -339,9 +344,10 @@ class RoundsFlow(ServerAlgorithm):
         self.version = 0
         self.available: set[int] = set()
         self.busy: set[int] = set()
-        self.results: list[ClientResult] = []
+        self.results: list[Update] = []
         self.started = False
         self._payload: tuple[int, torch.Tensor] | None = None
+        self.make_task = tasks if tasks is not None else TaskMaker()
 
     @property
     def round(self) -> int:  # type: ignore[override]
@@ -350,25 +356,25 @@ class RoundsFlow(ServerAlgorithm):
     def model(self) -> torch.Tensor:
         return self.x
 
-    def _open(self, now: float) -> list[int]:
+    def _open(self, now: float) -> list[Task]:
         pool = self.available - self.busy
         if not pool or self.sched.state != "closed":
             return []
         plan = self.sched.open_round(now, pool, self.total)
         self.busy.update(plan.selected)
         self.results = []
-        return list(plan.selected)
+        return [self._task(c) for c in plan.selected]
 
     def start(self, clients: Sequence[int], now: float) -> Step:
         self.started = True
         self.available.update(clients)
-        return Step(dispatch=self._open(now))
+        return Step(tasks=self._open(now))
 
     def rejoin(self, client: int, now: float, reset: bool) -> Step:
         step = self._drop(client, now)
         self.available.add(client)
         if self.started and self.sched.state == "closed":
-            step.dispatch.extend(self._open(now))
+            step.tasks.extend(self._open(now))
         return step
 
     def lost(self, client: int, now: float) -> Step:
@@ -380,13 +386,12 @@ class RoundsFlow(ServerAlgorithm):
         self.sched.on_dropped(client)
         return self._close(now) if self.sched.complete() else Step()
 
-    def task(self, client: int, task_id: int) -> Dispatch:
+    def _task(self, client: int) -> Task:
         if self._payload is None or self._payload[0] != self.version:
             self._payload = (self.version, self.rule.payload(self.x))
-        return Dispatch(client=client, task_id=task_id, version=self.version,
-                        round=self.sched.round, payload=self._payload[1])
+        return self.make_task(client, self.version, self.sched.round, self._payload[1])
 
-    def update(self, upload: ClientResult, now: float) -> Step:
+    def update(self, upload: Update, now: float) -> Step:
         self.busy.discard(upload.client)
         if not self.sched.on_result(upload.round, upload.client):
             return Step(discarded=[Discarded(upload.client, f"late for round {upload.round}")])
@@ -416,9 +421,8 @@ class RoundsFlow(ServerAlgorithm):
         if good and self.aggregator != "mean":
             # one robust centre of the round's models stands for them all
             center = aggregate_models([r.params for r in good], self.aggregator, self.trim)
-            merged = ClientResult(client=good[0].client, base_version=good[0].base_version,
-                                  params=center, num_samples=sum(r.num_samples for r in good),
-                                  steps=max(r.steps for r in good), round=good[0].round)
+            merged = good[0].with_params(center, num_samples=sum(r.num_samples for r in good),
+                                         steps=max(r.steps for r in good))
             try:
                 new, info = self.rule.aggregate(self.x, [merged])
             except (NonFiniteUpdate, ValueError) as exc:
@@ -441,13 +445,13 @@ class RoundsFlow(ServerAlgorithm):
                 step.applied.append(Applied(
                     version=self.version, clients=tuple(r.client for r in good), round=closed,
                     metrics=_metrics(info, ("clients",))))
-        step.dispatch = self._open(now)
+        step.tasks = self._open(now)
         return step
 
     def timer(self, now: float) -> Step:
         if self.sched.deadline_passed(now):
             return self._close(now)
-        return Step(dispatch=self._open(now) if self.started else [])
+        return Step(tasks=self._open(now) if self.started else [])
 
     def next_timer(self) -> float | None:
         cur = self.sched.current
@@ -470,8 +474,8 @@ class RoundsFlow(ServerAlgorithm):
             self.sched.rng.setstate(_rng_restore(state["sched_rng"]))
 
 
-def _guard(guard: UpdateGuard, upload: ClientResult, x: torch.Tensor,
-           step: Step) -> ClientResult | None:
+def _guard(guard: UpdateGuard, upload: Update, x: torch.Tensor,
+           step: Step) -> Update | None:
     """``upload`` through the guard: as it is, clipped, or None (rejected, and
     discarded with the reason); a rejection or a clip is noted in ``step``."""
     r = guard.inspect(upload.params, x)
@@ -481,14 +485,7 @@ def _guard(guard: UpdateGuard, upload: ClientResult, x: torch.Tensor,
         assert r.reason is not None
         step.discarded.append(Discarded(upload.client, r.reason))
         return None
-    return upload if r.action is None else _with_params(upload, r.params)
-
-
-def _with_params(r: ClientResult, params: torch.Tensor) -> ClientResult:
-    """``r`` with its model replaced (a clipped update)."""
-    return ClientResult(client=r.client, base_version=r.base_version, params=params,
-                        num_samples=r.num_samples, steps=r.steps, stats=r.stats,
-                        task_id=r.task_id, round=r.round)
+    return upload if r.action is None else upload.with_params(r.params)
 
 
 def _rng_state(rng: random.Random) -> list[Any]:

@@ -21,18 +21,20 @@ stepped directly (:func:`_sgd_steps`), to the same iterates bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import flatten
 from fedsim.algorithms._sgd import SGD
 from fedsim.algorithms.optim import OptimizerConfig, make_optimizer
+from fedsim.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
     from torch.nn import functional
+
+    from fedsim.wire.messages import LocalWork
 else:
     torch = lazy_module("torch")
     nn = lazy_module("torch.nn")
@@ -82,6 +84,15 @@ class LocalConfig:
             raise ValueError(f"Invalid batch_size: {self.batch_size} (must be >= 1)")
         if not self.prox_mu >= 0:
             raise ValueError(f"Invalid prox_mu: {self.prox_mu} (must be >= 0)")
+
+    def with_work(self, work: LocalWork | None) -> LocalConfig:
+        """This config with a task's own budget in place of its own (unchanged for None
+        or an empty budget)."""
+        if work is not None and work.steps is not None:
+            return replace(self, steps=work.steps, epochs=None)
+        if work is not None and work.epochs is not None:
+            return replace(self, steps=None, epochs=work.epochs)
+        return self
 
     def num_steps(self, num_samples: int) -> int:
         """Local steps this config takes on ``num_samples`` samples."""

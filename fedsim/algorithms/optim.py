@@ -35,7 +35,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fedsim._lazy import lazy_module
 from fedsim.algorithms._optcheck import (
     BATCH_MODES,
     FIRST_STEPS,
@@ -48,6 +47,7 @@ from fedsim.algorithms._optcheck import (
     check_positive,
 )
 from fedsim.algorithms._sgd import SGD
+from fedsim.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import Pos, SchemaModel
+from fedsim.lazy import lazy_module
+from fedsim.schema import Pos, SchemaModel
 
 if TYPE_CHECKING:
     import torch

@@ -17,7 +17,7 @@ Server control variate ``c`` and client control variates ``c_i`` start at 0::
 clients' sample counts (as FedAvg's); the default, ``"uniform"``, is the
 paper's plain mean.
 
-The client uploads its model ``y_i`` (``ClientResult.params``, as FedAvg;
+The client uploads its model ``y_i`` (``Update.params``, as FedAvg;
 ``delta_y = y_i - x`` is recovered on the server) and ``delta_c_i``, passed to
 :meth:`Scaffold.aggregate` as a list aligned with the results.
 """
@@ -28,7 +28,6 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import (
     check_finite,
     check_round,
@@ -43,15 +42,15 @@ from fedsim.algorithms.api import (
     AlgorithmSpec,
     ClientAlgorithm,
     ClientContext,
-    LocalRun,
     Outcome,
     ServerContext,
     register,
 )
-from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
+from fedsim.lazy import lazy_module
+from fedsim.wire.messages import Task, Update
 
 if TYPE_CHECKING:
     import torch
@@ -291,7 +290,7 @@ class Scaffold:
     def aggregate(
         self,
         x: torch.Tensor,
-        results: Sequence[ClientResult],
+        results: Sequence[Update],
         delta_c: Sequence[torch.Tensor],
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Aggregate one round; ``delta_c[j]`` belongs to ``results[j]``.
@@ -366,16 +365,14 @@ class ScaffoldRounds(RoundRule):
         return torch.cat([x, self.rule.control(x).to(x.dtype)])
 
     def aggregate(
-        self, x: torch.Tensor, results: Sequence[ClientResult]
+        self, x: torch.Tensor, results: Sequence[Update]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         n = x.numel()
         for r in results:
             if r.params.numel() != 2 * n:
                 raise ValueError(f"Invalid upload from client {r.client}: "
                                  f"{r.params.numel()} values, expected 2 x {n}")
-        ys = [ClientResult(client=r.client, base_version=r.base_version, params=r.params[:n],
-                           num_samples=r.num_samples, steps=r.steps, stats=r.stats,
-                           round=r.round) for r in results]
+        ys = [r.with_params(r.params[:n]) for r in results]
         return self.rule.aggregate(x, ys, [r.params[n:] for r in results])
 
     def state_dict(self) -> dict[str, Any]:
@@ -394,16 +391,16 @@ class ScaffoldClient(ClientAlgorithm):
         self.c: dict[int, torch.Tensor] = {}
 
     def begin(
-        self, run: LocalRun, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+        self, task: Task, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
     ) -> Outcome:
-        local = run.budget.apply(self.ctx.local) if run.budget else self.ctx.local
-        n = run.payload.numel() // 2
-        w, c_global = run.payload[:n], run.payload[n:]
-        c_old = self.c.get(run.client)
+        local = self.ctx.local.with_work(task.work)
+        n = task.params.numel() // 2
+        w, c_global = task.params[:n], task.params[n:]
+        c_old = self.c.get(task.client)
         y_i, c_new, stats = scaffold_local_train(
             self.ctx.model, w, c_global, c_old, x, y, local, gen, option=self.option)
         delta_c = c_new - (c_old if c_old is not None else torch.zeros_like(c_new))
-        self.c[run.client] = c_new
+        self.c[task.client] = c_new
         upload = torch.cat([y_i.to(torch.float32), delta_c.to(torch.float32)])
         return Outcome(steps=int(stats["steps"]), loss=float(stats["loss"]), upload=upload)
 

@@ -331,9 +331,11 @@ class AsyncScheduler:
 
         A late result of a task that timed out (its id differs from the
         client's current task) leaves the client training its new task.
+        Task ids start at 1: a ``task_id`` of 0 or None names no task (an
+        update built by hand, :meth:`fedsim.wire.messages.Update.of`).
         """
         current = self.task_of.get(client)
-        if task_id is not None and current is not None and task_id != current:
+        if task_id and current is not None and task_id != current:
             return False
         if self.clients.state.get(client) == "training":
             self.clients.fire(client, "result")

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fedsim.algorithms.api import ClientAlgorithm, ClientContext, LocalRun, Outcome
+from fedsim.algorithms.api import ClientAlgorithm, ClientContext, Outcome
 from fedsim.algorithms.local import local_train
 
 if TYPE_CHECKING:
     import torch
+
+    from fedsim.wire.messages import Task
 
 __all__ = ["LocalSGDClient", "local_sgd_client"]
 
@@ -28,10 +30,10 @@ class LocalSGDClient(ClientAlgorithm):
         self.ctx = ctx
 
     def begin(
-        self, run: LocalRun, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+        self, task: Task, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
     ) -> Outcome:
-        local = run.budget.apply(self.ctx.local) if run.budget else self.ctx.local
-        vec, stats = local_train(self.ctx.model, run.payload, x, y, local, gen)
+        local = self.ctx.local.with_work(task.work)
+        vec, stats = local_train(self.ctx.model, task.params, x, y, local, gen)
         return Outcome(steps=int(stats["steps"]), loss=float(stats["loss"]), upload=vec,
                        notes={k: stats[k] for k in _STEP_SIZES if k in stats})
 

@@ -1,6 +1,6 @@
 """``federate``: what a plug-in dataset's loader returns, as a run's federated dataset.
 
-A plug-in loader (:mod:`fedsim.plugins`) either splits its data among the
+A plug-in loader (:mod:`fedsim.scenario.plugins`) either splits its data among the
 clients itself (a :class:`FederatedData`, ``partition = "natural"``) or
 returns pooled arrays, which the partitions of :func:`build_federated` split
 here, with the same seeded streams.

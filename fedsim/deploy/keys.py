@@ -25,9 +25,9 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
-from fedsim._ids import format_ids, parse_ids, split_ids
 from fedsim.errors import DeployError
-from fedsim.transport import ClientKeys, ServerKeys
+from fedsim.scenario.ids import format_ids, parse_ids, split_ids
+from fedsim.wire.transport import ClientKeys, ServerKeys
 
 __all__ = ["AllowedHost", "KeysError", "load_allowed", "load_client_keys", "load_server_keys",
            "make_keys"]

@@ -1,6 +1,6 @@
 """``fedsim server`` and ``fedsim clients``: one federation across machines.
 
-Both are built on the same actors as ``fedsim run`` (:mod:`fedsim.runner`,
+Both are built on the same actors as ``fedsim run`` (:mod:`fedsim.launch.runner`,
 :mod:`fedsim.actors.host`); only who starts the client hosts differs. The
 server binds an address, client hosts connect to it from wherever they run,
 register (clock offset, version and scenario hash checked) and the
@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim.errors import DeployError
-from fedsim.results import RunResult
-from fedsim.runner import finish, prepare, prepare_resume, serve
+from fedsim.launch.prep import finish, prepare, prepare_resume
+from fedsim.launch.runner import serve
+from fedsim.results.values import RunResult
 from fedsim.scenario import Scenario, resolved
-from fedsim.transport import ClientKeys, ServerKeys, is_loopback
+from fedsim.wire.transport import ClientKeys, ServerKeys, is_loopback
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -91,7 +92,7 @@ def run_server(sc: Scenario | None, *, bind: str, out: str | None, keys_dir: str
     """
     import torch
 
-    from fedsim.actors._proc import run_loop
+    from fedsim.actors.process import run_loop
 
     torch.set_num_threads(1)
     if resume is not None:
@@ -115,8 +116,8 @@ def run_clients(sc: Scenario, *, connect: str, ids: list[int], name: str,
     Returns the host's exit code (0 done, 3 the server went silent, 4 refused, 2 its
     torch worker did not start).
     """
-    from fedsim.actors._proc import run_loop
     from fedsim.actors.host import serve_host
+    from fedsim.actors.process import run_loop
 
     keys = client_keys(connect, keys_dir, name, insecure)
     data: dict[str, Any] = resolved(sc)

@@ -18,7 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from fedsim._ids import split_ids
+from fedsim.scenario.ids import split_ids
 
 __all__ = ["job_script"]
 

@@ -101,7 +101,7 @@ def build_from(
 ) -> nn.Module:
     """Build ``factory(input_shape, num_classes, **options)`` as :func:`build_model` does.
 
-    For a plug-in model (:mod:`fedsim.plugins`): the module is made on the
+    For a plug-in model (:mod:`fedsim.scenario.plugins`): the module is made on the
     ``meta`` device and its weights drawn from ``seed`` alone, so every
     process builds the same model. It must hold trainable parameters only
     (no buffers), in layers :func:`~fedsim.models.init_parameters` knows

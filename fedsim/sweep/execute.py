@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fedsim.actors._proc import SETUP_IDLE_ENV
-from fedsim.metrics import FORMAT_FILE
+from fedsim.actors.process import SETUP_IDLE_ENV
+from fedsim.results.writer import FORMAT_FILE
 from fedsim.sweep.results import PointResult, _read_point, _result, figure
 from fedsim.sweep.spec import Point, Sweep, SweepError
 from fedsim.sweep.tables import write_tables
@@ -363,7 +363,7 @@ def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float |
             "dilation": dilation, "command": cmd[1:]}
     _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
     log = open(run_dir / "output.log", "wb")   # noqa: SIM115 (the child owns it)
-    # its set-up in the idle class, beside the runs already going (fedsim.actors._proc)
+    # its set-up in the idle class, beside the runs already going (fedsim.actors.process)
     env = {**os.environ, SETUP_IDLE_ENV: "1"}
     try:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

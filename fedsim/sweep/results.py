@@ -108,7 +108,7 @@ def _read_point(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _result(point: Point, run_dir: Path) -> PointResult:
-    from fedsim.metrics import read_summary
+    from fedsim.results.writer import read_summary
 
     meta = _read_point(run_dir) or {}
     summary = read_summary(run_dir) if run_dir.is_dir() else None

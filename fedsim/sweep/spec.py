@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsim.errors import FedsimError
-from fedsim.scenario import ScenarioError, load
+from fedsim.errors import FedsimError, ScenarioError
+from fedsim.scenario import load
 
 
 class SweepError(FedsimError, ValueError):

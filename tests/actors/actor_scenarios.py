@@ -2,7 +2,7 @@
 
 Every scenario here is tiny (a few clients, a 16-unit MLP, a few local
 steps, a few emulated seconds) so that a whole federation through the real
-actors (:func:`fedsim.actors.inmemory.run_in_memory`, virtual time, in-memory
+actors (:func:`fedsim.testing.federation.run_in_memory`, virtual time, in-memory
 network, torch in-process) takes a second or two of real time.
 """
 

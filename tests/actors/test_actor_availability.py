@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from actor_scenarios import away_intervals, build, of
 
-from fedsim.actors.inmemory import run_in_memory
+from fedsim.testing.federation import run_in_memory
 
 pytestmark = pytest.mark.timeout(60)
 

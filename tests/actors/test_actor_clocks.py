@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import run_in_memory
-from fedsim.testing import MemoryNetwork, Packet
+from fedsim.testing.federation import run_in_memory
+from fedsim.testing.memory_network import MemoryNetwork, Packet
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import run_in_memory
-from fedsim.algorithms import ClientResult
 from fedsim.algorithms import api as algorithms_api
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.fedavg import fedavg_aggregate
 from fedsim.algorithms.fedbuff import FedBuff
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.testing.federation import run_in_memory
+from fedsim.wire.messages import Update
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,7 +32,7 @@ def test_fedbuff_reports_every_max_staleness_discard_even_with_a_buffered_update
     aggregate = FedBuff.aggregate
 
     def spy(self: FedBuff, x: torch.Tensor, version: int,
-            result: ClientResult) -> tuple[torch.Tensor | None, dict[str, Any]]:
+            result: Update) -> tuple[torch.Tensor | None, dict[str, Any]]:
         new, info = aggregate(self, x, version, result)
         if info.get("discarded"):
             seen.append(info)
@@ -80,7 +80,7 @@ class _FailsInRoundTwo(RoundRule):
     """FedAvg, except that round 2's aggregation raises."""
 
     def aggregate(self, x: torch.Tensor,
-                  results: Sequence[ClientResult]) -> tuple[torch.Tensor, dict[str, Any]]:
+                  results: Sequence[Update]) -> tuple[torch.Tensor, dict[str, Any]]:
         if results[0].round == 2:
             raise ValueError("Invalid round 2: this rule refuses it")
         return fedavg_aggregate(x, results), {}

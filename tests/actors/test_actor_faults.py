@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import ADDRESS, InMemoryRun, run_in_memory
-from fedsim.codec import encode
-from fedsim.messages import Model, Update
+from fedsim.testing.federation import ADDRESS, InMemoryRun, run_in_memory
+from fedsim.wire.codec import encode
+from fedsim.wire.messages import Update
+from fedsim.wire.tensors import Model
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors._server_gate import (
+from fedsim.actors.host import _fitting
+from fedsim.actors.hosts import HostTable
+from fedsim.actors.server_gate import (
     BASE,
     PER_CHANGE,
     PER_MESSAGE_DOWN,
@@ -28,12 +30,11 @@ from fedsim.actors._server_gate import (
     hello_header_bytes,
     message_limit,
 )
-from fedsim.actors.host import _fitting
-from fedsim.actors.hosts import HostTable
-from fedsim.actors.inmemory import ADDRESS, InMemoryRun, run_in_memory
 from fedsim.algorithms import get
-from fedsim.codec import MAX_HEADER_BYTES, decode, encode, encode_body, max_message_bytes
-from fedsim.messages import ClockProbe, Event, EventBatch, HostHello, TensorSpec
+from fedsim.testing.federation import ADDRESS, InMemoryRun, run_in_memory
+from fedsim.wire.codec import MAX_HEADER_BYTES, decode, encode, encode_body, max_message_bytes
+from fedsim.wire.messages import ClockProbe, Event, EventBatch, HostHello
+from fedsim.wire.tensors import TensorSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,6 @@
 """Thousands of hostile frames from an authenticated insider: the run goes on, every one counted.
 
-The fuzzer (:mod:`fedsim.fuzz`) speaks through host-1's own connection, so
+The fuzzer (:mod:`fedsim.testing.fuzz`) speaks through host-1's own connection, so
 its frames pass the authentication and sequence checks and reach every
 handler behind them. The same federation without the fuzzer is the
 reference: on virtual time both are deterministic, so what the fuzzer
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import InMemoryRun, run_in_memory
-from fedsim.fuzz import Fuzzer
+from fedsim.testing.federation import InMemoryRun, run_in_memory
+from fedsim.testing.fuzz import Fuzzer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,7 +52,11 @@ def test_hostile_frames_from_an_insider_crash_nothing_and_are_all_counted(
     assert s["status"] == "completed", s["status"]
     assert sum(categories.values()) == N_FRAMES
     assert set(categories) == set(Fuzzer.CATEGORIES)
-    assert s["final_accuracy"] == pytest.approx(clean.summary["final_accuracy"], abs=0.03)
+    # learning goes on: the flood moves the trajectory (the host's rate limit drops a
+    # few of its genuine messages), and a test set of 52 samples moves by 0.019 a
+    # sample; over scenario seeds 1-5 the fuzzed run's final accuracy was within
+    # 0.058 of the clean one's (measured, 2026-11-28)
+    assert s["final_accuracy"] == pytest.approx(clean.summary["final_accuracy"], abs=0.08)
     assert s["updates"] >= 0.7 * clean.summary["updates"]
     rejects = s["rejected_messages"]["server"]
     # every frame that must be rejected was, for its reason

@@ -12,6 +12,7 @@ of every kind of algorithm need no correction at all.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,12 @@ import pytest
 from actor_scenarios import build, of
 
 from fedsim.actors import worker as worker_module
-from fedsim.actors._setup import build_data
 from fedsim.actors.host import EXIT_REFUSED, ClientHost
-from fedsim.actors.inmemory import InMemoryRun, run_in_memory
-from fedsim.algorithms import ClientResult
-from fedsim.codec import encode_body, stamp
-from fedsim.messages import Message, Update, WorkerReady
+from fedsim.actors.setup import build_data
 from fedsim.scenario import Scenario
+from fedsim.testing.federation import InMemoryRun, run_in_memory
+from fedsim.wire.codec import decode, encode_body, stamp
+from fedsim.wire.messages import Update, WorkerReady
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,29 +37,25 @@ DOWN, UP, STEP, STEPS = 0.25, 0.25, 0.004, 3
 def _lying(run: InMemoryRun, backdate: float = BACKDATE) -> None:
     """Make host-1 back-date its updates and claim a newer base version and 10^12 samples."""
     host = run.hosts[INSIDER]
-    honest = host.send
 
-    async def send(msg: Message) -> None:
-        if not isinstance(msg, Update):
-            await honest(msg)
-            return
-        forged = Update(client=msg.client, task_id=msg.task_id,
-                        base_version=msg.base_version + 1, round=msg.round,
-                        num_samples=10**12, steps=msg.steps, loss=msg.loss, model=msg.model)
+    async def forward(update: list[Any], client: int) -> None:
+        msg, _ = decode(update, check_finite=False)
+        assert isinstance(msg, Update)
+        forged = replace(msg, base_version=msg.base_version + 1, num_samples=10**12)
         sent_at = host.clock.now() - backdate
         await host.conn.send(stamp(encode_body(forged), sent_at=sent_at, seq=next(host.seq)))
 
-    host.send = send  # type: ignore[method-assign]
+    host.forward = forward  # type: ignore[method-assign]
 
 
-def _watch_results(run: InMemoryRun) -> list[ClientResult]:
-    """Every ClientResult the server's algorithm is handed, in order."""
+def _watch_results(run: InMemoryRun) -> list[Update]:
+    """Every Update the server's algorithm is handed, in order."""
     assert run.server is not None
     strategy = run.server.strategy
-    seen: list[ClientResult] = []
+    seen: list[Update] = []
     update = strategy.update
 
-    def watched(upload: ClientResult, now: float) -> Any:
+    def watched(upload: Update, now: float) -> Any:
         seen.append(upload)
         return update(upload, now)
 
@@ -68,11 +64,11 @@ def _watch_results(run: InMemoryRun) -> list[ClientResult]:
 
 
 def _insider_run(tmp_path: Path, algorithm: dict[str, Any], lie: bool = True,
-                 budget: float = 6.0) -> tuple[InMemoryRun, list[ClientResult]]:
+                 budget: float = 6.0) -> tuple[InMemoryRun, list[Update]]:
     sc = build(algorithm, run={"time_budget": budget},
                network={"up": {"delay": UP}, "down": {"delay": DOWN}},
                devices={"step_time": STEP}, client={"local_steps": STEPS})
-    watched: dict[str, list[ClientResult]] = {}
+    watched: dict[str, list[Update]] = {}
 
     async def during(run: InMemoryRun) -> None:
         if lie:

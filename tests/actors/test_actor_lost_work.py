@@ -4,7 +4,7 @@ DS-2's case through the real actors: on Synthetic(1,1)'s natural partition,
 seed 3, one client holds 89 % of the data and they are separable; Delta-SGD
 at delta = 1 grows its step past float32's range and that client's run
 fails. The run goes on without it, and ``summary.json``, the CLI summary,
-the timeline and :class:`fedsim.results.Summary` all say which client lost
+the timeline and :class:`fedsim.results.values.Summary` all say which client lost
 its work and why.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import run_in_memory
-from fedsim.results import Summary
+from fedsim.results.timeline import build_timeline
+from fedsim.results.values import Summary
 from fedsim.scenario import Scenario, parse
-from fedsim.timeline import build_timeline
+from fedsim.testing.federation import run_in_memory
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,7 +43,7 @@ def _ds2(seed: int, delta: float, **client: object) -> dict:
 
 
 def _dominant_client(sc: Scenario) -> int:
-    from fedsim.actors._setup import build_data
+    from fedsim.actors.setup import build_data
 
     sizes = [len(c.y) for c in build_data(sc).clients]
     assert max(sizes) > 0.8 * sum(sizes)  # the case: one client holds most of the data

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import run_in_memory
-from fedsim.phases import PHASES
-from fedsim.results import Phase, RunResult
+from fedsim.results.phases import PHASES
+from fedsim.results.values import Phase, RunResult
+from fedsim.testing.federation import run_in_memory
 
 MODEL_KINDS = ("task", "average", "update")
 

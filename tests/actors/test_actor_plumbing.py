@@ -1,10 +1,10 @@
 """Process plumbing of the actors, without processes.
 
-* :class:`fedsim.actors._workers.WorkerHandle` matches replies to requests
+* :class:`fedsim.actors.workers.WorkerHandle` matches replies to requests
   by id: here its PAIR socket is one end of an in-memory pair and its
   "process" a stand-in, so a scripted worker on the other end can answer
   out of order or with an id nobody asked for.
-* :func:`fedsim.actors._proc.run_loop` falls back from uvloop to asyncio
+* :func:`fedsim.actors.process.run_loop` falls back from uvloop to asyncio
   only when uvloop cannot be imported: a coroutine is never run twice.
 """
 
@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedsim.actors import _proc
-from fedsim.actors._workers import WorkerHandle
-from fedsim.codec import decode, encode
-from fedsim.messages import Evaluate, Evaluated, Model, Shutdown, TensorSpec, WorkerReady
-from fedsim.testing import MemoryConnection, MemoryNetwork, run_virtual
+from fedsim.actors import process
+from fedsim.actors.workers import WorkerHandle
+from fedsim.testing.memory_network import MemoryConnection, MemoryNetwork
+from fedsim.testing.virtual_time import run_virtual
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import Evaluate, Evaluated, Shutdown, WorkerReady
+from fedsim.wire.tensors import Model, TensorSpec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,7 +114,7 @@ def test_worker_replies_are_matched_by_request_id(
         await handle.close()
         return replies, third, await serving
 
-    with caplog.at_level(logging.WARNING, logger="fedsim.actors._workers"):
+    with caplog.at_level(logging.WARNING, logger="fedsim.actors.workers"):
         replies, third, seen = run_virtual(main())
     assert len(spawned) == 1
     assert seen == [1, 2, 3]
@@ -156,7 +158,7 @@ def test_run_loop_without_uvloop_runs_the_coroutine_once_on_asyncio(
         runs.append(isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop))
         return "done"
 
-    assert _proc.run_loop(work(), "uvloop") == "done"
+    assert process.run_loop(work(), "uvloop") == "done"
     assert runs == [True]
 
 
@@ -187,7 +189,7 @@ def test_an_import_error_inside_the_coroutine_is_not_a_missing_uvloop(
         raise ImportError("a module the work needs is missing")
 
     with pytest.raises(ImportError, match="the work needs"):
-        _proc.run_loop(work(), "uvloop")
+        process.run_loop(work(), "uvloop")
     assert calls == [1]
     assert runs == [1]
 
@@ -202,7 +204,7 @@ def test_a_uvloop_failure_after_the_coroutine_ran_does_not_run_it_again(
         return 1
 
     with pytest.raises(RuntimeError, match="uvloop broke"):
-        _proc.run_loop(work(), "uvloop")
+        process.run_loop(work(), "uvloop")
     assert calls == [1]
     assert runs == [1]
 
@@ -216,7 +218,7 @@ def test_run_loop_on_the_real_uvloop_runs_the_coroutine_once() -> None:
         raise ImportError("inside the work")
 
     with pytest.raises(ImportError, match="inside the work"):
-        _proc.run_loop(work(), "uvloop")
+        process.run_loop(work(), "uvloop")
     assert len(runs) == 1
     assert runs[0].startswith(uvloop.__name__)
 
@@ -229,13 +231,13 @@ def _policies(env: dict[str, str]) -> list[str]:
         "import contextlib, os\n"
         "with contextlib.suppress(OSError):  # as a run starts: in the normal class\n"
         "    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))\n"
-        "from fedsim.actors import _proc\n"
+        "from fedsim.actors import process\n"
         "name = {os.SCHED_OTHER: 'other', os.SCHED_IDLE: 'idle'}\n"
-        "print(_proc.set_up_in_background(), name[os.sched_getscheduler(0)])\n"
+        "print(process.set_up_in_background(), name[os.sched_getscheduler(0)])\n"
         "import threading, time\n"
         "t = threading.Thread(target=time.sleep, args=(5,), daemon=True)  # a ZeroMQ I/O thread\n"
         "t.start()\n"
-        "_proc.to_foreground()\n"
+        "process.to_foreground()\n"
         "print(name[os.sched_getscheduler(0)], name[os.sched_getscheduler(t.native_id)])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -248,8 +250,8 @@ def test_a_sweeps_run_sets_up_in_the_idle_class_and_keeps_time_in_the_normal_one
     """Under FEDSIM_SETUP_IDLE=1 (a sweep's runs) the set-up runs under SCHED_IDLE,
     so that neighbours' trainers are not starved, and the loops return to the normal
     class; without it (or where the process could not return) nothing changes."""
-    if _proc.can_leave_idle():
-        assert _policies({_proc.SETUP_IDLE_ENV: "1"}) == ["True", "idle", "other", "other"]
+    if process.can_leave_idle():
+        assert _policies({process.SETUP_IDLE_ENV: "1"}) == ["True", "idle", "other", "other"]
     else:
-        assert _policies({_proc.SETUP_IDLE_ENV: "1"}) == ["False", "other", "other", "other"]
-    assert _policies({_proc.SETUP_IDLE_ENV: "0"}) == ["False", "other", "other", "other"]
+        assert _policies({process.SETUP_IDLE_ENV: "1"}) == ["False", "other", "other", "other"]
+    assert _policies({process.SETUP_IDLE_ENV: "0"}) == ["False", "other", "other", "other"]

@@ -2,13 +2,16 @@
 
 Client 0 is authenticated and well-formed (its host's worker replaces its
 trained model with 1000 everywhere, as a malicious client would). Without a
-defence the global model is destroyed; the update guard (async and rounds)
-and the robust aggregators (rounds) keep the accuracy within 0.03 of the
-clean run.
+defence the global model is destroyed: its test loss grows by orders of
+magnitude (its accuracy is the argmax of logits in the thousands, which
+lands anywhere between chance and the clean run's, depending on the local
+runs' random streams); the update guard (async and rounds) and the robust
+aggregators (rounds) keep the accuracy within 0.03 of the clean run.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +20,8 @@ import torch
 from actor_scenarios import build, of
 
 from fedsim.actors import worker as worker_module
-from fedsim.actors._tensors import to_model
-from fedsim.actors.inmemory import run_in_memory
-from fedsim.messages import Trained
+from fedsim.testing.federation import run_in_memory
+from fedsim.wire.tensors import to_model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,16 +35,11 @@ def poison(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
     real = worker_module.Worker._handle
 
     def handle(self: Any, msg: Any) -> Any:
-        out = real(self, msg)
-        if (switch["on"] and isinstance(out, Trained) and out.client == POISONED
-                and out.upload is not None):
-            bad = torch.full((out.upload.spec.nbytes // 4,), 1000.0)
-            out = Trained(request_id=out.request_id, client=out.client, steps=out.steps,
-                          loss=out.loss, compute_s=out.compute_s,
-                          upload=to_model(bad, out.upload.spec),
-                          upload_round=out.upload_round, next=out.next,
-                          wait_round=out.wait_round, notes=out.notes)
-        return out
+        reply, upload = real(self, msg)
+        if switch["on"] and upload is not None and upload.client == POISONED:
+            bad = torch.full((upload.model.spec.nbytes // 4,), 1000.0)
+            upload = replace(upload, model=to_model(bad, upload.model.spec))
+        return reply, upload
 
     monkeypatch.setattr(worker_module.Worker, "_handle", handle)
     return switch
@@ -86,7 +83,8 @@ def test_a_defence_holds_the_accuracy_against_a_poisoned_client(
     defended = _run(tmp_path, "defended", {**base, **defence})
     assert poisoned["status"] == "completed"
     assert defended["status"] == "completed"
-    assert poisoned["final_accuracy"] < clean["final_accuracy"] - 0.2, poisoned
+    assert poisoned["final_loss"] > 100 * clean["final_loss"], poisoned
+    assert poisoned["final_accuracy"] < clean["final_accuracy"], poisoned
     assert defended["final_accuracy"] == pytest.approx(clean["final_accuracy"], abs=0.03)
 
 
@@ -96,7 +94,7 @@ def test_clipping_bounds_the_damage_but_does_not_remove_it(
     poisoned = _run(tmp_path, "undefended", ROUNDS)
     clipped = _run(tmp_path, "clipped", {**ROUNDS, "guard": {
         "max_norm": 50.0, "norm_factor": 1.5, "action": "clip"}})
-    assert clipped["final_accuracy"] > poisoned["final_accuracy"] + 0.1
+    assert clipped["final_loss"] < poisoned["final_loss"] / 100
     # every clip is counted (the poisoned client's, one per round it took part in)
     assert clipped["guard"]["rejected"] == 0
     assert clipped["guard"]["clipped"] >= clipped["rounds"] - 1

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import InMemoryRun, run_in_memory
+from fedsim.testing.federation import InMemoryRun, run_in_memory
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import InMemoryRun, run_in_memory
+from fedsim.testing.federation import InMemoryRun, run_in_memory
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.actors.inmemory import run_in_memory
 from fedsim.scenario import Scenario, apply_overrides, parse
+from fedsim.testing.federation import run_in_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from integration.conftest import SMALL

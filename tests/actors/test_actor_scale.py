@@ -21,12 +21,12 @@ import pytest
 from actor_scenarios import build, of
 
 from fedsim.actors.host import ClientHost
-from fedsim.actors.inmemory import InMemoryRun, run_in_memory
 from fedsim.actors.runstate import _pack_counts, _unpack_counts
 from fedsim.algorithms.flows import AsyncFlow
-from fedsim.codec import decode
-from fedsim.messages import EventBatch, HostHello
-from fedsim.testing import MemoryNetwork, Packet
+from fedsim.testing.federation import InMemoryRun, run_in_memory
+from fedsim.testing.memory_network import MemoryNetwork, Packet
+from fedsim.wire.codec import decode
+from fedsim.wire.messages import EventBatch, HostHello
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,8 +50,8 @@ def test_idle_clients_hold_no_task_no_timer_no_link(tmp_path: Path) -> None:
         seen["links"] = sum(a.has_link for a in actors)
         seen["streams"] = sum(a._rngs is not None for a in actors)
         assert run.server is not None
-        seen["uplinks"] = len(run.server.links)
-        seen["admitted"] = len(run.server.admitted)
+        seen["uplinks"] = len(run.server.client_links.links)
+        seen["admitted"] = len(run.server.client_links.admitted)
 
     run = run_in_memory(_crowd(40), tmp_path / "run", during=look)
     s = run.summary

@@ -19,9 +19,10 @@ import pytest
 from actor_scenarios import build, of
 
 from fedsim.actors.host import EXIT_REFUSED
-from fedsim.actors.inmemory import InMemoryRun, run_in_memory
-from fedsim.codec import encode
-from fedsim.messages import ClockProbe, Event, EventBatch, Model, Ready, Update
+from fedsim.testing.federation import InMemoryRun, run_in_memory
+from fedsim.wire.codec import encode
+from fedsim.wire.messages import ClockProbe, Event, EventBatch, Ready, Update
+from fedsim.wire.tensors import Model
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ import pytest
 from actor_scenarios import build, of
 
 from fedsim.actors.host import EXIT_REFUSED
-from fedsim.actors.inmemory import run_in_memory
+from fedsim.testing.federation import run_in_memory
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import run_in_memory
-from fedsim.metrics import RUN_FORMAT
-from fedsim.plots import plot_run
-from fedsim.rundir import load_run
-from fedsim.timeline import build_timeline, merge
+from fedsim.results.plots import plot_run
+from fedsim.results.reader import load_run
+from fedsim.results.timeline import build_timeline, merge
+from fedsim.results.writer import RUN_FORMAT
+from fedsim.testing.federation import run_in_memory
 
 pytestmark = pytest.mark.timeout(60)
 

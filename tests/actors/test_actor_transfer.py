@@ -12,9 +12,9 @@ from pathlib import Path
 
 from actor_scenarios import build, of
 
-from fedsim.actors.inmemory import run_in_memory
-from fedsim.metrics import TransferStats
-from fedsim.network import NetPlan
+from fedsim.results.writer import TransferStats
+from fedsim.scenario.network import NetPlan
+from fedsim.testing.federation import run_in_memory
 
 
 def test_the_summary_reports_each_directions_transfer_time_and_the_configured_delay(

@@ -1,7 +1,7 @@
 """Every seed algorithm through the real actors, in one process on virtual time.
 
 The same checks as the multi-process smoke tier (tests/integration), run
-over the in-memory network (fedsim.actors.inmemory): the server and client
+over the in-memory network (fedsim.testing.federation): the server and client
 hosts are the real actors, training is real torch, only the sockets and the
 wall clock are replaced.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.actors.inmemory import run_in_memory
 from fedsim.scenario import apply_overrides, parse
+from fedsim.testing.federation import run_in_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from integration.conftest import SMALL

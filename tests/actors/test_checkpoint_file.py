@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import pickle
 import random
 from concurrent import futures
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 
-from fedsim import statefile
-from fedsim.actors.checkpoint import Checkpoints, _write_atomically, load_checkpoint
-from fedsim.metrics import CHECKPOINT_FORMAT
+from fedsim.actors.checkpoint import Checkpointer, _write_atomically, load_checkpoint
+from fedsim.results.writer import CHECKPOINT_FORMAT
+from fedsim.wire import statefile
 
 
 def _ckpt(fmt: int = CHECKPOINT_FORMAT) -> dict[str, object]:
@@ -91,39 +91,32 @@ def test_an_unknown_format_is_refused(tmp_path: Path) -> None:
         load_checkpoint(tmp_path, "v", "h" * 64)
 
 
-class _Taker(Checkpoints):
-    """The mixin with just what ``checkpoint`` reads."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.real_clock = lambda: 0.0
-        self.fedsim_version, self.scenario_hash = "v", "h" * 64
-        self.strategy = SimpleNamespace(version=3, state_dict=lambda: {"x": [1.0, 2.0]})
-        self.state = SimpleNamespace(
-            updates=7, rounds=2, event=lambda *a, **k: None,
-            checkpoint_state=lambda: {"events_offset": 0, "metrics_offset": 0})
-        self.task_ids = itertools.count(11)
-        self.clamped = 0
-        self._aggregations_since_checkpoint = 0
-        self._checkpoint_real = 0.0
+def _snapshot(now: float) -> dict[str, Any]:
+    """What the server hands its checkpointer, from stand-ins of its parts."""
+    strategy = SimpleNamespace(version=3, state_dict=lambda: {"x": [1.0, 2.0]})
+    state = SimpleNamespace(updates=7, rounds=2, event=lambda *a, **k: None,
+                            checkpoint_state=lambda: {"events_offset": 0, "metrics_offset": 0})
+    return Checkpointer.snapshot(now, "v", "h" * 64, strategy, state,  # type: ignore[arg-type]
+                                 next_task_id=11, clamped=0)
 
 
 def test_checkpoints_are_written_by_the_end_and_a_failed_write_ends_the_run(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    taker = _Taker(tmp_path)
-    taker.checkpoint(1.0)
-    taker.checkpoint(2.0)
-    taker.wait_for_checkpoints()
+    taker = Checkpointer(tmp_path, every=None, seconds=None, cadence="rounds",
+                         real_clock=lambda: 0.0)
+    taker.take(_snapshot(1.0))
+    taker.take(_snapshot(2.0))
+    taker.wait()
     got = load_checkpoint(tmp_path, "v", "h" * 64)
-    assert (got["format"], got["t"], got["next_task_id"]) == (3, 2.0, 12)
+    assert (got["format"], got["t"], got["next_task_id"]) == (3, 2.0, 11)
 
     (tmp_path / "checkpoint.pt.tmp").mkdir()   # from now on every write fails
-    taker.checkpoint(3.0)
+    taker.take(_snapshot(3.0))
     assert taker._written is not None
     futures.wait([taker._written])
     with pytest.raises(OSError, match="the checkpoint could not be written"):
-        taker.checkpoint(4.0)
+        taker.take(_snapshot(4.0))
     with caplog.at_level(logging.ERROR):
-        taker.wait_for_checkpoints()
+        taker.wait()
     assert "the last checkpoint could not be written" in caplog.text
     assert load_checkpoint(tmp_path, "v", "h" * 64)["t"] == 2.0   # the last good one stays

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fedsim.actors.hosts import HostTable
-from fedsim.messages import HostBye, HostHello
+from fedsim.wire.messages import HostBye, HostHello
 
 
 def _table() -> HostTable:

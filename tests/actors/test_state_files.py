@@ -2,7 +2,7 @@
 
 Each registered algorithm runs through the real actors (in memory, virtual
 time) with checkpoints and a state directory; the files it leaves are read
-back with :mod:`fedsim.statefile` and loaded into a freshly built server side
+back with :mod:`fedsim.wire.statefile` and loaded into a freshly built server side
 and client side, which must then hold exactly the saved state. A pickle
 planted where a ``--state`` file goes is refused without being unpickled.
 """
@@ -16,14 +16,14 @@ import pytest
 import torch
 from actor_scenarios import build, of
 
-from fedsim import statefile
-from fedsim.actors._setup import build_data, build_model, local_config
 from fedsim.actors.checkpoint import load_checkpoint
-from fedsim.actors.inmemory import VERSION, plan, run_in_memory
+from fedsim.actors.setup import build_data, build_model, local_config
 from fedsim.actors.worker import Worker
 from fedsim.algorithms import algorithm_names, flatten, get
 from fedsim.algorithms.api import ServerContext
 from fedsim.scenario import resolved, scenario_hash
+from fedsim.testing.federation import VERSION, plan, run_in_memory
+from fedsim.wire import statefile
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,15 +13,10 @@ import threading
 import zmq
 
 from fedsim.actors.worker import Requests, serve
-from fedsim.codec import decode, encode
-from fedsim.messages import (
-    Advance,
-    Message,
-    Shutdown,
-    TensorSpec,
-    WorkerFailed,
-    WorkerReady,
-)
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import Advance, Message, Shutdown, WorkerFailed, WorkerReady
+from fedsim.wire.payloads import HeldVersions
+from fedsim.wire.tensors import TensorSpec
 
 
 def _advance(client: int, due: float | None) -> Advance:
@@ -46,14 +41,15 @@ class _Recorder:
     def __init__(self) -> None:
         self.order: list[int] = []
         self.saved = False
+        self.held = HeldVersions()
 
     def ready(self) -> WorkerReady:
         return WorkerReady(samples=(), spec=TensorSpec([]))
 
-    def handle(self, msg: Message) -> Message:
+    def handle(self, msg: Message) -> tuple[Message, None]:
         assert isinstance(msg, Advance)
         self.order.append(msg.client)
-        return WorkerFailed(request_id=msg.request_id, cause="error", reason="recorded")
+        return WorkerFailed(request_id=msg.request_id, cause="error", reason="recorded"), None
 
     def save_state(self, force: bool = False) -> None:
         self.saved = True

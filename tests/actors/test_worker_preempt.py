@@ -11,15 +11,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import zmq
 
+from fedsim.actors._requests import read_request
 from fedsim.actors.worker import Worker, serve
-from fedsim.codec import decode, encode
-from fedsim.messages import LocalWork, Message, Model, Shutdown, Train, Trained, WorkerReady
 from fedsim.scenario import parse
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import LocalWork, Shutdown, Task, Trained, Update, WorkerReady
+from fedsim.wire.tensors import Model
 
 SCENARIO = {
     "name": "preempt", "seed": 3,
@@ -33,10 +36,12 @@ LONG = 3000   # local steps of the long run: well over 100 ms here
 
 
 def _train(rid: int, client: int, steps: int, due: float, x0: np.ndarray,
-           spec: object) -> Train:
-    return Train(request_id=rid, client=client, task_id=rid, version=0, round=0,
-                 work=LocalWork(steps=steps), model=Model.from_flat(x0, spec),  # type: ignore[arg-type]
-                 due=due)
+           spec: object) -> list[Any]:
+    """A task's frames as a host sends them to its trainer: due time and request id in
+    the envelope (each its own version: their models differ)."""
+    task = Task(client=client, task_id=rid, version=rid, round=0, work=LocalWork(steps=steps),
+                model=Model.from_flat(x0, spec))  # type: ignore[arg-type]
+    return encode(task, sent_at=due, seq=rid)
 
 
 @pytest.fixture
@@ -62,23 +67,27 @@ def trainer() -> Iterator[tuple[zmq.Socket[bytes], WorkerReady]]:
         ctx.term()
 
 
-def _replies(sock: zmq.Socket[bytes], n: int) -> list[Trained]:
-    out = []
-    for _ in range(n):
-        msg, _ = decode(sock.recv_multipart(), check_finite=False)
+def _replies(sock: zmq.Socket[bytes], n: int) -> list[tuple[Trained, Update | None]]:
+    """``n`` replies, each with the update sent just before it (under its request id)."""
+    out, uploads = [], {}
+    while len(out) < n:
+        msg, meta = decode(sock.recv_multipart(), check_finite=False)
+        if isinstance(msg, Update):
+            uploads[meta.seq] = msg
+            continue
         assert isinstance(msg, Trained), msg
-        out.append(msg)
+        out.append((msg, uploads.pop(msg.request_id, None)))
     return out
 
 
-def _alone(requests: list[Message]) -> dict[int, Trained]:
+def _alone(requests: list[list[Any]]) -> dict[int, tuple[Trained, Update | None]]:
     """The same requests answered one by one by a fresh worker, never interrupted."""
     worker = Worker(parse(SCENARIO, "test"), [0, 1, 2])
     out = {}
-    for msg in requests:
-        reply, _ = decode(encode(worker.handle(msg)), check_finite=False)
+    for frames in requests:
+        reply, upload = worker.handle(read_request(frames, worker.held))
         assert isinstance(reply, Trained)
-        out[reply.request_id] = reply
+        out[reply.request_id] = (reply, upload)
     return out
 
 
@@ -87,32 +96,32 @@ def test_an_urgent_run_goes_first_and_the_interrupted_one_ends_as_if_alone(train
     x0 = np.full(ready.spec.nbytes // 4, 0.01, dtype=np.float32)
     long_run = _train(1, 0, LONG, due=10.0, x0=x0, spec=ready.spec)
     short_run = _train(2, 1, 3, due=0.5, x0=x0 + 0.02, spec=ready.spec)
-    sock.send_multipart(encode(long_run))
+    sock.send_multipart(long_run)
     time.sleep(0.03)                  # the long run is under way
     sent = time.perf_counter()
-    sock.send_multipart(encode(short_run))
-    first, second = _replies(sock, 2)
+    sock.send_multipart(short_run)
+    (first, _), (second, _) = replies = _replies(sock, 2)
     waited = time.perf_counter() - sent
     assert [first.request_id, second.request_id] == [2, 1]   # the short one did not wait
     assert second.steps == LONG
     assert first.compute_s < waited
     # the long run's compute leaves out the short one's (it was measured apart)
     alone = _alone([long_run, short_run])
-    for got in (first, second):
-        ref = alone[got.request_id]
+    for got, upload in replies:
+        ref, ref_upload = alone[got.request_id]
         assert got.steps == ref.steps
         assert got.loss == ref.loss
-        assert got.upload is not None
-        assert ref.upload is not None
-        assert np.array_equal(got.upload.flat(), ref.upload.flat())
+        assert upload is not None
+        assert ref_upload is not None
+        assert np.array_equal(upload.model.flat(), ref_upload.model.flat())
 
 
 def test_a_later_due_or_the_same_clients_request_waits_for_the_run(trainer) -> None:
     sock, ready = trainer
     x0 = np.full(ready.spec.nbytes // 4, 0.01, dtype=np.float32)
-    sock.send_multipart(encode(_train(1, 0, LONG, due=10.0, x0=x0, spec=ready.spec)))
+    sock.send_multipart(_train(1, 0, LONG, due=10.0, x0=x0, spec=ready.spec))
     time.sleep(0.03)
-    sock.send_multipart(encode(_train(2, 2, 3, due=20.0, x0=x0, spec=ready.spec)))  # later
-    sock.send_multipart(encode(_train(3, 0, 3, due=1.0, x0=x0, spec=ready.spec)))   # same client
-    order = [r.request_id for r in _replies(sock, 3)]
+    sock.send_multipart(_train(2, 2, 3, due=20.0, x0=x0, spec=ready.spec))  # later
+    sock.send_multipart(_train(3, 0, 3, due=1.0, x0=x0, spec=ready.spec))   # same client
+    order = [r.request_id for r, _ in _replies(sock, 3)]
     assert order == [1, 3, 2]   # then earliest due first

@@ -13,15 +13,18 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from fedsim.actors._workers import WorkerDied, WorkerHandle
+from fedsim.actors.workers import WorkerDied, WorkerHandle
 from fedsim.actors.zygote import Zygote, spawn
-from fedsim.messages import Evaluate, Model, Train, Trained
 from fedsim.scenario import parse, resolved
-from fedsim.transport import ZmqContext, ipc_address
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import Evaluate, Task, Trained, Update
+from fedsim.wire.tensors import Model
+from fedsim.wire.transport import ZmqContext, ipc_address
 
 SCENARIO = {
     "name": "zygote", "seed": 3,
@@ -50,18 +53,25 @@ def zygote(tmp_path: Path):  # type: ignore[no-untyped-def]
     z.close()
 
 
-def _train(rid: int, x0: np.ndarray, spec: object) -> Train:
-    return Train(request_id=rid, client=2, task_id=7, version=0, round=0, work=None,
-                 model=Model.from_flat(x0, spec))  # type: ignore[arg-type]
+def _train(rid: int, x0: np.ndarray, spec: object) -> list[Any]:
+    task = Task(client=2, task_id=7, version=0, round=0, work=None,
+                model=Model.from_flat(x0, spec))  # type: ignore[arg-type]
+    return encode(task, sent_at=0.0, seq=rid)
 
 
-async def _trained(handle: WorkerHandle, x0: np.ndarray | None = None) -> tuple[Trained, object]:
+async def _trained(handle: WorkerHandle, x0: np.ndarray | None = None
+                   ) -> tuple[Trained, Update, object]:
     ready = await handle.start()
     if x0 is None:
         x0 = np.zeros(ready.spec.nbytes // 4, dtype=np.float32) + 0.01
-    reply = await handle.request(_train(handle.next_id(), x0, ready.spec))
+    rid = handle.next_id()
+    reply = await handle.train(_train(rid, x0, ready.spec))
     assert isinstance(reply, Trained)
-    return reply, ready
+    frames = handle.upload(rid)
+    assert frames is not None
+    upload, _ = decode(frames)
+    assert isinstance(upload, Update)
+    return reply, upload, ready
 
 
 def test_a_forked_trainer_answers_as_a_spawned_one_and_its_exit_is_reported(
@@ -77,17 +87,17 @@ def test_a_forked_trainer_answers_as_a_spawned_one_and_its_exit_is_reported(
         spawned = WorkerHandle(ctx, ipc_address(run, "s"), str(tmp_path / "scenario.json"),
                                "trainer", [0, 2])
         try:
-            a, ready_a = await _trained(forked)
-            b, ready_b = await _trained(spawned)
+            a, up_a, ready_a = await _trained(forked)
+            b, up_b, ready_b = await _trained(spawned)
             assert ready_a.samples == ready_b.samples      # the same shards
             assert ready_a.spec.nbytes == ready_b.spec.nbytes
             assert forked.proc is not None
             assert forked.proc.pid != zygote.proc.pid
             assert a.steps == b.steps == 4
             assert a.loss == b.loss
-            assert a.upload is not None
-            assert b.upload is not None
-            assert np.array_equal(a.upload.flat(), b.upload.flat())  # bit for bit
+            assert a.upload
+            assert b.upload
+            assert np.array_equal(up_a.model.flat(), up_b.model.flat())  # bit for bit
         finally:
             await forked.close()
             await spawned.close()

@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
-from fedsim.algorithms import ClientResult, FedAsync, FedAvg
+from fedsim.algorithms import FedAsync, FedAvg
+from fedsim.wire.messages import Update
 
-Draw = Callable[[torch.Generator, torch.Tensor, int], list[ClientResult]]
+Draw = Callable[[torch.Generator, torch.Tensor, int], list[Update]]
 Apply = Callable[
-    [Any, torch.Tensor, int, list[ClientResult]],
+    [Any, torch.Tensor, int, list[Update]],
     tuple["torch.Tensor | None", dict[str, Any]],
 ]
 
@@ -93,11 +94,11 @@ def _perturbed(gen: torch.Generator, x: torch.Tensor) -> torch.Tensor:
 
 def _draw_async(
     gen: torch.Generator, x: torch.Tensor, version: int
-) -> list[ClientResult]:
+) -> list[Update]:
     """One pushed model with staleness uniform in [0, min(version, 5)]."""
     d = _randint(gen, 0, min(version, 5))
     return [
-        ClientResult(
+        Update.of(
             client=_randint(gen, 0, 9),
             base_version=version - d,
             params=_perturbed(gen, x),
@@ -107,7 +108,7 @@ def _draw_async(
 
 
 def _apply_async(
-    rule: FedAsync, x: torch.Tensor, version: int, results: list[ClientResult]
+    rule: FedAsync, x: torch.Tensor, version: int, results: list[Update]
 ):
     (result,) = results
     return rule.aggregate(x, version, result)
@@ -115,12 +116,12 @@ def _apply_async(
 
 def _draw_round(
     gen: torch.Generator, x: torch.Tensor, version: int
-) -> list[ClientResult]:
+) -> list[Update]:
     """One round: 1-5 distinct clients, each with 1-50 samples."""
     k = _randint(gen, 1, 5)
     clients = torch.randperm(10, generator=gen)[:k].tolist()
     return [
-        ClientResult(
+        Update.of(
             client=c,
             base_version=version,
             params=_perturbed(gen, x),
@@ -131,7 +132,7 @@ def _draw_round(
 
 
 def _apply_round(
-    rule: FedAvg, x: torch.Tensor, version: int, results: list[ClientResult]
+    rule: FedAvg, x: torch.Tensor, version: int, results: list[Update]
 ):
     return rule.aggregate(x, results)
 

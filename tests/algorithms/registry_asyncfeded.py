@@ -17,8 +17,6 @@ the client's model, so every input passes the zero-staleness contract.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from _registry import AlgoInfo, AlgoInput, _draw_async, _err
 
@@ -34,7 +32,7 @@ def _apply(rule: AsyncFedED, x: torch.Tensor, version: int, results):
         rule.snapshot(version, x)
         rule.hold(version)
     base = x if result.base_version == version else rule.model(result.base_version)
-    upload = dataclasses.replace(result, params=pseudo_gradient(base, result.params))
+    upload = result.with_params(pseudo_gradient(base, result.params))
     new, info = rule.aggregate(x, version, upload)
     now = version if new is None else version + 1
     if rule.refcount(now) == 0:

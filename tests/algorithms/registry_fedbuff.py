@@ -11,8 +11,6 @@ client computes ``x_local - x_base`` itself. The delta is taken in float64
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from _registry import AlgoInfo, AlgoInput, _draw_async, _err
 
@@ -22,7 +20,7 @@ from fedsim.algorithms.fedbuff import FedBuff
 
 def _apply(rule: FedBuff, x: torch.Tensor, version: int, results):
     (result,) = results
-    upload = dataclasses.replace(result, params=pseudo_gradient(x, result.params))
+    upload = result.with_params(pseudo_gradient(x, result.params))
     return rule.aggregate(x, version, upload)
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 from _registry import AlgoInfo, AlgoInput, _draw_round, _err
 
-from fedsim.algorithms import ClientResult
 from fedsim.algorithms.scaffold import Scaffold
+from fedsim.wire.messages import Update
 
 
-def _apply_scaffold(rule: Scaffold, x: torch.Tensor, version: int, results: list[ClientResult]):
+def _apply_scaffold(rule: Scaffold, x: torch.Tensor, version: int, results: list[Update]):
     return rule.aggregate(x, results, [0.5 * (r.params - x) for r in results])
 
 

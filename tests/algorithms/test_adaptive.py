@@ -294,7 +294,7 @@ def test_local_train_matches_reference(name, prox_mu, k):
 def test_optimizer_state_survives_the_state_file_format(opt_cls):
     """A client optimizer's state (Delta-SGD's previous point, gradient and step sizes, its
     int-keyed per-parameter dict) comes back exactly from a state file, unpickled."""
-    from fedsim import statefile
+    from fedsim.wire import statefile
 
     a = torch.tensor([0.5, 1.0, 3.0], dtype=torch.float64)
 

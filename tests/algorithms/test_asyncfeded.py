@@ -9,7 +9,7 @@ import asyncfeded_reference as ref
 import pytest
 import torch
 
-from fedsim.algorithms import ClientResult, NonFiniteUpdate
+from fedsim.algorithms import NonFiniteUpdate
 from fedsim.algorithms._kernels import pack_tensor, pseudo_gradient, unpack_tensor
 from fedsim.algorithms.asyncfeded import (
     AsyncFedED,
@@ -18,12 +18,13 @@ from fedsim.algorithms.asyncfeded import (
     euclidean_staleness,
     next_k_value,
 )
+from fedsim.wire.messages import Update
 
 F64 = torch.float64
 
 
-def _result(delta: torch.Tensor, base: int, client: int = 0) -> ClientResult:
-    return ClientResult(client=client, base_version=base, params=delta, num_samples=10)
+def _result(delta: torch.Tensor, base: int, client: int = 0) -> Update:
+    return Update.of(client=client, base_version=base, params=delta, num_samples=10)
 
 
 def _e(i: int, dim: int = 4, scale: float = 1.0) -> torch.Tensor:
@@ -514,7 +515,8 @@ def test_fixed_eta_g_must_be_positive_and_finite(bad):
 
 
 def test_fixed_eta_g_is_a_scenario_key_validated_on_load():
-    from fedsim.scenario import ScenarioError, parse
+    from fedsim.errors import ScenarioError
+    from fedsim.scenario import parse
 
     sc = parse({"algorithm": {"name": "asyncfeded", "fixed_eta_g": 0.5}})
     assert sc.algorithm.fixed_eta_g == 0.5  # type: ignore[attr-defined]

@@ -15,9 +15,12 @@ package that uses torch. The checks are therefore:
   netem, time, socket, selectors or threading (recorded through
   ``builtins.__import__``, so an import of an already loaded module counts);
 * the only fedsim modules loaded are ``fedsim``, ``fedsim.algorithms.*``,
-  ``fedsim._schema`` (the pydantic base model of the configs; pydantic
-  itself is allowed) and ``fedsim._lazy`` (torch bound on first use, so the
-  client hosts that parse the configs never import it);
+  ``fedsim.schema`` (the pydantic base model of the configs; pydantic
+  itself is allowed), ``fedsim.lazy`` (torch bound on first use, so the
+  client hosts that parse the configs never import it) and the wire's
+  schema (``fedsim.wire.messages`` and the records, tensors and errors it
+  is made of: a task and an update are its records), never its codec or
+  transport;
 * statically, no module names a forbidden or non-allowed fedsim module in
   any import statement (module level, under ``TYPE_CHECKING`` or inside a
   function), and none reaches for global random state.
@@ -40,7 +43,11 @@ import fedsim.algorithms
 PACKAGE = "fedsim.algorithms"
 FORBIDDEN = ("asyncio", "zmq", "netem", "time", "socket", "selectors", "threading")
 ABSENT = ("zmq", "netem")  # not even loaded
-ALLOWED_FEDSIM = ("fedsim", "fedsim._schema", "fedsim._lazy")  # besides fedsim.algorithms.*
+ALLOWED_FEDSIM = ("fedsim", "fedsim.schema", "fedsim.lazy",  # besides fedsim.algorithms.*
+                  # the wire's schema: a task and an update are its records (no codec,
+                  # no transport: nothing that sends or receives)
+                  "fedsim.wire", "fedsim.wire.messages", "fedsim.wire.records",
+                  "fedsim.wire.tensors", "fedsim.wire.errors")
 
 
 def _modules() -> dict[str, Path]:

@@ -12,8 +12,7 @@ import dga_reference as ref
 import pytest
 import torch
 
-from fedsim import statefile
-from fedsim.algorithms import ClientResult, NonFiniteUpdate, fedavg_aggregate
+from fedsim.algorithms import NonFiniteUpdate, fedavg_aggregate
 from fedsim.algorithms.dga import (
     CLIENT_TRANSITIONS,
     Corrected,
@@ -29,6 +28,8 @@ from fedsim.algorithms.dga import (
     dga_correction,
     dga_split_delay,
 )
+from fedsim.wire import statefile
+from fedsim.wire.messages import Update
 
 # ---------------------------------------------------------------- fixtures
 
@@ -306,7 +307,7 @@ def test_delay_zero_is_fedavg(beta, dtype):
             for k in range(1, K + 1):
                 u[i] = beta * u[i] + grad_t(i, t, k, y)
                 y = y - 0.1 * u[i]
-            results.append(ClientResult(client=i, base_version=t - 1, params=y))
+            results.append(Update.of(client=i, base_version=t - 1, params=y))
         x = fedavg_aggregate(x, results, weighting="uniform")
         for i in range(n):
             assert torch.allclose(trace[t * K - 1][i], x, rtol=0, atol=tol), (t, i)

@@ -9,11 +9,12 @@ import fedasync_reference as ref
 import pytest
 import torch
 
-from fedsim.algorithms import ClientResult, FedAsync, fedasync_mix, staleness_weight
+from fedsim.algorithms import FedAsync, fedasync_mix, staleness_weight
+from fedsim.wire.messages import Update
 
 
-def _result(params: torch.Tensor, tau: int, client: int = 0) -> ClientResult:
-    return ClientResult(client=client, base_version=tau, params=params, num_samples=10)
+def _result(params: torch.Tensor, tau: int, client: int = 0) -> Update:
+    return Update.of(client=client, base_version=tau, params=params, num_samples=10)
 
 
 # -- worked values (docs/algorithms.md#fedasync) ----------------------------------

@@ -8,14 +8,16 @@ import fedavg_reference as ref
 import pytest
 import torch
 
-from fedsim.algorithms import ClientResult, FedAvg, fedavg_aggregate, weighted_average
+from fedsim.algorithms import FedAvg, fedavg_aggregate, weighted_average
+from fedsim.wire.errors import WireError
+from fedsim.wire.messages import Update
 
 
 def _results(
     gen: torch.Generator, x: torch.Tensor, counts: list[int]
-) -> list[ClientResult]:
+) -> list[Update]:
     return [
-        ClientResult(
+        Update.of(
             client=i,
             base_version=0,
             params=x + torch.randn(x.shape, generator=gen),
@@ -61,8 +63,8 @@ def test_parity_with_reference_over_rounds(weighting, server_lr):
 def test_samples_weighting_uses_n_i():
     x = torch.zeros(2)
     results = [
-        ClientResult(0, 0, torch.tensor([1.0, 0.0]), num_samples=1),
-        ClientResult(1, 0, torch.tensor([4.0, 8.0]), num_samples=3),
+        Update.of(client=0, base_version=0, params=torch.tensor([1.0, 0.0]), num_samples=1),
+        Update.of(client=1, base_version=0, params=torch.tensor([4.0, 8.0]), num_samples=3),
     ]
     new, _ = FedAvg(weighting="samples").aggregate(x, results)
     assert torch.allclose(new, torch.tensor([3.25, 6.0]))
@@ -72,21 +74,19 @@ def test_samples_weighting_uses_n_i():
 
 def test_server_lr_scales_the_pseudo_gradient():
     x = torch.tensor([1.0, 1.0])
-    results = [ClientResult(0, 0, torch.tensor([3.0, -1.0]), num_samples=5)]
+    results = [Update.of(client=0, base_version=0, params=torch.tensor([3.0, -1.0]), num_samples=5)]
     new, _ = FedAvg(server_lr=0.5).aggregate(x, results)
     assert torch.allclose(new, torch.tensor([2.0, 0.0]))
     new, _ = FedAvg(server_lr=2.0).aggregate(x, results)
     assert torch.allclose(new, torch.tensor([5.0, -3.0]))
 
 
-def test_zero_sample_client_has_no_weight():
-    x = torch.zeros(2)
-    results = [
-        ClientResult(0, 0, torch.tensor([1.0, 1.0]), num_samples=4),
-        ClientResult(1, 0, torch.tensor([100.0, -100.0]), num_samples=0),
-    ]
-    new, _ = FedAvg().aggregate(x, results)
-    assert torch.equal(new, torch.tensor([1.0, 1.0]))
+def test_an_update_of_no_samples_cannot_exist():
+    """A client without samples has no weight because it has no update: the update
+    record refuses ``num_samples`` 0 (the server weighs by the partition, whose
+    counts registration requires to be at least 1)."""
+    with pytest.raises(WireError, match="num_samples"):
+        Update.of(client=1, base_version=0, params=torch.tensor([100.0, -100.0]), num_samples=0)
 
 
 @pytest.mark.parametrize("weighting", ["samples", "uniform"])
@@ -109,7 +109,7 @@ def test_empty_round_rejected():
 
 
 def test_fedavg_aggregate_rejects_unknown_weighting():
-    r = [ClientResult(0, 0, torch.ones(2), num_samples=1)]
+    r = [Update.of(client=0, base_version=0, params=torch.ones(2), num_samples=1)]
     with pytest.raises(ValueError, match=r"Invalid weighting: 'mean'"):
         fedavg_aggregate(torch.zeros(2), r, weighting="mean")
 
@@ -119,19 +119,20 @@ def test_fedavg_aggregate_rejects_unknown_weighting():
     [([0, 0], r"need w >= 0, sum > 0"), ([5, -1], r"\[5\.0, -1\.0\]")],
 )
 def test_invalid_sample_counts_rejected(counts, match):
-    results = [
-        ClientResult(i, 0, torch.ones(2), num_samples=n) for i, n in enumerate(counts)
-    ]
-    rule = FedAvg()
+    # no update can carry them (the record refuses num_samples < 1) ...
+    with pytest.raises(WireError, match="num_samples must be >= 1"):
+        [Update.of(client=i, base_version=0, params=torch.ones(2), num_samples=n)
+         for i, n in enumerate(counts)]
+    # ... and the average refuses them as weights
     with pytest.raises(ValueError, match=match):
-        rule.aggregate(torch.zeros(2), results)
-    assert rule.state_dict() == {"rounds": 0}
+        weighted_average([torch.ones(2), torch.ones(2)], [float(n) for n in counts])
 
 
 def test_one_non_finite_result_rejects_the_whole_round_naming_the_client():
     results = [
-        ClientResult(0, 0, torch.ones(3), num_samples=1),
-        ClientResult(7, 0, torch.tensor([1.0, float("nan"), 2.0]), num_samples=1),
+        Update.of(client=0, base_version=0, params=torch.ones(3), num_samples=1),
+        Update.of(client=7, base_version=0, params=torch.tensor([1.0, float("nan"), 2.0]),
+                  num_samples=1),
     ]
     rule = FedAvg()
     with pytest.raises(ValueError, match="update from client 7"):

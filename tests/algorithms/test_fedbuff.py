@@ -9,14 +9,15 @@ import fedbuff_reference as ref
 import pytest
 import torch
 
-from fedsim.algorithms import ClientResult, NonFiniteUpdate
+from fedsim.algorithms import NonFiniteUpdate
 from fedsim.algorithms.fedbuff import FedBuff, fedbuff_step
+from fedsim.wire.messages import Update
 
 F64 = torch.float64
 
 
-def _result(delta: torch.Tensor, base: int, client: int = 0) -> ClientResult:
-    return ClientResult(client=client, base_version=base, params=delta, num_samples=10)
+def _result(delta: torch.Tensor, base: int, client: int = 0) -> Update:
+    return Update.of(client=client, base_version=base, params=delta, num_samples=10)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.algorithms import ClientResult, FedAvg, LocalConfig, OptimizerConfig, local_train
+from fedsim.algorithms import FedAvg, LocalConfig, OptimizerConfig, local_train
 from fedsim.algorithms.fedspeed import (
     FedSpeedConfig,
     FedSpeedServer,
@@ -18,6 +18,7 @@ from fedsim.algorithms.fedspeed import (
     fedspeed_local_train,
     quasi_gradient,
 )
+from fedsim.wire.messages import Update
 
 # Seven 3-feature samples with real targets; batch 3 gives batches 3, 3, 1.
 XS = [
@@ -158,7 +159,7 @@ def test_ghat_and_global_model_persist_over_two_rounds():
                 ref_x, ref_ghats[i], [XS[j] for j in shard], [YS[j] for j in shard],
                 batches, LR, LAM, 0.9375, 0.1,
             )  # fmt: skip
-            results.append(ClientResult(client=i, base_version=rnd, params=upload))
+            results.append(Update.of(client=i, base_version=rnd, params=upload))
             ref_uploads.append(ref_up)
             assert _close(upload, ref_up), f"round {rnd} client {i}"
             assert _close(ghats[i], ref_ghats[i])
@@ -226,8 +227,8 @@ def test_modules_off_is_exactly_local_sgd_and_fedavg(opt, wd):
         plain, _ = local_train(_model(), x0, DATA_X, DATA_Y, local, _gen(client), MSE)
         assert torch.equal(up, plain)
         assert torch.equal(ghat, torch.tensor(GHAT0)), "correction off leaves ghat as is"
-        uploads.append(ClientResult(client=client, base_version=0, params=up))
-        fedavg_models.append(ClientResult(client=client, base_version=0, params=plain))
+        uploads.append(Update.of(client=client, base_version=0, params=up))
+        fedavg_models.append(Update.of(client=client, base_version=0, params=plain))
     x = torch.tensor(THETA0)
     new, _ = FedSpeedServer().aggregate(x, uploads)
     expected, _ = FedAvg(weighting="uniform").aggregate(x, fedavg_models)
@@ -327,9 +328,9 @@ def test_client_validation_errors():
 # Server.
 
 
-def _uploads(gen: torch.Generator, x: torch.Tensor, clients: list[int]) -> list[ClientResult]:
+def _uploads(gen: torch.Generator, x: torch.Tensor, clients: list[int]) -> list[Update]:
     return [
-        ClientResult(client=c, base_version=0, params=x + torch.randn(x.shape, generator=gen))
+        Update.of(client=c, base_version=0, params=x + torch.randn(x.shape, generator=gen))
         for c in clients
     ]
 
@@ -370,8 +371,8 @@ def test_paper_and_fl_simulator_agree_under_full_participation():
                                                 _gen(10 * rnd + i), MSE)  # fmt: skip
             uk, gs[i], _ = fedspeed_local_train(_model(), xs, *args, cfg_sim, gs[i],
                                                 _gen(10 * rnd + i), MSE)  # fmt: skip
-            rp.append(ClientResult(client=i, base_version=rnd, params=up))
-            rs.append(ClientResult(client=i, base_version=rnd, params=uk))
+            rp.append(Update.of(client=i, base_version=rnd, params=up))
+            rs.append(Update.of(client=i, base_version=rnd, params=uk))
         xp, _ = paper.aggregate(xp, rp)
         xs, _ = sim.aggregate(xs, rs)
         assert torch.allclose(xp, xs, atol=1e-5), f"round {rnd}"
@@ -394,7 +395,7 @@ def test_server_rejects_bad_rounds_without_changing_state():
 def test_server_state_dict_round_trip_restores_h():
     gen = _gen(4)
     rule = FedSpeedServer(aggregation="fl_simulator", total_clients=4)
-    x = torch.randn(2, 2, generator=gen)
+    x = torch.randn(4, generator=gen)
     for _ in range(3):
         x, _ = rule.aggregate(x, _uploads(gen, x, [0, 2]))
     fresh = FedSpeedServer(aggregation="fl_simulator", total_clients=4)

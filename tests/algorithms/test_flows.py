@@ -10,7 +10,7 @@ from typing import Any, Literal
 import pytest
 import torch
 
-from fedsim.algorithms import ClientResult, get
+from fedsim.algorithms import get
 from fedsim.algorithms.api import (
     AlgorithmConfig,
     AlgorithmSpec,
@@ -26,6 +26,7 @@ from fedsim.algorithms.local import LocalConfig
 from fedsim.algorithms.optim import OptimizerConfig
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.scenario import parse
+from fedsim.wire.messages import Update
 
 N = 6
 
@@ -36,9 +37,9 @@ def _ctx(x0: torch.Tensor, clients: int = 4) -> ServerContext:
 
 
 def _result(client: int, params: torch.Tensor, *, task_id: int | None = None,
-            base: int = 0, round_: int = 0) -> ClientResult:
-    return ClientResult(client=client, base_version=base, params=params, num_samples=10,
-                        steps=1, task_id=task_id, round=round_)
+            base: int = 0, round_: int = 0) -> Update:
+    return Update.of(client=client, base_version=base, params=params, num_samples=10,
+                     steps=1, task_id=task_id or 0, round=round_)
 
 
 def test_every_builtin_algorithm_is_registered_with_its_config():
@@ -59,7 +60,7 @@ def test_fedbuff_discard_for_max_staleness_is_reported_with_a_non_empty_buffer()
     flow = AsyncFlow(FedBuff(buffer_size=2, max_staleness=0), x0, concurrency=3,
                      task_timeout=None, seed=0)
     step = flow.start([0, 1, 2], 0.0)
-    tasks = {c: flow.task(c, 10 + c) for c in step.dispatch}
+    tasks = {t.client: t for t in step.tasks}
     # client 0's update fills half the buffer (version stays 0)
     s0 = flow.update(_result(0, torch.ones(N), task_id=tasks[0].task_id), 1.0)
     assert s0.applied == []
@@ -68,9 +69,10 @@ def test_fedbuff_discard_for_max_staleness_is_reported_with_a_non_empty_buffer()
     s1 = flow.update(_result(1, torch.ones(N), task_id=tasks[1].task_id), 1.1)
     assert len(s1.applied) == 1
     assert flow.version == 1
-    # client 0 again (fresh), buffered: buffer non-empty
-    t0 = flow.task(0, 20)
-    flow.update(_result(0, torch.ones(N), task_id=t0.task_id, base=1), 1.2)
+    # client 1 again, from version 1 (fresh), buffered: buffer non-empty
+    (t1,) = s1.tasks
+    assert (t1.client, t1.version) == (1, 1)
+    flow.update(_result(1, torch.ones(N), task_id=t1.task_id, base=1), 1.2)
     # client 2 trained from version 0: staleness 1 > max_staleness 0
     s2 = flow.update(_result(2, torch.ones(N), task_id=tasks[2].task_id, base=0), 1.3)
     assert [d.client for d in s2.discarded] == [2]
@@ -94,16 +96,14 @@ def test_an_aggregation_error_in_a_round_is_a_discard_not_a_crash():
     flow = RoundsFlow(_Exploding(), torch.zeros(N), fraction=1.0, min_clients=1,
                       over_selection=0.0, deadline=None, seed=0, total=2)
     step = flow.start([0, 1], 0.0)
-    assert sorted(step.dispatch) == [0, 1]
-    for c in (0, 1):
-        flow.task(c, c + 1)
+    assert sorted(t.client for t in step.tasks) == [0, 1]
     flow.update(_result(0, torch.ones(N), round_=1), 1.0)
     step = flow.update(_result(1, torch.ones(N), round_=1), 1.0)
     assert step.applied == []
     assert sorted(d.client for d in step.discarded) == [0, 1]
     assert "refuses" in step.discarded[0].reason
     assert step.rounds_closed == 1
-    assert sorted(step.dispatch) == [0, 1]  # the next round opens
+    assert sorted(t.client for t in step.tasks) == [0, 1]  # the next round opens
 
 
 def _dga(clients: int) -> DGAFlow:
@@ -115,7 +115,7 @@ def test_dga_round_completes_without_a_lost_client():
     """Bug 2: after a client was lost, the reducer rejected every later upload
     of an open round (it fixed the expected count), and DGA stalled."""
     flow = _dga(3)
-    assert flow.start([0, 1, 2], 0.0).dispatch == [0, 1, 2]
+    assert [t.client for t in flow.start([0, 1, 2], 0.0).tasks] == [0, 1, 2]
     assert flow.update(_result(0, torch.ones(N), round_=1), 1.0).applied == []
     step = flow.lost(2, 1.1)  # round 1 still waits for client 1
     assert step.applied == []
@@ -169,7 +169,6 @@ def test_an_algorithm_defined_outside_the_package_registers_and_validates():
     assert isinstance(sc.algorithm, _HalfConfig)
     server = get("halfway").server(sc.algorithm, _ctx(torch.zeros(N), clients=1))
     server.start([0], 0.0)
-    server.task(0, 1)
     step = server.update(_result(0, 2 * torch.ones(N), round_=1), 1.0)
     assert torch.equal(server.model(), torch.ones(N))
     assert step.applied[0].clients == (0,)
@@ -204,7 +203,7 @@ def test_asyncfeded_reset_k_on_reconnect_acts_when_a_client_rejoins(reset: bool)
                                       "reset_k_on_reconnect": reset})
     flow = spec.server(cfg, _ctx(torch.zeros(N)))
     step = flow.start([0, 1], 0.0)
-    tasks = {c: flow.task(c, 10 + c) for c in step.dispatch}
+    tasks = {t.client: t for t in step.tasks}
     flow.update(_result(0, torch.full((N,), 0.01), task_id=tasks[0].task_id), 1.0)
     grown = flow.rule.next_k(0)
     assert grown != 10.0  # K moved away from k_initial with the update

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from fedsim.algorithms.api import Step
-from fedsim.algorithms.base import ClientResult
 from fedsim.algorithms.fedavg import FedAvg
 from fedsim.algorithms.flows import RoundsFlow
 from fedsim.algorithms.robust import GuardConfig, UpdateGuard, aggregate_models
+from fedsim.wire.messages import Update
 
 
 def _models(n: int, d: int = 7, seed: int = 0) -> list[torch.Tensor]:
@@ -114,11 +114,12 @@ def test_the_guard_bounds_the_first_update() -> None:
 
 def _round(flow: RoundsFlow, values: dict[int, float]) -> list[Step]:
     steps = [flow.start(sorted(values), 0.0)]
+    tasks = {t.client: t for t in steps[0].tasks}
     for c, v in values.items():
-        d = flow.task(c, c + 1)
-        steps.append(flow.update(ClientResult(client=c, base_version=0,
-                                              params=torch.full((3,), v), num_samples=10,
-                                              task_id=d.task_id, round=d.round), 1.0))
+        d = tasks[c]
+        steps.append(flow.update(Update.of(client=c, base_version=0,
+                                           params=torch.full((3,), v), num_samples=10,
+                                           task_id=d.task_id, round=d.round), 1.0))
     return steps
 
 
@@ -142,11 +143,12 @@ def test_a_round_with_median_resists_one_poisoned_client() -> None:
                       min_clients=1, over_selection=0.0, deadline=None, seed=0, total=5,
                       aggregator="median")
     step = flow.start(range(5), 0.0)
-    assert sorted(step.dispatch) == [0, 1, 2, 3, 4]
+    tasks = {t.client: t for t in step.tasks}
+    assert sorted(tasks) == [0, 1, 2, 3, 4]
     for c in range(5):
         value = 1000.0 if c == 0 else float(c)
-        d = flow.task(c, c + 1)
-        flow.update(ClientResult(client=c, base_version=0, params=torch.full((3,), value),
-                                 num_samples=10_000 if c == 0 else 10, steps=1,
-                                 task_id=d.task_id, round=d.round), 1.0)
+        d = tasks[c]
+        flow.update(Update.of(client=c, base_version=0, params=torch.full((3,), value),
+                              num_samples=10_000 if c == 0 else 10, steps=1,
+                              task_id=d.task_id, round=d.round), 1.0)
     assert torch.equal(flow.x, torch.full((3,), 3.0))  # median of 1000, 1, 2, 3, 4

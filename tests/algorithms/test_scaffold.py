@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from fedsim.algorithms import (
-    ClientResult,
     FedAvg,
     LocalConfig,
     NonFiniteUpdate,
@@ -25,6 +24,7 @@ from fedsim.algorithms.scaffold import (
     scaffold_local_train,
     scaffold_server_step,
 )
+from fedsim.wire.messages import Update
 
 XS = [
     [0.5, -1.0, 2.0],
@@ -135,7 +135,7 @@ def test_rounds_with_partial_participation_match_reference():
             old = torch.zeros(4) if cis[i] is None else cis[i]
             deltas.append(c_new - old)
             cis[i] = c_new
-            results.append(ClientResult(client=i, base_version=rnd, params=y))
+            results.append(Update.of(client=i, base_version=rnd, params=y))
             batches = mirrored_batches(len(shard), 2, 4, seed)
             _, ref_y, ref_cnew = ref.scaffold_client(
                 ref_x, ref_c, ref_cis[i], [XS[j] for j in shard], [YS[j] for j in shard],
@@ -170,7 +170,7 @@ def test_full_participation_keeps_c_the_mean_of_client_controls():
             )  # fmt: skip
             deltas.append(c_new - cis[i])
             cis[i] = c_new
-            results.append(ClientResult(client=i, base_version=rnd, params=y))
+            results.append(Update.of(client=i, base_version=rnd, params=y))
         x, _ = server.aggregate(x, results, deltas)
         assert torch.allclose(server.control(x), (cis[0] + cis[1]) / 2, atol=1e-6)
 
@@ -187,7 +187,7 @@ def test_server_step_matches_reference_and_fedavg():
         )
         assert _close(new_x, ref_x)
         assert _close(new_c, ref_c)
-    results = [ClientResult(client=i, base_version=0, params=y) for i, y in enumerate(ys)]
+    results = [Update.of(client=i, base_version=0, params=y) for i, y in enumerate(ys)]
     avg, _ = FedAvg(weighting="uniform").aggregate(x, results)
     assert torch.equal(scaffold_server_step(x, c, ys, dcs, 1.0, 10)[0], avg)
 
@@ -198,7 +198,7 @@ def test_weighting_samples_weights_the_model_mean_but_not_the_control_step():
     x = torch.randn(6, generator=gen)
     ys = [x + torch.randn(6, generator=gen) for _ in range(3)]
     dcs = [torch.randn(6, generator=gen) for _ in range(3)]
-    results = [ClientResult(client=i, base_version=0, params=y, num_samples=n)
+    results = [Update.of(client=i, base_version=0, params=y, num_samples=n)
                for i, (y, n) in enumerate(zip(ys, (10, 30, 60), strict=True))]
     uniform, weighted = Scaffold(total_clients=3), Scaffold(total_clients=3, weighting="samples")
     xu, _ = uniform.aggregate(x, results, dcs)
@@ -227,7 +227,7 @@ def test_control_update_option_ii_and_validation():
 def _round(x: torch.Tensor, clients: list[int]):
     gen = _gen(sum(clients) + 1)
     results = [
-        ClientResult(client=c, base_version=0, params=x + torch.randn(x.shape, generator=gen))
+        Update.of(client=c, base_version=0, params=x + torch.randn(x.shape, generator=gen))
         for c in clients
     ]
     return results, [torch.randn(x.shape, generator=gen) for _ in clients]
@@ -258,9 +258,9 @@ def test_server_rejects_bad_input_without_changing_state():
 
 def test_control_is_zero_first_then_a_copy_and_state_round_trips():
     rule = Scaffold(total_clients=4)
-    x = torch.ones(2, 3, dtype=torch.float64)
+    x = torch.ones(6, dtype=torch.float64)
     c0 = rule.control(x)
-    assert torch.equal(c0, torch.zeros(2, 3, dtype=torch.float64))
+    assert torch.equal(c0, torch.zeros(6, dtype=torch.float64))
     assert rule.state_dict() == {"rounds": 0, "c": None, "shape": None, "dtype": None}
     rule.aggregate(x, *_round(x, [1, 3]))
     c1 = rule.control(x)
@@ -271,7 +271,7 @@ def test_control_is_zero_first_then_a_copy_and_state_round_trips():
     assert torch.equal(fresh.control(x), rule.control(x))
     assert fresh.control(x).dtype == torch.float64
     with pytest.raises(ValueError, match="Invalid control variate"):
-        rule.control(torch.zeros(6))
+        rule.control(torch.zeros(5))
 
 
 def test_client_validation_errors():

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.metrics import read_events
+from fedsim.results.writer import read_events
 
 from .netns import Namespaces, netns_unavailable
 
@@ -270,7 +270,7 @@ def test_a_killed_host_and_a_fuzzing_insider_across_namespaces(
     host_a = _fedsim(nets, "a", "clients", str(scenario), "--connect", f"tcp://{srv}:5555",
                      "--ids", "0-5", "--name", "host-0", "--keys", str(keys),
                      "--set", "deploy.host_timeout=5")
-    fuzzer = nets.popen("b", [PY, "-m", "fedsim.fuzz", str(scenario), "--connect",
+    fuzzer = nets.popen("b", [PY, "-m", "fedsim.testing.fuzz", str(scenario), "--connect",
                               f"tcp://{srv}:5555", "--ids", "6-11", "--name", "host-1",
                               "--keys", str(keys), "--frames", "1500", "--rate", "1000",
                               "--delay", "1", "--set", "deploy.host_timeout=5"], cwd=ROOT)

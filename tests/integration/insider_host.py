@@ -7,7 +7,7 @@ clients train and upload as any host's do), but it lies about every update
 one ahead of its task's, its sample count 10^12), and, ``--delay`` real seconds
 after the start, it attacks the server over its own registered connection:
 
-1. hostile frames from :class:`fedsim.fuzz.Fuzzer` whose reasons are known:
+1. hostile frames from :class:`fedsim.testing.fuzz.Fuzzer` whose reasons are known:
    a NaN model, a wrong shape, an impossible send time;
 2. oversize frames: an envelope over 64 bytes, headers over their limit (an
    event batch's, an update's), a message whose frames together exceed
@@ -34,23 +34,24 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from fedsim._ids import parse_ids
-from fedsim.actors import _proc
-from fedsim.actors._server_gate import message_limit
-from fedsim.actors._workers import WorkerHandle
+from fedsim.actors import process
 from fedsim.actors.host import ClientHost
+from fedsim.actors.server_gate import message_limit
+from fedsim.actors.workers import WorkerHandle
 from fedsim.algorithms import get
-from fedsim.codec import encode, encode_body, stamp
 from fedsim.deploy.run import client_keys
-from fedsim.fuzz import Fuzzer, _update_spec
-from fedsim.messages import SCHEMA_VERSION, ClockProbe, Event, EventBatch, Message, Update
 from fedsim.scenario import load, resolved, scenario_hash
-from fedsim.transport import ZmqContext, ipc_address
+from fedsim.scenario.ids import parse_ids
+from fedsim.testing.fuzz import Fuzzer, _update_spec
+from fedsim.wire.codec import decode, encode, encode_body, stamp
+from fedsim.wire.messages import SCHEMA_VERSION, ClockProbe, Event, EventBatch, Message, Update
+from fedsim.wire.transport import ZmqContext, ipc_address
 
 #: the task id every made-up record carries (no task has it)
 MARK = 987_654_321
@@ -69,20 +70,17 @@ async def _insider(args: argparse.Namespace, sc: Any, data: dict[str, Any],
     conn = zmq_ctx.connect(args.connect, None, keys)  # the server assigns its routing id
     trainer = WorkerHandle(zmq_ctx, ipc_address(f"insider-{os.getpid()}", "trainer"),
                            scenario_file, "trainer", ids)
-    host = ClientHost(sc, args.name, ids, conn, trainer, fedsim_version=_proc.fedsim_version(),
+    host = ClientHost(sc, args.name, ids, conn, trainer, fedsim_version=process.fedsim_version(),
                       scenario_hash=scenario_hash(data))
     report: dict[str, Any] = {"sent": Counter(), "honest_records": 0, "lied_updates": 0,
                               "flood_answered": 0, "prober": {}, "prober_answered": []}
     attacking = asyncio.Event()
 
     # -- the lies on every update ------------------------------------------------------
-    async def lying_send(msg: Message) -> None:
-        if not isinstance(msg, Update):
-            await honest_send(msg)
-            return
-        forged = Update(client=msg.client, task_id=msg.task_id,
-                        base_version=msg.base_version + 1, round=msg.round,
-                        num_samples=10**12, steps=msg.steps, loss=msg.loss, model=msg.model)
+    async def lying_forward(update: list[Any], client: int) -> None:
+        msg, _ = decode(update, check_finite=False)
+        assert isinstance(msg, Update)
+        forged = replace(msg, base_version=msg.base_version + 1, num_samples=10**12)
         sent_at = host.clock.now() - args.backdate
         frames = stamp(encode_body(forged), sent_at=sent_at, seq=next(host.seq))
         await host.conn.send(frames)
@@ -90,8 +88,7 @@ async def _insider(args: argparse.Namespace, sc: Any, data: dict[str, Any],
         host.emit("send", client=msg.client, kind="update", dir="up",
                   bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at)
 
-    honest_send = host.send
-    host.send = lying_send  # type: ignore[method-assign]
+    host.forward = lying_forward  # type: ignore[method-assign]
 
     # -- what the host itself sends: its records held back while it attacks, counted --
     honest_flush = host.flush_events
@@ -226,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fedsim-insider-") as tmp:
         scenario_file = str(Path(tmp) / "scenario.json")
         Path(scenario_file).write_text(json.dumps(data))
-        result = _proc.run_loop(_insider(args, sc, data, scenario_file), sc.deploy.loop)
+        result = process.run_loop(_insider(args, sc, data, scenario_file), sc.deploy.loop)
     print(json.dumps({"insider": result}), flush=True)
     return int(result["exit"])
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedsim.metrics import read_events, read_summary
+from fedsim.results.writer import read_events, read_summary
 
 from .conftest import (
     DEPLOY_SCENARIO,
@@ -75,7 +75,7 @@ def _federation(tmp_path: Path, name: str, fuzz: bool) -> tuple[dict, dict, Samp
                    "--name", "host-0", "--insecure")
     if fuzz:
         host1 = subprocess.Popen(
-            [sys.executable, "-m", "fedsim.fuzz", str(scenario), "--connect", address,
+            [sys.executable, "-m", "fedsim.testing.fuzz", str(scenario), "--connect", address,
              "--ids", "6-11", "--name", "host-1", "--insecure", "--frames", "3000",
              "--rate", "2000", "--delay", "1.5", "--seed", "5"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.metrics import read_events, read_metrics
-from fedsim.runner import run_scenario
+from fedsim.launch.runner import run_scenario
+from fedsim.results.writer import read_events, read_metrics
 from fedsim.scenario import load
 
 from .conftest import write_scenario
@@ -98,7 +98,7 @@ def test_pinned_trainers_have_a_cpu_of_their_own(tmp_path: Path) -> None:
     evaluator still idle-class); this process's CPUs given back after."""
     import psutil
 
-    from fedsim.actors._proc import can_leave_idle
+    from fedsim.actors.process import can_leave_idle
 
     mine = os.sched_getaffinity(0)
     cpus = sorted(mine)

@@ -49,15 +49,15 @@ import pytest
 import zmq
 import zmq.auth
 
-from fedsim.codec import decode, encode
-from fedsim.messages import (
+from fedsim.results.writer import read_events
+from fedsim.wire.codec import decode, encode
+from fedsim.wire.messages import (
     HOST_EVENT_KINDS,
     SCHEMA_VERSION,
     ClockProbe,
     HostHello,
     Refused,
 )
-from fedsim.metrics import read_events
 
 from .conftest import ROOT, fedsim, finish, wait_for, wait_for_events
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.metrics import read_events
-from fedsim.runner import run_scenario
+from fedsim.launch.runner import run_scenario
+from fedsim.results.writer import read_events
 from fedsim.scenario import load
 
 from .conftest import SMALL

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import zmq
 
-from fedsim.codec import encode
-from fedsim.messages import SCHEMA_VERSION, Model, TensorSpec, Update
-from fedsim.metrics import read_events
+from fedsim.results.writer import read_events
+from fedsim.wire.codec import encode
+from fedsim.wire.messages import SCHEMA_VERSION, Update
+from fedsim.wire.tensors import Model, TensorSpec
 
 from .conftest import fedsim, finish, wait_for, wait_for_events, write_scenario
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.metrics import read_events, read_metrics
+from fedsim.results.writer import read_events, read_metrics
 
 from .conftest import assert_no_orphans, fedsim, finish, wait_for, wait_for_events, write_scenario
 

@@ -21,8 +21,8 @@ import pytest
 import zmq
 import zmq.auth
 
-from fedsim.codec import encode
-from fedsim.messages import SCHEMA_VERSION, ClockProbe, HostHello
+from fedsim.wire.codec import encode
+from fedsim.wire.messages import SCHEMA_VERSION, ClockProbe, HostHello
 
 from .conftest import (
     DEPLOY_SCENARIO,
@@ -144,7 +144,7 @@ def test_a_host_whose_key_is_refused_knows_in_seconds_and_the_server_says_so_onc
     _, _, err0 = finish(host0)
     assert finish(host1)[0] == 0
     # the server: listening at INFO, the refusal once (key and address named)
-    assert f"INFO fedsim.runner: server listening at {address} (CURVE)" in server_err
+    assert f"INFO fedsim.launch.runner: server listening at {address} (CURVE)" in server_err
     refusals = [line for line in server_err.splitlines() if "is not on the allow-list" in line]
     assert len(refusals) == 1, refusals
     assert "rejected a connection from 127.0.0.1: unauthenticated: CURVE key" in refusals[0]

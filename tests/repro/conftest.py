@@ -12,7 +12,7 @@ import torch
 def _one_torch_thread() -> Iterator[None]:
     """Train in-process on one thread, as a torch worker process does.
 
-    The smoke runs train in this process (``fedsim.actors.inmemory``); torch's
+    The smoke runs train in this process (``fedsim.testing.federation``); torch's
     thread pool would spin against the client hosts of the real runs.
     """
     before = torch.get_num_threads()

@@ -1,7 +1,7 @@
 """The reproductions' fast subset: short real runs with margins that fail when the mechanism is off.
 
 Each test runs shipped reproduction scenarios (scenarios/repro/) through
-:func:`fedsim.runner.run_scenario`: real client-host processes, ZeroMQ,
+:func:`fedsim.launch.runner.run_scenario`: real client-host processes, ZeroMQ,
 torch and netem timing, a few emulated seconds each. A margin is checked
 only on runs whose fidelity verdict passed; a run that fails its verdict
 (a loaded machine delays timers) is run again at the dilation its summary
@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from fedsim.runner import run_scenario
+from fedsim.launch.runner import run_scenario
 from fedsim.scenario import load
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ and every one of its points must be a valid scenario. The smoke runs each
 scenario (scenarios/*.toml and scenarios/repro/*.toml) as shipped, with its
 own algorithm, model, data, network, devices and availability, for a few
 emulated seconds through the real server and client-host actors in one
-process (``fedsim.actors.inmemory``: an in-memory
+process (``fedsim.testing.federation``: an in-memory
 network and a virtual clock, real torch training), and asserts that the
 server aggregated client work and evaluated a finite accuracy. What it does
 not check is timing fidelity, which needs real processes
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.actors.inmemory import run_in_memory
-from fedsim.network import NetPlan
 from fedsim.scenario import load
+from fedsim.scenario.network import NetPlan
 from fedsim.sweep import load_sweep
+from fedsim.testing.federation import run_in_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 REPRO = ROOT / "scenarios" / "repro"

@@ -3,7 +3,7 @@
 An evaluator whose claim no figure of its sweep shows returns a Chart with
 its Finding; :func:`draw_chart` draws it, panels side by side with 95 %
 confidence intervals as error bars. matplotlib is imported (through
-:mod:`fedsim.plots`) only when a chart is drawn.
+:mod:`fedsim.results.plots`) only when a chart is drawn.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
 
 def draw_chart(chart: Chart, path: Path) -> Path:
     """Draw ``chart`` to the PNG ``path``: its panels side by side, 95 % CIs as error bars."""
-    from fedsim.plots import new_figure, save
+    from fedsim.results.plots import new_figure, save
 
     n = len(chart.panels)
     cols = max(1, min(n, chart.columns or n))

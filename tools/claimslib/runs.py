@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim import sweep as sw
-from fedsim.metrics import read_events, read_metrics
+from fedsim.results.writer import read_events, read_metrics
 
 
 def select(results: Sequence[sw.PointResult], variant: str | None = None,

@@ -162,7 +162,7 @@ def pending(c: Claim) -> dict[str, Any]:
 # -- the table, docs/claims.md and README.md -------------------------------------
 
 def table(records: list[dict[str, Any]]) -> str:
-    """The Markdown table (README and docs/claims.md)."""
+    """The whole Markdown table (docs/claims.md)."""
     lines = ["| claim | paper reports | fedsim (mean, 95 % CI) | verdict | figure | measured, "
              "and the command that regenerates it |",
              "|---|---|---|---|---|---|"]
@@ -240,6 +240,16 @@ def write_docs(records: list[dict[str, Any]]) -> None:
     (DOCS / "claims.md").write_text("\n".join(parts))
 
 
+def readme_table(records: list[dict[str, Any]]) -> str:
+    """The README's short table: each claim, its verdict and where its details are
+    (docs/claims.md: the numbers, the setting, the reason, the command)."""
+    lines = ["| claim | verdict | measured |", "|---|---|---|"]
+    for r in records:
+        lines.append(f"| [{r['id']}](docs/claims.md#{r['id'].lower()}) {r['claim']} | "
+                     f"**{r['verdict']}** | {r['measured']} at {r['commit']} |")
+    return "\n".join(lines)
+
+
 def write_readme(records: list[dict[str, Any]]) -> None:
     readme = ROOT / "README.md"
     text = readme.read_text()
@@ -247,4 +257,4 @@ def write_readme(records: list[dict[str, Any]]) -> None:
         raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{table(records)}\n{END}{tail}")
+    readme.write_text(f"{head}{BEGIN}\n{readme_table(records)}\n{END}{tail}")

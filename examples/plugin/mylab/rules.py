@@ -25,15 +25,16 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import Field
 
-from fedsim.algorithms import ClientResult, check_finite
+from fedsim.algorithms import check_finite
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.wire.messages import Update
 
 __all__ = ["SPEC", "NormTrim", "NormTrimConfig", "normtrim_step"]
 
 
-def normtrim_step(x: torch.Tensor, results: Sequence[ClientResult], drop: int,
+def normtrim_step(x: torch.Tensor, results: Sequence[Update], drop: int,
                   ) -> tuple[torch.Tensor, list[int], float]:
     """The round's pseudo-gradient without the ``drop`` farthest models.
 
@@ -57,7 +58,7 @@ class NormTrim(RoundRule):
         self.drop, self.beta, self.server_lr = drop, beta, server_lr
         self.momentum: torch.Tensor | None = None
 
-    def aggregate(self, x: torch.Tensor, results: Sequence[ClientResult]
+    def aggregate(self, x: torch.Tensor, results: Sequence[Update]
                   ) -> tuple[torch.Tensor, dict[str, Any]]:
         for r in results:  # refuse before changing any state
             check_finite(r.params, f"update from client {r.client}")

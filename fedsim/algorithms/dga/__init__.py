@@ -50,7 +50,7 @@ from fedsim.algorithms.dga._reducer import DGAServer
 
 SPEC = register(AlgorithmSpec(
     names=("dga",), config=DGAScenarioConfig,
-    server=lambda cfg, ctx: DGAFlow(dga_config(cfg, ctx.local), ctx.x0),
+    server=lambda cfg, ctx: DGAFlow(dga_config(cfg, ctx.local), ctx.x0, ctx.tasks),
     client=lambda cfg, ctx: DGAClientWork(dga_config(cfg, ctx.local), cfg.chunk_steps, ctx),
     summary="delayed gradient averaging: clients keep stepping while the average travels",
     optimizers=("sgd", "sgdm")))

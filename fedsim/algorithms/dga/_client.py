@@ -6,7 +6,6 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import check_finite, check_shape
 from fedsim.algorithms.dga._core import (
     DGAConfig,
@@ -17,6 +16,7 @@ from fedsim.algorithms.dga._core import (
     dga_direction,
     dga_split_delay,
 )
+from fedsim.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch

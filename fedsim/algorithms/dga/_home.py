@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from fedsim._lazy import lazy_module
-from fedsim._schema import Pos
 from fedsim.algorithms._kernels import flatten, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import (
     AlgorithmConfig,
@@ -36,18 +34,20 @@ from fedsim.algorithms.api import (
     ClientAlgorithm,
     ClientContext,
     Discarded,
-    Dispatch,
-    LocalRun,
     Outcome,
     ServerAlgorithm,
     Step,
+    TaskMaker,
 )
-from fedsim.algorithms.base import ClientResult, NonFiniteUpdate
+from fedsim.algorithms.base import NonFiniteUpdate
 from fedsim.algorithms.dga._client import Corrected, DGAClient, Done, Send, Wait
 from fedsim.algorithms.dga._client import Step as DGAStep
 from fedsim.algorithms.dga._core import DGAConfig, DGAProtocolError
 from fedsim.algorithms.dga._reducer import DGAServer
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
+from fedsim.lazy import lazy_module
+from fedsim.schema import Pos
+from fedsim.wire.messages import Task, Update
 
 if TYPE_CHECKING:
     import torch
@@ -104,8 +104,10 @@ class DGAFlow(ServerAlgorithm):
     cadence = "rounds"
     one_upload = False  # a session uploads once per round (the client's numbering)
 
-    def __init__(self, cfg: DGAConfig, x0: torch.Tensor) -> None:
+    def __init__(self, cfg: DGAConfig, x0: torch.Tensor, tasks: TaskMaker | None = None
+                 ) -> None:
         self.cfg = cfg
+        self.make_task = tasks if tasks is not None else TaskMaker()
         if cfg.momentum > 0 and cfg.c_beta == "paper" and cfg.delay > 1:
             log.warning("DGA: c_beta = 'paper' with momentum over-corrects (v already carries "
                         "the momentum) and clients drift apart; algorithm.c_beta = 1 is the "
@@ -124,7 +126,8 @@ class DGAFlow(ServerAlgorithm):
 
     def start(self, clients: Sequence[int], now: float) -> Step:
         self.running = set(clients)
-        return Step(dispatch=sorted(self.running))
+        return Step(tasks=[self.make_task(c, self.version, 0, self.x)
+                           for c in sorted(self.running)])
 
     def rejoin(self, client: int, now: float, reset: bool) -> Step:
         # A DGA client pauses while away and resumes its session where it was.
@@ -137,15 +140,11 @@ class DGAFlow(ServerAlgorithm):
             step.then(self._closed(round_, mean))
         return step
 
-    def task(self, client: int, task_id: int) -> Dispatch:
-        return Dispatch(client=client, task_id=task_id, version=self.version, round=0,
-                        payload=self.x)
-
     def least_steps(self, task_steps: int, upload_round: int) -> int:
         """A session sends round ``t``'s accumulated gradient after its ``t K``-th step."""
         return max(0, upload_round) * self.cfg.local_steps
 
-    def update(self, upload: ClientResult, now: float) -> Step:
+    def update(self, upload: Update, now: float) -> Step:
         if upload.client not in self.running:
             return Step(discarded=[Discarded(upload.client, "not a running client")])
         round_ = upload.round
@@ -211,12 +210,12 @@ class DGAClientWork(ClientAlgorithm):
         return flatten([p.grad for p in params]), float(loss.detach())  # type: ignore[misc]
 
     def begin(
-        self, run: LocalRun, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+        self, task: Task, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
     ) -> Outcome:
-        self.clients[run.client] = DGAClient(self.cfg, run.payload, client=run.client)
-        stream = torch.Generator().manual_seed(self.ctx.seed + run.client)
-        self.batches[run.client] = _batches(len(y), self.ctx.local.batch_size, stream)
-        return self.advance(run.client, (), x, y)
+        self.clients[task.client] = DGAClient(self.cfg, task.params, client=task.client)
+        stream = torch.Generator().manual_seed(self.ctx.seed + task.client)
+        self.batches[task.client] = _batches(len(y), self.ctx.local.batch_size, stream)
+        return self.advance(task.client, (), x, y)
 
     def advance(
         self,

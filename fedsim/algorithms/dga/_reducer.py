@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fedsim._lazy import lazy_module
 from fedsim.algorithms._kernels import check_finite, check_shape
 from fedsim.algorithms.dga._core import DGAProtocolError, _check_int, dga_final_average
+from fedsim.lazy import lazy_module
 
 if TYPE_CHECKING:
     import torch

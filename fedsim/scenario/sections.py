@@ -1,0 +1,246 @@
+"""The scenario's own sections: ``[data]``, ``[model]``, ``[client]``, ``[run]``,
+``[eval]``, ``[deploy]`` (the network's are in :mod:`fedsim.scenario.netconfig`, the
+algorithm's in each algorithm's home).
+
+``data.dataset`` and ``model.name`` are a built-in name or a plug-in
+(:mod:`fedsim.scenario.plugins`), whose ``options`` are checked against its signature.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from fedsim.scenario import plugins
+from fedsim.schema import NonNeg, Pos, Prob, SchemaModel
+
+__all__ = [
+    "DATASETS",
+    "MODELS",
+    "ClientConfig",
+    "DataConfig",
+    "DeployConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "RunConfig",
+]
+
+#: Built-in ``data.dataset`` and ``model.name`` values (anything else is a plug-in).
+DATASETS = ("synthetic", "digits", "leaf", "mnist", "cifar10")
+MODELS = ("mlp", "cnn", "cnn_mnist", "char_lstm")
+
+
+class DataConfig(SchemaModel):
+    """Dataset, partition and number of clients."""
+
+    dataset: str = "synthetic"
+    num_clients: Annotated[int, Field(ge=1, le=1_000_000)] = 20
+    partition: Literal["natural", "iid", "dirichlet", "shards"] = "natural"
+    synthetic_alpha: NonNeg = 1.0
+    synthetic_beta: NonNeg = 1.0
+    synthetic_iid: bool = False
+    #: the synthetic users' sizes: the generator's "lognormal" ones (FedProx), or a
+    #: number, every user that many examples before the holdout (a paper that
+    #: gives each client the same number of examples, as Delta-SGD's 500)
+    synthetic_sizes: Literal["lognormal"] | Annotated[int, Field(ge=10)] = "lognormal"
+    max_samples_per_client: Annotated[int, Field(ge=1)] | None = None
+    dirichlet_alpha: Pos = 0.5
+    dirichlet_recipe: Literal["hsu", "deltasgd_code", "feddyn_sequential"] = "hsu"
+    samples_per_client: Annotated[int, Field(ge=1)] | None = None
+    classes_per_client: Annotated[int, Field(ge=1)] = 2
+    test_fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
+    path: str | None = None
+    # keyword arguments of a plug-in dataset's loader
+    options: dict[str, Any] = {}
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, name: str) -> str:
+        if name not in DATASETS:
+            plugins.dataset(name, DATASETS)
+        return name
+
+    @field_validator("options")
+    @classmethod
+    def _dataset_options(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        name = info.data.get("dataset")
+        if name in DATASETS and options:
+            raise ValueError(f"only a plug-in dataset takes options ({name!r} is built in: "
+                             "its keys are those of [data])")
+        if name is not None and name not in DATASETS:
+            plugins.check_options(f"dataset {name!r}", plugins.dataset(name, DATASETS),
+                                  options, fixed=("num_clients", "seed"), positional=0)
+        return options
+
+    @model_validator(mode="after")
+    def _plugin_keys(self) -> DataConfig:
+        if self.dataset not in DATASETS:
+            for key in ("path", "test_fraction"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} = {getattr(self, key)!r} is for the built-in "
+                                     f"datasets; the plug-in {self.dataset!r} takes its own in "
+                                     "data.options")
+        return self
+
+
+class ModelConfig(SchemaModel):
+    """The torch model every client trains."""
+
+    name: str = "mlp"
+    hidden: list[Annotated[int, Field(ge=1)]] = [200]
+    lstm_hidden: Annotated[int, Field(ge=1)] = 256
+    # keyword arguments of a plug-in model's factory
+    options: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        if name not in MODELS:
+            plugins.model(name, MODELS)
+        return name
+
+    @field_validator("options")
+    @classmethod
+    def _model_options(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        name = info.data.get("name")
+        if name in MODELS and options:
+            raise ValueError(f"only a plug-in model takes options ({name!r} is built in: "
+                             "hidden for mlp, lstm_hidden for char_lstm)")
+        if name is not None and name not in MODELS:
+            plugins.check_options(f"model {name!r}", plugins.model(name, MODELS), options,
+                                  fixed=(), positional=2)
+        return options
+
+
+class ClientConfig(SchemaModel):
+    """Client optimizer and local work per task."""
+
+    optimizer: Literal["sgd", "sgdm", "adam", "adagrad", "deltasgd", "sps"] = "sgd"
+    lr: Pos = 0.05
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
+    weight_decay: NonNeg = 0.0
+    # Adagrad
+    initial_accumulator: NonNeg = 0.0
+    # Delta-SGD (docs/algorithms.md#delta-sgd): locality-adaptive step size
+    eta0: Pos = 0.2
+    theta0: Pos = 1.0
+    gamma: Pos = 2.0
+    delta: NonNeg = 0.1
+    eta_max: Pos | None = None  # no cap
+    first_step: Literal["paper", "code"] = "paper"
+    batch_mode: Literal["same", "previous"] = "same"
+    # SPS (stochastic Polyak step size)
+    sps_c: Pos = 0.5
+    f_star: float = 0.0
+    sps_mode: Literal["constant", "smooth"] = "constant"
+    batch_size: Annotated[int, Field(ge=1)] = 32
+    local_steps: Annotated[int, Field(ge=1)] | None = None
+    local_epochs: Pos | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_steps(cls, data: Any) -> Any:
+        if (isinstance(data, dict) and data.get("local_epochs") is None
+                and "local_steps" not in data):
+            return {**data, "local_steps": 10}
+        return data
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> ClientConfig:
+        if self.local_steps is not None and self.local_epochs is not None:
+            raise ValueError(
+                "set either local_steps or local_epochs, not both "
+                f"(got local_steps={self.local_steps}, local_epochs={self.local_epochs})"
+            )
+        if self.local_steps is None and self.local_epochs is None:
+            raise ValueError("set local_steps or local_epochs")
+        return self
+
+
+class RunConfig(SchemaModel):
+    """When a run stops. Durations are emulated seconds."""
+
+    time_budget: Pos | None = 60.0
+    max_updates: Annotated[int, Field(ge=1)] | None = None
+    max_rounds: Annotated[int, Field(ge=1)] | None = None
+    target_accuracy: Prob | None = None
+    stop_at_target: bool = False
+    dilation: Pos | Literal["auto"] = 1.0
+    # the server checkpoints (model, algorithm state, counters, log offsets)
+    # every this many aggregations (updates or rounds, as the algorithm
+    # counts them) or real seconds, whichever comes first; 0 turns either off
+    checkpoint_every: Annotated[int, Field(ge=0)] = 50
+    checkpoint_seconds: NonNeg = 30.0
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> RunConfig:
+        if self.time_budget is None and self.max_updates is None and self.max_rounds is None:
+            raise ValueError("set at least one of time_budget, max_updates, max_rounds")
+        return self
+
+
+class EvalConfig(SchemaModel):
+    """How often the global model is evaluated on the held-out test set."""
+
+    every_updates: Annotated[int, Field(ge=1)] | None = None
+    every_rounds: Annotated[int, Field(ge=1)] | None = 1
+    every_seconds: Pos | None = None
+
+
+class DeployConfig(SchemaModel):
+    """Processes, sockets and limits (one host or many)."""
+
+    # client-host processes of `fedsim run` (0: one per core)
+    hosts: Annotated[int, Field(ge=0)] = 0
+    transport: Literal["ipc", "tcp"] = "ipc"
+    loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # how `fedsim run` starts its torch workers (trainers, evaluator): "fork"
+    # them from one zygote process that imported torch and built the data
+    # once (fast start, pages shared), or "spawn" each as a fresh process
+    workers: Literal["fork", "spawn"] = "fork"
+    # `fedsim run` only: give each client host's trainer a CPU of its own and
+    # keep every other process of the run (server, host loops, evaluator) on
+    # the rest; needs more usable CPUs than client hosts. For one run on an
+    # otherwise idle machine (a benchmark): runs side by side would all put
+    # their trainers on the same CPUs
+    pin_trainers: bool = False
+    # the largest message the server and its hosts accept from each other, in
+    # MB; unset: the largest legitimate one of the scenario's algorithm and
+    # model (a task or update of its model copies, a host's registration or
+    # goodbye). A larger frame is dropped unread (and counted)
+    max_message_mb: Pos | None = None
+    # real seconds to wait for client hosts to register before the federation
+    # starts with those present (the missing ones are named)
+    start_timeout: Pos = 120.0
+    # real seconds of silence after which a host (or, seen from a host, the
+    # server) is taken for dead; hosts probe the server's clock every 2 s
+    host_timeout: Annotated[float, Field(ge=5.0)] = 15.0
+    # the longest real transit a message may claim (now - its send time); a
+    # claim outside [now - this, now + clock uncertainty] is clamped and counted
+    max_transit_ms: Pos = 1000.0
+    # messages per real second one client host may send, averaged over 5 s;
+    # beyond it messages are rejected (counted, logged)
+    max_host_rate: Pos = 5000.0
+    # messages per real second one client may send (updates, ready, leave),
+    # averaged over 5 s, and the largest message without a model a host may
+    # send (event batches, goodbyes), in MB
+    max_client_rate: Pos = 200.0
+    max_control_mb: Pos = 16.0
+    # real seconds a connection may take to complete its handshake (CURVE with
+    # keys) before the server closes it
+    handshake_timeout: Pos = 5.0
+    # messages per real second from one source that has not registered (a
+    # key, or a connection without keys: clock probes, the registration),
+    # averaged over 5 s; beyond it they are rejected unread (counted)
+    max_unregistered_rate: Pos = 10.0
+    # the share of the server's time one client host's messages may take
+    # (decoding and handling them, measured), averaged over 5 s; beyond it its
+    # control messages (event batches, probes) are rejected unread (counted)
+    # until its share is back under; its clients' messages go on
+    max_host_cpu: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
+    # rejections logged (and written to events.jsonl) per source and reason;
+    # the rest are counted, and summarised once at the end
+    max_logged_rejects: Annotated[int, Field(ge=0)] = 10
