@@ -420,7 +420,14 @@ class ClientActor:
 
     # -- work -----------------------------------------------------------------
     async def on_task(self, rec: Received) -> None:
-        """Run a task's local work, piece by piece, and send its uploads."""
+        """Run a task's local work, piece by piece, and send its uploads.
+
+        The concerns each have a method: whether a suspension wastes the run
+        (:meth:`_wasted`), the trainer's failure (:meth:`_failed`), the
+        device's compute time and the fidelity accounting of a piece
+        (:meth:`_account`), the end of a task's work (:meth:`_finish`) and a
+        pipelined session's next piece (:meth:`_advance`).
+        """
         host = self.host
         task = rec.task
         t0 = host.clock.now()
@@ -435,14 +442,7 @@ class ClientActor:
                                              self.device_rng, run_index)
             susp = self.suspension.draw_run(t_run, self.suspension_rng)
         if susp is not None and susp.discard_update:
-            # The run is wasted and the client hangs: nothing computed, nothing sent.
-            until = t0 + susp.unavailable_for
-            self._go_away("suspend", until=until)
-            host.emit("train_end", client=self.cid, version=task.version,
-                      task_id=task.task_id, reason="suspended")
-            await host.timers.sleep_until(until)
-            if self.away and gen + 1 == self.generation:
-                self._come_back("resume")
+            await self._wasted(task, t0 + susp.unavailable_for, gen)
             return
         due = t0 + self.device.mean_step() * host.expected_steps(task, self.num_samples)
         rid = host.trainer.next_id()
@@ -450,54 +450,19 @@ class ClientActor:
         while True:
             upload = host.trainer.upload(rid)   # the update's frames, if the piece uploads
             if not isinstance(reply, Trained):
-                reason = getattr(reply, "reason", repr(reply))
-                cause = getattr(reply, "cause", "error")
-                log.error("client %d: training failed (%s): %s", self.cid, cause, reason)
-                host.emit("train_error", client=self.cid, task_id=task.task_id, cause=cause,
-                          reason=reason[:300])
-                # a device whose training fails is out: say so, so the server does not wait
-                await host.send(Failed(client=self.cid, cause=cause,
-                                       reason=f"training failed: {reason}"))
+                await self._failed(task, reply)
                 return
-            done = host.clock.now()
-            budget = self.device.compute_time(reply.steps, self.device_rng, run_index) \
-                if reply.steps else 0.0
+            done, budget = self._account(reply, t0, run_index)
             deadline = t0 + budget
-            if reply.steps:  # one local run (or piece): its real compute, its emulated budget
-                host.phases.add("compute.real", reply.compute_s)
-                host.phases.add("compute.budget", budget)
-            if budget > 0:
-                host.monitor.record_compute(budget, done - t0)
-                host.compute_deadlines += 1
-                if done > deadline:
-                    self.overruns += 1
-                    host.overruns += 1
-            elif reply.steps:
-                # An instant device's result is due the moment its work began:
-                # the real compute, in emulated seconds, is how late it came
-                # (judged like a late delivery, not silently taken as time).
-                host.monitor.record_lateness(done - t0)
             if reply.next != "done":  # a pipelined session: time away does not compute
                 await self._compute(t0, away0, budget)
             elif budget > 0 and done <= deadline:
                 await host.timers.sleep_until(deadline)
             for r, delay in reply.notes.get("corrections", []):
                 host.emit("correction", client=self.cid, round=r, delay=delay)
-            if reply.next == "done":
-                if gen != self.generation and susp is None:
-                    host.emit("train_end", client=self.cid, version=task.version,
-                              task_id=task.task_id, steps=reply.steps, reason="went away")
-                    return
-                host.emit("train_end", client=self.cid, version=task.version,
-                          task_id=task.task_id, steps=reply.steps, deadline=deadline,
-                          overrun=round(max(0.0, done - deadline), 6),
-                          compute_real=reply.compute_s,
-                          **{k: reply.notes[k] for k in _STEP_SIZES if k in reply.notes})
-                if susp is not None:  # suspended with the work kept: hang, then send
-                    until = host.clock.now() + susp.hang
-                    self._go_away("suspend", until=until)
-                    await host.timers.sleep_until(until)
-                    self._come_back("resume", announce=False)
+            if reply.next == "done" and not await self._finish(task, reply, done, deadline,
+                                                               gen, susp):
+                return
             await self._until_back()  # away: no compute, no traffic until back
             if upload is not None:
                 await host.forward(upload, self.cid)
@@ -510,14 +475,87 @@ class ClientActor:
             t0 = host.clock.now()
             away0 = self._away_total()
             run_index, self.runs = self.runs, self.runs + 1
-            rounds = tuple(sorted(averages))
-            model = None
-            if rounds:
-                flat = np.concatenate([_held(averages[r]).flat() for r in rounds])
-                model = Model.from_flat(flat, host.model_spec.repeated(len(rounds)))
-            rid = host.trainer.next_id()
-            reply = await host.trainer.request(Advance(
-                request_id=rid, client=self.cid, rounds=rounds, model=model, due=t0))
+            rid, reply = await self._advance(averages, t0)
+
+    async def _wasted(self, task: Task, until: float, gen: int) -> None:
+        """A suspension wastes the run and the client hangs until ``until``: nothing
+        computed, nothing sent."""
+        host = self.host
+        self._go_away("suspend", until=until)
+        host.emit("train_end", client=self.cid, version=task.version, task_id=task.task_id,
+                  reason="suspended")
+        await host.timers.sleep_until(until)
+        if self.away and gen + 1 == self.generation:
+            self._come_back("resume")
+
+    async def _failed(self, task: Task, reply: Message) -> None:
+        """The trainer failed the task: the device is out, and says so (the server
+        does not wait for it)."""
+        host = self.host
+        reason = getattr(reply, "reason", repr(reply))
+        cause = getattr(reply, "cause", "error")
+        log.error("client %d: training failed (%s): %s", self.cid, cause, reason)
+        host.emit("train_error", client=self.cid, task_id=task.task_id, cause=cause,
+                  reason=reason[:300])
+        await host.send(Failed(client=self.cid, cause=cause,
+                               reason=f"training failed: {reason}"))
+
+    def _account(self, reply: Trained, t0: float, run_index: int) -> tuple[float, float]:
+        """A piece's compute: its device time (its budget, due at ``t0`` + budget) and
+        the fidelity accounting of the real one; (when it came back, the budget)."""
+        host = self.host
+        done = host.clock.now()
+        budget = self.device.compute_time(reply.steps, self.device_rng, run_index) \
+            if reply.steps else 0.0
+        if reply.steps:  # one local run (or piece): its real compute, its emulated budget
+            host.phases.add("compute.real", reply.compute_s)
+            host.phases.add("compute.budget", budget)
+        if budget > 0:
+            host.monitor.record_compute(budget, done - t0)
+            host.compute_deadlines += 1
+            if done > t0 + budget:
+                self.overruns += 1
+                host.overruns += 1
+        elif reply.steps:
+            # An instant device's result is due the moment its work began:
+            # the real compute, in emulated seconds, is how late it came
+            # (judged like a late delivery, not silently taken as time).
+            host.monitor.record_lateness(done - t0)
+        return done, budget
+
+    async def _finish(self, task: Task, reply: Trained, done: float, deadline: float,
+                      gen: int, susp: Any) -> bool:
+        """A task's work is done: log it; a suspension that keeps the work hangs
+        first. False: the client went away meanwhile (its update is not sent)."""
+        host = self.host
+        if gen != self.generation and susp is None:
+            host.emit("train_end", client=self.cid, version=task.version, task_id=task.task_id,
+                      steps=reply.steps, reason="went away")
+            return False
+        host.emit("train_end", client=self.cid, version=task.version, task_id=task.task_id,
+                  steps=reply.steps, deadline=deadline,
+                  overrun=round(max(0.0, done - deadline), 6), compute_real=reply.compute_s,
+                  **{k: reply.notes[k] for k in _STEP_SIZES if k in reply.notes})
+        if susp is not None:  # suspended with the work kept: hang, then send
+            until = host.clock.now() + susp.hang
+            self._go_away("suspend", until=until)
+            await host.timers.sleep_until(until)
+            self._come_back("resume", announce=False)
+        return True
+
+    async def _advance(self, averages: dict[int, Average], t0: float) -> tuple[int, Message]:
+        """A pipelined session's next piece, with the round averages that arrived
+        (one model of the rounds' averages back to back); its request id and reply."""
+        host = self.host
+        rounds = tuple(sorted(averages))
+        model = None
+        if rounds:
+            flat = np.concatenate([_held(averages[r]).flat() for r in rounds])
+            model = Model.from_flat(flat, host.model_spec.repeated(len(rounds)))
+        rid = host.trainer.next_id()
+        reply = await host.trainer.request(Advance(
+            request_id=rid, client=self.cid, rounds=rounds, model=model, due=t0))
+        return rid, reply
 
     async def _averages(self, wait_round: int | None) -> dict[int, Average] | None:
         """Round averages that arrived (waiting for ``wait_round`` first); None: stop."""
