@@ -121,7 +121,6 @@ class HostSide:
     gate: Gate
     records: RecordBudget
     rejections: Rejections
-    unregistered_messages: int
 
     # -- from the outside world --------------------------------------------------------
     def refused_connection(self, source: str, reason: str, why: str) -> None:
@@ -228,7 +227,6 @@ class HostSide:
             if not self.gate.unregistered(source, now):
                 raise Refusal("rate_limited", f"over {self.sc.deploy.max_unregistered_rate:g} "
                               "messages/s from a connection that has not registered")
-            self.unregistered_messages += 1
             return None
         if self.endpoint.user(peer) != host.user:
             raise Refusal("unauthenticated",

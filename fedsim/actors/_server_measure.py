@@ -1,9 +1,9 @@
 """What the server actor reports of a run's faithfulness: netem's verdict and the totals.
 
-:class:`Measurements` is a part of :class:`~fedsim.actors.server.Server` (a
-mixin: it holds no state of its own and declares what of the server's it
-reads). It merges the server's own records (its uplinks' deliveries and
-losses, corrected send times, by host) with what every client host reported in its
+:class:`RunMeasures` is a part of :class:`~fedsim.actors.server.Server`:
+it keeps nothing of its own and is given, once, the parts it reads. It
+merges the server's own records (its uplinks' deliveries and losses,
+corrected send times, by host) with what every client host reported in its
 goodbye (downlinks, compute, clock offsets) into the fidelity verdict and
 the summary's totals.
 """
@@ -16,33 +16,33 @@ from typing import Any
 
 from fedsim.actors.client_links import ClientLinks, SendTimes
 from fedsim.actors.hosts import HostTable
-from fedsim.actors.server_gate import Rejections
+from fedsim.actors.server_gate import Gate, Rejections
 from fedsim.scenario.network import NetPlan
-from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
 from netem.lossprocess import LossStats
 
-__all__ = ["Measurements"]
+__all__ = ["RunMeasures"]
 
 # the server actor's logger: its records keep their name wherever the code lives
 log = logging.getLogger("fedsim.actors.server")
 
 
-class Measurements:
-    """The fidelity verdict and the run's totals (a mixin of Server)."""
+class RunMeasures:
+    """The fidelity verdict and the run's totals, read from the server's parts."""
 
-    # what of the server's state it reads (set by Server.__init__)
-    clock: Clock | None
-    began: bool
-    plan: NetPlan
-    monitor: FidelityMonitor
-    client_links: ClientLinks
-    hosts: HostTable
-    send_times: SendTimes
-    rejections: Rejections
-    unregistered_messages: int
+    def __init__(self, monitor: FidelityMonitor, plan: NetPlan, links: ClientLinks,
+                 hosts: HostTable, send_times: SendTimes, rejections: Rejections,
+                 gate: Gate) -> None:
+        self.monitor = monitor
+        self.plan = plan
+        self.client_links = links
+        self.hosts = hosts
+        self.send_times = send_times
+        self.rejections = rejections
+        self.gate = gate
 
-    def _totals(self) -> dict[str, Any]:
+    def totals(self) -> dict[str, Any]:
+        """The hosts' reported counts and the server's own, for the summary."""
         byes = self.hosts.byes()
         hosts = self.hosts.hosts.values()
         return {"overruns": sum(b.overruns for b in byes),
@@ -52,19 +52,20 @@ class Measurements:
                 "corrections": dict(self.send_times.corrections),
                 "late_arrivals": sum(h.late_arrivals for h in hosts),
                 "unlogged": self.rejections.not_logged(),
-                "unregistered_messages": self.unregistered_messages,
+                "unregistered_messages": self.gate.unregistered_taken,
                 "hosts": {"registered": len(self.hosts.hosts), "reported": len(byes),
                           "lost": [h.name for h in hosts if not h.alive],
                           "unreported": [h.name for h in hosts if h.bye is None]}}
 
-    def fidelity(self) -> dict[str, Any]:
-        """netem's verdict over the server's uplinks and every host's downlinks and compute.
+    def fidelity(self, began: bool) -> dict[str, Any]:
+        """netem's verdict over the server's uplinks and every host's downlinks and compute
+        (``began``: the federation started, with something to judge).
 
         Merged into a copy, so it can be called while the run goes on; hosts
         that never said goodbye (lost) are named, since the verdict then
         covers only the others.
         """
-        if self.clock is None or not self.began:
+        if not began:
             return {"verdict": "fail", "reasons": ["the run never started"],
                     "lateness_ms": {"p50": None, "p99": None, "max": None},
                     "suggested_dilation": None}

@@ -18,11 +18,14 @@ logged error and a written summary.
 parts in their own modules: :class:`~fedsim.actors.checkpoint.Checkpointer`
 (when a checkpoint is due, its writer thread, a restore; its home also
 holds :func:`~fedsim.actors.checkpoint.load_checkpoint`, which a resumed
-run calls before the server exists) owns its state; two mixins still
-share the server's attributes, each declaring those it uses:
-:mod:`._server_hosts` (registration, the reader and its checks, the
-uplinks, sending, the hosts' goodbyes) and :mod:`._server_measure` (the
-fidelity verdict and the totals). What the queue
+run calls before the server exists),
+:class:`~fedsim.actors.client_links.ClientLinks` and
+:class:`~fedsim.actors.client_links.SendTimes` own their state;
+:class:`~fedsim.actors._server_measure.RunMeasures` (the fidelity verdict
+and the totals) reads the parts it is given. One mixin still shares the
+server's attributes, declaring those it uses: :mod:`._server_hosts`
+(registration, the reader and its checks, the uplinks, sending, the
+hosts' goodbyes). What the queue
 carries is in :mod:`._server_queue`; the limits its reader applies before
 it unpacks a message (sizes, budgets, the rejections' log) are in
 :mod:`.server_gate`.
@@ -44,7 +47,7 @@ from typing import Any
 import torch
 
 from fedsim.actors._server_hosts import HostSide
-from fedsim.actors._server_measure import Measurements
+from fedsim.actors._server_measure import RunMeasures
 from fedsim.actors._server_queue import (
     AlgorithmTimer,
     ClientMessage,
@@ -83,7 +86,7 @@ __all__ = ["Server"]
 log = logging.getLogger(__name__)
 
 
-class Server(HostSide, Measurements):
+class Server(HostSide):
     """Runs the server side of one federation.
 
     Parameters
@@ -152,9 +155,10 @@ class Server(HostSide, Measurements):
         #: the server's side of the clients' links, and its check of claimed send times
         self.client_links = ClientLinks(self.plan)
         self.send_times = SendTimes(self.monitor, dilation, sc.deploy.max_transit_ms)
+        #: the fidelity verdict and the run's totals, read from the parts above
+        self.measures = RunMeasures(self.monitor, self.plan, self.client_links, self.hosts,
+                                    self.send_times, self.rejections, self.gate)
         self.records = RecordBudget(self.client_links.availability_changes)
-        #: messages taken from connections that had not registered (probes, hellos)
-        self.unregistered_messages = 0
         self.seq = itertools.count()
         self.stop_reason: str | None = None
         self.on_progress: Callable[[Progress], None] | None = None
@@ -303,7 +307,7 @@ class Server(HostSide, Measurements):
 
     def _new_state(self, clock: Clock) -> RunState:
         return RunState(self.sc, self.run_dir, self.strategy.cadence, clock, self.evaluator,
-                        fidelity=self.fidelity, totals=self._totals,
+                        fidelity=self.fidelity, totals=self.measures.totals,
                         on_target=lambda: self.queue.put_nowait(StopRun("target_accuracy")),
                         fedsim_version=self.fedsim_version,
                         delays_ms=self._delays_ms,
@@ -471,6 +475,10 @@ class Server(HostSide, Measurements):
             # timeout): one timer for it, not one per step
             self._algorithm_timers.add(nxt)
             self.timers.call_at(nxt, self.queue.put_nowait, AlgorithmTimer(nxt))
+
+    def fidelity(self) -> dict[str, Any]:
+        """netem's verdict so far (a copy: callable while the run goes on)."""
+        return self.measures.fidelity(self.clock is not None and self.began)
 
     def checkpoint(self, now: float) -> Path:
         """Take a checkpoint now (written by the checkpointer's thread); its path."""

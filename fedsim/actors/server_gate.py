@@ -138,6 +138,8 @@ class Gate:
         self.hello = {name: hello_header_bytes(len(ids)) for name, ids in (allowed or {}).items()}
         self.hello_default = hello_header_bytes(sc.data.num_clients)
         self._sources: OrderedDict[str, Budget] = OrderedDict()
+        #: messages taken from connections that had not registered (probes, hellos)
+        self.unregistered_taken = 0
         self._hosts: dict[str, Budget] = {}
 
     def header_limit(self, kind: str, user: str | None) -> int:
@@ -160,7 +162,10 @@ class Gate:
                 self._sources.popitem(last=False)
         else:
             self._sources.move_to_end(source)
-        return budget.take(now)
+        if not budget.take(now):
+            return False
+        self.unregistered_taken += 1
+        return True
 
     def host_ready(self, host: str, now: float) -> bool:
         """Whether ``host`` has server time left (``deploy.max_host_cpu``)."""
