@@ -45,6 +45,8 @@ from fedsim.scenario.explain import Problem, explain
 from fedsim.scenario.netconfig import AvailabilityConfig, DevicesConfig, NetworkConfig
 from fedsim.scenario.overrides import Override
 from fedsim.scenario.sections import (
+    OPTIMIZER_KEYS,
+    OPTIMIZER_OPTIONS,
     ClientConfig,
     DataConfig,
     DeployConfig,
@@ -248,13 +250,19 @@ def load(path: str | Path,
 
 
 def unused_keys(scenario: Scenario) -> dict[str, str]:
-    """Resolved keys the scenario's algorithm or model does not read, and why.
+    """Resolved keys the scenario's optimizer, algorithm or model does not read, and why.
 
     ``resolved`` fills every default in, so ``client.local_steps = 10``
     appears under DGA, whose clients take ``algorithm.local_steps`` per
     round: ``fedsim check`` marks such keys with these reasons.
     """
     out: dict[str, str] = {}
+    opt = scenario.client.optimizer
+    reads = OPTIMIZER_KEYS[opt]
+    for key in OPTIMIZER_OPTIONS:
+        if key not in reads and getattr(scenario.client, key) is not None:
+            out[f"client.{key}"] = (f"not used by optimizer {opt} (it reads "
+                                    f"{', '.join(reads)})")
     work = scenario.algorithm.local_work()
     if work is not None:
         why = f"not used by {scenario.algorithm.name}: {work}"

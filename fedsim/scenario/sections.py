@@ -113,8 +113,27 @@ class ModelConfig(SchemaModel):
         return options
 
 
+#: The ``[client]`` keys each client optimizer reads (the others are its
+#: neighbours' options): ``fedsim check`` marks a key the chosen optimizer does
+#: not read, and ``tests/algorithms/test_optim.py`` checks that changing one
+#: changes nothing a local run computes.
+OPTIMIZER_KEYS: dict[str, tuple[str, ...]] = {
+    "sgd": ("lr", "weight_decay"),
+    "sgdm": ("lr", "momentum", "weight_decay"),
+    "adam": ("lr", "beta1", "beta2", "weight_decay"),
+    "adagrad": ("lr", "initial_accumulator", "weight_decay"),
+    "deltasgd": ("eta0", "theta0", "gamma", "delta", "eta_max", "first_step", "batch_mode",
+                 "weight_decay"),
+    "sps": ("sps_c", "f_star", "eta_max", "sps_mode", "weight_decay"),
+}
+#: Every optimizer option among the ``[client]`` keys.
+OPTIMIZER_OPTIONS: tuple[str, ...] = tuple(dict.fromkeys(
+    k for keys in OPTIMIZER_KEYS.values() for k in keys))
+
+
 class ClientConfig(SchemaModel):
-    """Client optimizer and local work per task."""
+    """Client optimizer and local work per task (the optimizer's own options:
+    :data:`OPTIMIZER_KEYS`)."""
 
     optimizer: Literal["sgd", "sgdm", "adam", "adagrad", "deltasgd", "sps"] = "sgd"
     lr: Pos = 0.05
