@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedsim.wire.codec import decode, encode, encode_body, model_cost
+from fedsim.wire.codec import decode, encode, encode_body, model_cost, restamp
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import LocalWork, Task
 from fedsim.wire.payloads import WINDOW, HeldVersions, SentVersions
@@ -72,3 +72,15 @@ def test_a_task_without_its_model_is_charged_as_with_it() -> None:
     light = encode_body(task.with_model(None)).nbytes
     assert light < full - task.model.nbytes
     assert light + model_cost(task.model) == full
+
+
+def test_restamp_forwards_frames_under_a_new_envelope_only() -> None:
+    task = _task(5, 7)
+    frames = encode(task, sent_at=1.0, seq=3)
+    again = restamp(frames, sent_at=2.5, seq=9)
+    assert [bytes(f) for f in again] == [bytes(f) for f in encode(task, sent_at=2.5, seq=9)]
+    assert all(a is b for a, b in zip(again[1:], frames[1:], strict=True))  # not copied
+    with pytest.raises(WireError):
+        restamp([b"\\x94\\x04\\xa4Nope" + b"\\0" * 19, *frames[1:]], sent_at=0.0, seq=0)
+    with pytest.raises(WireError):
+        restamp([], sent_at=0.0, seq=0)

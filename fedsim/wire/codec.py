@@ -166,6 +166,7 @@ _ENVELOPE_TAIL = struct.Struct(">BdBQ")
 _HEADS: dict[str, bytes] = {
     kind: b"\x94" + msgpack.packb(SCHEMA_VERSION) + msgpack.packb(kind) for kind in KINDS
 }
+_KIND_BY_HEAD: dict[bytes, str] = {head: kind for kind, head in _HEADS.items()}
 _MODEL_INDEX: dict[type[Any], int] = {
     cls: cls.FIELDS.index(cls.MODEL_FIELD) if cls.MODEL_FIELD else -1 for cls in KINDS.values()
 }
@@ -322,8 +323,13 @@ def restamp(frames: Sequence[Any], *, sent_at: float, seq: int) -> list[Any]:
     """
     if not frames:
         raise WireError("frame_count", "0 frames")
-    cls, _, _ = _envelope(_byte_view(frames[0], 0))
-    body = Body(cls.KIND, tuple(frames[1:]), 0, _HEADS[cls.KIND])
+    # an envelope is its kind's head and a fixed-width tail: the head is looked
+    # up, not unpacked (anything else is unpacked, to say what is wrong with it)
+    view = _byte_view(frames[0], 0)
+    kind = _KIND_BY_HEAD.get(bytes(view[:-_ENVELOPE_TAIL.size]))
+    if kind is None or view.nbytes <= _ENVELOPE_TAIL.size:
+        kind = _envelope(view)[0].KIND
+    body = Body(kind, tuple(frames[1:]), 0, _HEADS[kind])
     return stamp(body, sent_at=sent_at, seq=seq)
 
 
