@@ -15,26 +15,29 @@ run in one ``asyncio.TaskGroup``: a reader that crashes ends the run with a
 logged error and a written summary.
 
 :class:`Server` is this module's run, event loop and decisions, with its
-parts in their own modules: :class:`~fedsim.actors.checkpoint.Checkpointer`
-(when a checkpoint is due, its writer thread, a restore; its home also
-holds :func:`~fedsim.actors.checkpoint.load_checkpoint`, which a resumed
-run calls before the server exists),
+parts in their own modules, each owning its state:
+:class:`~fedsim.actors.host_sessions.HostSessions` (registration, the
+reader and its checks, the hosts' silence and goodbyes; the limits it
+applies before it unpacks a message are in :mod:`.server_gate`),
+:class:`~fedsim.actors.uplinks.Uplinks` (a client's message through its
+emulated uplink to the queue), :class:`~fedsim.actors.downlinks.Downlinks`
+(a task or an average stamped, charged and sent),
 :class:`~fedsim.actors.client_links.ClientLinks` and
-:class:`~fedsim.actors.client_links.SendTimes` own their state;
+:class:`~fedsim.actors.client_links.SendTimes` (the server's copies of the
+clients' links, the check of claimed send times),
+:class:`~fedsim.actors.checkpoint.Checkpointer` (when a checkpoint is due,
+its writer thread, a restore; its home also holds
+:func:`~fedsim.actors.checkpoint.load_checkpoint`, which a resumed run
+calls before the server exists) and
 :class:`~fedsim.actors._server_measure.RunMeasures` (the fidelity verdict
-and the totals) reads the parts it is given. One mixin still shares the
-server's attributes, declaring those it uses: :mod:`._server_hosts`
-(registration, the reader and its checks, the uplinks, sending, the
-hosts' goodbyes). What the queue
-carries is in :mod:`._server_queue`; the limits its reader applies before
-it unpacks a message (sizes, budgets, the rejections' log) are in
-:mod:`.server_gate`.
+and the totals, read from the parts it is given). The parts read the run
+through :class:`~fedsim.actors._server_view.RunView`, never the server's
+private attributes. What the queue carries is in :mod:`._server_queue`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import secrets
 import time
@@ -46,7 +49,6 @@ from typing import Any
 
 import torch
 
-from fedsim.actors._server_hosts import HostSide
 from fedsim.actors._server_measure import RunMeasures
 from fedsim.actors._server_queue import (
     AlgorithmTimer,
@@ -62,20 +64,23 @@ from fedsim.actors._server_queue import (
 from fedsim.actors._server_tasks import TaskBook, TaskRecord
 from fedsim.actors.checkpoint import Checkpointer
 from fedsim.actors.client_links import ClientLinks, SendTimes
-from fedsim.actors.hosts import HostTable, RateLimit
+from fedsim.actors.downlinks import Downlinks
+from fedsim.actors.host_sessions import HostSessions
+from fedsim.actors.hosts import HostTable
 from fedsim.actors.process import freeze_heap, process_age, thaw_heap, to_foreground
 from fedsim.actors.runstate import Evaluator, Progress, RunState
-from fedsim.actors.server_gate import Gate, RecordBudget, Rejections, message_limit
+from fedsim.actors.server_gate import RecordBudget, message_limit
 from fedsim.actors.setup import local_config
+from fedsim.actors.uplinks import Uplinks
 from fedsim.algorithms import get
 from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step, TaskMaker
 from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids
 from fedsim.scenario.network import NetPlan
-from fedsim.wire.codec import model_cost
-from fedsim.wire.messages import Average, Failed, Ready, Task, Update
-from fedsim.wire.tensors import Model, TensorSpec, to_model
+from fedsim.wire.codec import encode
+from fedsim.wire.messages import Average, Failed, Leave, Ready, Start, Update
+from fedsim.wire.tensors import TensorSpec, to_model
 from fedsim.wire.transport import Endpoint
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
@@ -86,7 +91,7 @@ __all__ = ["Server"]
 log = logging.getLogger(__name__)
 
 
-class Server(HostSide):
+class Server:
     """Runs the server side of one federation.
 
     Parameters
@@ -148,18 +153,11 @@ class Server(HostSide):
         self._failed: set[int] = set()
         self.max_bytes = message_limit(sc, model_spec,
                                        max(self.alg.task_copies, self.alg.update_copies))
-        self.gate = Gate(sc, self.update_spec, allowed)
-        self.rejections = Rejections(sc.deploy.max_logged_rejects)
         self.plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
         self.monitor = FidelityMonitor(dilation=dilation)
         #: the server's side of the clients' links, and its check of claimed send times
         self.client_links = ClientLinks(self.plan)
         self.send_times = SendTimes(self.monitor, dilation, sc.deploy.max_transit_ms)
-        #: the fidelity verdict and the run's totals, read from the parts above
-        self.measures = RunMeasures(self.monitor, self.plan, self.client_links, self.hosts,
-                                    self.send_times, self.rejections, self.gate)
-        self.records = RecordBudget(self.client_links.availability_changes)
-        self.seq = itertools.count()
         self.stop_reason: str | None = None
         self.on_progress: Callable[[Progress], None] | None = None
         self.started = False
@@ -173,19 +171,37 @@ class Server(HostSide):
         self.clock: Clock | None = None
         self.timers: TimerHeap | None = None
         self.state: RunState | None = None
-        self._registered = asyncio.Event()
-        self._bye = asyncio.Event()
-        self._sends: set[asyncio.Future[None]] = set()
-        self._reader: asyncio.Task[None] | None = None
         #: where the run's time goes (summary["phases"]); the hosts' parts arrive
         #: with their event batches
         self.phases = PhaseStats()
-        self._client_rates: dict[int, RateLimit] = {}
-        self._stopping = False
         self.resume = resume
         #: this server's incarnation, in its Start and ClockReplies: a host that hears
         #: another one knows the server restarted (a resumed run) and registers again
         self.incarnation = secrets.token_hex(8)
+        #: each client's budget of event records: what was sent to it, what it sent
+        records = RecordBudget(self.client_links.availability_changes)
+        #: a client's message through its emulated uplink to the queue
+        self.uplinks = Uplinks(self, self.queue, links=self.client_links,
+                               send_times=self.send_times, tasks=self.tasks, plan=self.plan,
+                               monitor=self.monitor, strategy=self.strategy,
+                               in_flight=sc.network.in_flight)
+        #: a task or an average stamped, charged and sent to its client's host
+        self.downlinks = Downlinks(self, endpoint, hosts=self.hosts, links=self.client_links,
+                                   tasks=self.tasks, plan=self.plan, records=records,
+                                   phases=self.phases, local=self.local,
+                                   partition=self.partition, task_spec=self.task_spec,
+                                   real_clock=real_clock, unreachable=self._unreachable)
+        #: registration, the reader and its checks, the hosts' silence and goodbyes
+        self.sessions = HostSessions(sc, self, self.queue, endpoint=endpoint, hosts=self.hosts,
+                                     links=self.client_links, uplinks=self.uplinks,
+                                     downlinks=self.downlinks, records=records,
+                                     phases=self.phases, update_spec=self.update_spec,
+                                     max_bytes=self.max_bytes, allowed=allowed,
+                                     real_clock=real_clock, incarnation=self.incarnation)
+        #: the fidelity verdict and the run's totals, read from the parts above
+        self.measures = RunMeasures(self.monitor, self.plan, self.client_links, self.hosts,
+                                    self.send_times, self.sessions.rejections,
+                                    self.sessions.gate)
         self.fedsim_version, self.scenario_hash = fedsim_version, scenario_hash
         #: writes the checkpoints (its own thread) and restores one
         self.checkpointer = Checkpointer(run_dir, sc.run.checkpoint_every,
@@ -195,15 +211,23 @@ class Server(HostSide):
         #: however many steps ask for it
         self._algorithm_timers: set[float] = set()
         if hasattr(endpoint, "on_disconnect"):
-            endpoint.on_disconnect = self._disconnected
+            endpoint.on_disconnect = self.sessions.disconnected
         if hasattr(endpoint, "on_refused"):
-            endpoint.on_refused = self.refused_connection
+            endpoint.on_refused = self.sessions.refused_connection
 
     # -- outside world ---------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
         """End the run as soon as possible (Ctrl-C)."""
         self.queue.put_nowait(StopRun(reason))
-        self._registered.set()
+        self.sessions.registered.set()
+
+    def host_exited(self, host: str, why: str) -> None:
+        """A host process ended (reported by whoever watches it)."""
+        self.sessions.host_exited(host, why)
+
+    def now(self) -> float:
+        """Emulated seconds (0 before the clock starts)."""
+        return self.clock.now() if self.clock is not None else 0.0
 
     # -- the run -------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -211,7 +235,8 @@ class Server(HostSide):
         to_foreground()   # from here on the loop answers clock probes and keeps time
         try:
             async with asyncio.TaskGroup() as tg:
-                reader = self._reader = tg.create_task(self._read(), name="server-reader")
+                reader = self.sessions.reader = tg.create_task(self.sessions.read(),
+                                                               name="server-reader")
                 try:
                     await self._federation(tg)
                 finally:
@@ -234,10 +259,11 @@ class Server(HostSide):
                 self.timers.close()
             if self.state is None:
                 self.state = state = self._new_state(self._clock(0.0))
-                self.rejections.attach(state.rejects, lambda source, reason, detail: state.event(
-                    0.0, "reject", reason=reason, sender=source, detail=detail))
-            for line in self.rejections.summarise():
-                self.state.event(self.state.stopped_at or max(0.0, self._now()), "warning",
+                self.sessions.rejections.attach(
+                    state.rejects, lambda source, reason, detail: state.event(
+                        0.0, "reject", reason=reason, sender=source, detail=detail))
+            for line in self.sessions.rejections.summarise():
+                self.state.event(self.state.stopped_at or max(0.0, self.now()), "warning",
                                  reason=line)
             self.state.finish(self.stop_reason or "completed")
         return self.state.summary
@@ -245,7 +271,8 @@ class Server(HostSide):
     async def _federation(self, tg: asyncio.TaskGroup) -> None:
         await self.evaluator.start()
         try:
-            await asyncio.wait_for(self._registered.wait(), self.sc.deploy.start_timeout)
+            await asyncio.wait_for(self.sessions.registered.wait(),
+                                   self.sc.deploy.start_timeout)
         except TimeoutError:
             log.warning("start timeout (%.0f s): %d of %d clients registered (%d hosts)",
                         self.sc.deploy.start_timeout, len(self.hosts.registered()),
@@ -268,8 +295,9 @@ class Server(HostSide):
             Checkpointer.restore(self.resume, self.strategy, state)
             self.make_task.next_id = int(self.resume["next_task_id"])
             self.send_times.clamped = int(self.resume.get("clamped", 0))
-        self.rejections.attach(state.rejects, lambda source, reason, detail: state.event(
-            max(t0, self._now()), "reject", reason=reason, sender=source, detail=detail))
+        self.sessions.rejections.attach(
+            state.rejects, lambda source, reason, detail: state.event(
+                max(t0, self.now()), "reject", reason=reason, sender=source, detail=detail))
         if self.stop_reason is not None:
             return
         self.started = True
@@ -278,7 +306,7 @@ class Server(HostSide):
         for h in self.hosts.hosts.values():
             if h.alive:
                 h.last_seen = self.real_clock()
-                await self._to_host(h.peer, start)
+                await self.downlinks.to_host(h.peer, start)
         ticker = tg.create_task(self._ticker(), name="server-ticker")
         try:
             if self.sc.run.time_budget is not None:
@@ -298,7 +326,7 @@ class Server(HostSide):
             ticker.cancel()
             if state.stopped_at is None:  # an error ended it: the federation stopped now
                 state.stopped_at = max(0.0, self.clock.now())
-            await self._stop_hosts()
+            await self.sessions.stop_hosts(self.stop_reason or "completed")
 
     def _clock(self, lead: float) -> Clock:
         clock = Clock(dilation=self.dilation, epoch=self.real_clock() + lead)
@@ -344,7 +372,7 @@ class Server(HostSide):
         phases = self.phases
         while self.stop_reason is None:
             item = await self.queue.get()
-            now = self._now()
+            now = self.now()
             step: Step | None = None
             t0 = perf_counter()
             match item:
@@ -441,7 +469,7 @@ class Server(HostSide):
         info = self.hosts.hosts.get(name)
         if info is None or not info.alive or self.stop_reason is not None:
             return None
-        await self._to_host(info.peer, self._start_message(now))
+        await self.downlinks.to_host(info.peer, self._start_message(now))
         self.state.event(now, "host_joined", host=name, clients=len(info.clients))
         log.warning("client host %s joined at t=%.2f: clients %s rejoin", name, now,
                     format_ids(info.clients))
@@ -462,13 +490,13 @@ class Server(HostSide):
         if (step.applied or step.rounds_closed) and self.checkpointer.due(step):
             self.checkpoint(now)
         for task in step.tasks:
-            await self._dispatch(now, task)
+            await self.downlinks.task(now, task)
         for b in step.broadcasts:
             model = to_model(b.payload, self.model_spec)
             for cid in b.clients:
                 msg = Average(client=cid, round=b.round, version=self.strategy.version,
                               model=model)
-                await self._send(now, cid, msg, kind="average", round=b.round)
+                await self.downlinks.send(now, cid, msg, kind="average", round=b.round)
         nxt = self.strategy.next_timer()
         if nxt is not None and nxt not in self._algorithm_timers:
             # every step asks again for the same deadline (the oldest task's
@@ -493,28 +521,23 @@ class Server(HostSide):
         self.state.request_eval(now, s.version, s.round, to_model(s.model(), self.model_spec),
                                 final=final)
 
-    async def _dispatch(self, now: float, task: Task) -> None:
-        cid = task.client
-        model = task.model
-        assert model is not None
-        if model.spec != self.task_spec:  # a view, not a copy, in the wire's layout
-            model = Model.from_flat(model.flat(), self.task_spec)
-            task = task.with_model(model)
-        fields = {"kind": "task", "version": task.version, "task_id": task.task_id,
-                  "round": task.round}
-        # the steps its client takes (as the client host counts them): its budget
-        # on the client's partition
-        steps = self.local.with_work(task.work).num_steps(self.partition[cid])
-        egress = self.client_links.egress
-        if egress is not None:
-            # A shared downlink bottleneck at the server: the message really
-            # waits here until the shared stage has sent it (charged in full,
-            # its model included, whether or not it goes with it).
-            nbytes = self._encode(task.with_model(None)).nbytes + model_cost(model)
-            p = self.plan.params(cid, "down")
-            _, end = egress.reserve(now, nbytes + p.packets(nbytes) * p.overhead)
-            if end > now:
-                assert self.timers is not None
-                self.timers.call_at(end, self._send_later, cid, task, fields, steps)
-                return
-        await self._send(now, cid, task, steps=steps, **fields)
+    def _start_message(self, t0: float) -> list[Any]:
+        """The Start of a host whose clients begin at emulated ``t0``."""
+        assert self.clock is not None
+        return encode(Start(epoch=self.clock.epoch, dilation=self.dilation,
+                            spec=self.model_spec, task_copies=self.alg.task_copies,
+                            host_step_time=self.sc.devices.host_step_time,
+                            server=self.incarnation, t0=t0))
+
+    def _unreachable(self, cid: int) -> None:
+        """No send reaches ``cid`` (its host is gone): it leaves."""
+        if cid in self.clients:
+            self.queue.put_nowait(FromClient(cid, Leave(client=cid, reason="unreachable")))
+
+    async def _ticker(self) -> None:
+        """Every half a real second: report progress, flush the logs, look for silent
+        hosts."""
+        while True:
+            await asyncio.sleep(0.5)
+            self.queue.put_nowait(Tick())
+            self.sessions.check_silence()
