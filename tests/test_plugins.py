@@ -33,11 +33,10 @@ SCENARIO = EXAMPLE / "normtrim.toml"
 
 @pytest.fixture
 def clean_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test finds mylab afresh: no import, cache, alias or path left from another."""
+    """Each test finds mylab afresh: no import, cache or path left from another."""
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(plugins, "_cache", {})
     monkeypatch.setattr(plugins, "_roots", {})
-    monkeypatch.setattr(api, "_ALIASES", dict(api._ALIASES))
     for name in [m for m in sys.modules if m == "mylab" or m.startswith("mylab.")]:
         monkeypatch.delitem(sys.modules, name)
     yield
@@ -103,6 +102,21 @@ def test_a_plugin_is_found_next_to_its_scenario_and_its_directory_passed_on(
     # a process that reads the run's resolved scenario (JSON) gets the same scenario
     again = fedsim.load(json.loads(json.dumps(resolved(sc))))
     assert again == sc
+    assert again.algorithm.spec is sc.algorithm.spec
+
+
+def test_reading_a_plugin_scenario_leaves_the_registry_as_it_was(clean_plugins: None) -> None:
+    names = api.algorithm_names()
+    sc = fedsim.load(SCENARIO)
+    from mylab.rules import SPEC  # the module the loader imported
+
+    # the table keeps the spec it was validated with; the registry is unchanged
+    assert sc.algorithm.spec is SPEC
+    assert api.algorithm_names() == names
+    with pytest.raises(KeyError, match=r"unknown algorithm 'mylab\.rules:SPEC'"):
+        api.get("mylab.rules:SPEC")
+    # a copy of the scenario (an override, a dump) keeps it too
+    assert sc.model_copy(update={"seed": 3}).algorithm.spec is SPEC
 
 
 def test_a_missing_or_wrong_plugin_is_a_plugin_error(clean_plugins: None,

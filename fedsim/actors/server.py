@@ -72,7 +72,6 @@ from fedsim.actors.runstate import Evaluator, Progress, RunState
 from fedsim.actors.server_gate import RecordBudget, message_limit
 from fedsim.actors.setup import local_config
 from fedsim.actors.uplinks import Uplinks
-from fedsim.algorithms import get
 from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step, TaskMaker
 from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
@@ -133,7 +132,7 @@ class Server:
         self.dilation = dilation
         self.real_clock = real_clock
         self.use_timerfd = use_timerfd
-        self.alg = get(sc.algorithm.name)
+        self.alg = sc.algorithm.spec
         self.model_spec = model_spec
         self.task_spec = model_spec.repeated(self.alg.task_copies)
         self.update_spec = model_spec.repeated(self.alg.update_copies)

@@ -44,7 +44,7 @@ from fedsim.actors._requests import (
     send_reply,
 )
 from fedsim.actors.setup import build_data, build_model, local_config, model_shapes
-from fedsim.algorithms import check_finite, failure_cause, get, local_train
+from fedsim.algorithms import check_finite, failure_cause, local_train
 from fedsim.algorithms.api import ClientContext
 from fedsim.algorithms.local import load_vector
 from fedsim.scenario import Scenario, parse
@@ -135,7 +135,7 @@ class Worker:
             self.shards[c] = (torch.as_tensor(shard.x), torch.as_tensor(shard.y))
         self.test = (torch.as_tensor(data.test_x), torch.as_tensor(data.test_y))
         ctx = ClientContext(model=self.model, local=self.local, seed=sc.seed)
-        self.client = get(sc.algorithm.name).client(sc.algorithm, ctx)
+        self.client = sc.algorithm.spec.client(sc.algorithm, ctx)
         #: the models of the versions this worker's tasks train from
         self.held = HeldVersions()
         #: per client, the task its (pipelined) session answers: id, version, round

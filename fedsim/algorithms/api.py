@@ -31,8 +31,9 @@ Rules
    :func:`register`; the scenario loader then accepts its name under
    ``[algorithm]`` and validates its table with the spec's config class.
    A plug-in needs no call at all: ``algorithm.name = "module:attribute"``
-   names its spec, which the loader finds (:mod:`fedsim.scenario.plugins`) and
-   makes answer to that reference with :func:`register_alias`.
+   names its spec, which the loader finds (:mod:`fedsim.scenario.plugins`)
+   and keeps with the table it validated (:attr:`AlgorithmConfig.spec`);
+   reading a scenario never changes the registry.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+
+from pydantic import PrivateAttr
 
 from fedsim.algorithms.local import LocalConfig
 from fedsim.schema import SchemaModel
@@ -68,7 +71,6 @@ __all__ = [
     "algorithm_names",
     "get",
     "register",
-    "register_alias",
 ]
 
 Number = float | int | bool | None
@@ -81,6 +83,20 @@ class AlgorithmConfig(SchemaModel):
     """Base of every ``[algorithm]`` table: ``name`` picks the registered spec."""
 
     name: str
+    #: the spec the scenario loader validated this table with (a plug-in's)
+    _spec: AlgorithmSpec | None = PrivateAttr(default=None)
+
+    @property
+    def spec(self) -> AlgorithmSpec:
+        """The algorithm this table configures: the spec the scenario loader
+        validated it with (a plug-in's, found from its reference), else the one
+        registered under ``name``."""
+        return self._spec if self._spec is not None else get(self.name)
+
+    def with_spec(self, spec: AlgorithmSpec) -> Self:
+        """This table, tied to ``spec`` (the loader's, for a plug-in)."""
+        self._spec = spec
+        return self
 
     def prox_mu(self) -> float:
         """Weight of the proximal term ``mu/2 ||y - x||^2`` in local training (0: none)."""
@@ -400,7 +416,6 @@ class AlgorithmSpec:
 
 
 _REGISTRY: dict[str, AlgorithmSpec] = {}
-_ALIASES: dict[str, AlgorithmSpec] = {}
 
 
 def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
@@ -418,20 +433,10 @@ def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
     return spec
 
 
-def register_alias(name: str, spec: AlgorithmSpec) -> AlgorithmSpec:
-    """Make ``spec`` answer to ``name`` too (a plug-in's ``module:attribute`` or
-    entry-point name); aliases are not listed by :func:`algorithm_names`."""
-    if not (isinstance(spec.config, type) and issubclass(spec.config, AlgorithmConfig)):
-        raise ValueError(f"Invalid config for {spec.names}: {spec.config!r} "
-                         "(must subclass fedsim.algorithms.api.AlgorithmConfig)")
-    _ALIASES[name] = spec
-    return spec
-
-
 def get(name: str) -> AlgorithmSpec:
-    """The spec registered under ``name`` (or aliased to it)."""
+    """The spec registered under ``name`` (a plug-in's: ``config.spec``)."""
     try:
-        return _REGISTRY[name] if name in _REGISTRY else _ALIASES[name]
+        return _REGISTRY[name]
     except KeyError:
         raise KeyError(
             f"unknown algorithm {name!r} (registered: {', '.join(algorithm_names())})"

@@ -160,9 +160,8 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
 def task_spec(sc: Scenario, data: Any) -> Any:
     """The :class:`~fedsim.wire.tensors.TensorSpec` of this scenario's task messages."""
     from fedsim.actors.setup import build_model, model_shapes
-    from fedsim.algorithms import get
     from fedsim.wire.tensors import TensorSpec
 
     model = build_model(sc, tuple(data.input_shape), int(data.num_classes))
     return TensorSpec([("float32", s) for s in model_shapes(model)]).repeated(
-        get(sc.algorithm.name).task_copies)
+        sc.algorithm.spec.task_copies)

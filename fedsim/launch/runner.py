@@ -128,7 +128,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     from fedsim.actors.server_gate import message_limit
     from fedsim.actors.setup import build_data, build_model, model_shapes
     from fedsim.actors.workers import WorkerHandle
-    from fedsim.algorithms import flatten, get
+    from fedsim.algorithms import flatten
     from fedsim.launch.local_hosts import start_hosts
     from fedsim.scenario import scenario_hash
     from fedsim.scenario.plugins import child_env
@@ -168,7 +168,7 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
         partition = [int(c["num_samples"]) for c in stats["clients"]]
         model = build_model(sc, input_shape, num_classes)
         spec = TensorSpec([("float32", s) for s in model_shapes(model)])
-        alg = get(sc.algorithm.name)
+        alg = sc.algorithm.spec
         endpoint = zmq_ctx.endpoint(
             bind, keys, max_message_bytes=message_limit(
                 sc, spec, max(alg.task_copies, alg.update_copies)),

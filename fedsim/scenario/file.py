@@ -85,7 +85,10 @@ def _spec(name: Any) -> AlgorithmSpec:
     if not isinstance(obj, AlgorithmSpec):
         raise PluginError(f"{name!r} is a {type(obj).__name__}, not an AlgorithmSpec "
                          "(fedsim.algorithms.api; see fedsim.scenario.plugins)")
-    return algorithms.api.register_alias(name, obj)
+    if not (isinstance(obj.config, type) and issubclass(obj.config, AlgorithmConfig)):
+        raise PluginError(f"{name!r}'s config {obj.config!r} does not subclass "
+                          "fedsim.algorithms.api.AlgorithmConfig")
+    return obj
 
 
 def _algorithm(raw: dict[str, Any]) -> tuple[AlgorithmConfig | None, list[Problem]]:
@@ -107,7 +110,9 @@ def _algorithm(raw: dict[str, Any]) -> tuple[AlgorithmConfig | None, list[Proble
         return None, explain(exc, spec.config, ("algorithm",))
     except Exception as exc:  # a plug-in's own validator failing otherwise
         return None, [Problem(("algorithm",), f"{type(exc).__name__}: {exc}")]
-    return (cfg if own == name else cfg.model_copy(update={"name": name})), []
+    if own != name:
+        cfg = cfg.model_copy(update={"name": name})
+    return cfg.with_spec(spec), []
 
 
 def _algorithm_config(raw: Any) -> AlgorithmConfig:
@@ -147,7 +152,7 @@ class Scenario(SchemaModel):
 
     @model_validator(mode="after")
     def _optimizer_fits_algorithm(self) -> Scenario:
-        allowed = algorithms.get(self.algorithm.name).optimizers
+        allowed = self.algorithm.spec.optimizers
         if allowed is not None and self.client.optimizer not in allowed:
             raise ValueError(
                 f"client.optimizer = {self.client.optimizer!r} does not run under "

@@ -283,9 +283,7 @@ async def _fuzzing_host(args: Any, sc: Any, data: dict[str, Any],
 
 
 def _update_spec(host: Any, sc: Any) -> TensorSpec:
-    from fedsim.algorithms import get
-
-    spec: TensorSpec = host.model_spec.repeated(get(sc.algorithm.name).update_copies)
+    spec: TensorSpec = host.model_spec.repeated(sc.algorithm.spec.update_copies)
     return spec
 
 

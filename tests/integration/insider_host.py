@@ -44,7 +44,6 @@ from fedsim.actors import process
 from fedsim.actors.host import ClientHost
 from fedsim.actors.server_gate import message_limit
 from fedsim.actors.workers import WorkerHandle
-from fedsim.algorithms import get
 from fedsim.deploy.run import client_keys
 from fedsim.scenario import load, resolved, scenario_hash
 from fedsim.scenario.ids import parse_ids
@@ -142,8 +141,8 @@ async def _insider(args: argparse.Namespace, sc: Any, data: dict[str, Any],
                 await send(frame.frames, reason)
                 await asyncio.sleep(0.02)
         # oversize frames, each refused before anything is unpacked
-        limit = message_limit(sc, host.model_spec, max(get(sc.algorithm.name).task_copies,
-                                                       get(sc.algorithm.name).update_copies))
+        limit = message_limit(sc, host.model_spec, max(sc.algorithm.spec.task_copies,
+                                                       sc.algorithm.spec.update_copies))
         big_header = b"\x90" * 200_000
         replayable: list[list[Any]] = []
         for _ in range(args.oversize):
