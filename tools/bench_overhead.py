@@ -42,7 +42,22 @@ Figures per contestant (median over repetitions):
   the tree of ``Pss`` (pages shared by several processes, e.g. after a
   fork, counted once in total) and of ``Rss`` (counted in every process),
   sampled every 50 ms from ``/proc/PID/smaps_rollup``;
-* **processes**: the most processes the tree had at once.
+* **processes**: the most processes the tree had at once;
+* **CPU s** and **CPU/round**: the CPU time of the whole process tree,
+  from launch to exit (``getrusage(RUSAGE_CHILDREN)``: every process of
+  the tree is waited for by its parent) and between the first and the
+  last aggregation, per average round as s/round is (read from
+  ``/proc/PID/stat`` every 50 ms, about 0.5 % of a core, and interpolated
+  at the aggregations' wall times);
+* **loops' CPU per update** (fedsim): the CPU time of the event loops
+  (the main thread of the server and of each client host: every process
+  but the torch workers, which name themselves ``fedsim-trainer``,
+  ``fedsim-evaluator``, ``fedsim-zygote``) between the first and the last
+  aggregation, per update those rounds applied;
+* **bytes/host/version** (fedsim): the real bytes the server sent its
+  hosts (``summary.json``'s ``wire_bytes_down``; a run from before it
+  existed sent every task with its model, so its charged ``bytes_down``)
+  per client host per model version (aggregation).
 
 The two times are medians over ``--reps`` runs nobody samples; memory and
 processes come from one more run of each contestant, sampled: a sample of
@@ -56,7 +71,9 @@ Then the ratios the issue sets: fedsim's first round over the plain loop's
 with ``deploy.pin_trainers``, and without it beside),
 Flower's s/round over fedsim's, and fedsim's summed PSS (at most 0.6 GB).
 Run: ``python tools/bench_overhead.py`` (about two minutes without Flower;
-``--rounds``, ``--reps``, ``--json PATH``).
+``--rounds``, ``--reps``, ``--json PATH``). To measure another version of
+fedsim with this script (a before and after), run it with ``PYTHONPATH``
+naming that checkout: every process it launches imports fedsim from there.
 """
 
 from __future__ import annotations
@@ -64,6 +81,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -73,7 +91,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from proctree import Sampler  # tools/proctree.py (this script's directory is on sys.path)
+from proctree import CpuWatch, Sampler  # tools/proctree.py (this script's directory is on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -224,35 +242,57 @@ print(json.dumps({"ends": ends, "samples": samples}))
 '''.replace("import logging", "import logging, os")
 
 
-def _launch(cmd: list[str], sample: bool) -> tuple[float, str, Sampler | None]:
-    """Run ``cmd``; with ``sample``, its process tree's memory every 50 ms."""
+#: the names fedsim's torch worker processes give themselves (everything else of
+#: fedsim's tree is an event loop: the server, the client hosts)
+WORKERS = ("fedsim-trainer", "fedsim-evaluator", "fedsim-zygote")
+
+
+class Launched:
+    """One contestant's run: its start, output, memory sampler, CPU readings, CPU total."""
+
+    def __init__(self, t0: float, out: str, sampler: Sampler | None, cpu: CpuWatch,
+                 cpu_s: float) -> None:
+        self.t0, self.out, self.sampler, self.cpu, self.cpu_s = t0, out, sampler, cpu, cpu_s
+
+
+def _launch(cmd: list[str], sample: bool) -> Launched:
+    """Run ``cmd``; its process tree's CPU every 50 ms and, with ``sample``, its memory."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cpu = CpuWatch(proc.pid)
+    cpu.start()
     sampler = Sampler(proc.pid) if sample else None
     if sampler is not None:
         sampler.start()
     out, err = proc.communicate()
-    if sampler is not None:
-        sampler.stop.set()
-        sampler.join()
+    for thread in (cpu, sampler):
+        if thread is not None:
+            thread.stop.set()
+            thread.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.stderr.write(err[-3000:])
         raise SystemExit(f"{cmd[:3]} exited with {proc.returncode}")
-    return t0, out, sampler
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return Launched(t0, out, sampler, cpu, cpu_s)
 
 
-def _figures(t0: float, ends: list[float], samples: list[int], per_round: float,
-             sampler: Sampler | None) -> dict[str, float]:
+def _figures(run: Launched, ends: list[float], samples: list[int],
+             per_round: float) -> dict[str, float]:
     """Each contestant samples its own clients, whose sizes differ a lot
-    (Synthetic(1,1)'s are power-law): rounds 2..N's time is divided by the
-    examples they trained and scaled to an average round (``per_round``
-    examples). Memory only from a sampled run."""
-    fig = {"first_round_s": ends[0] - t0,
-           "s_per_round": (ends[-1] - ends[0]) / sum(samples[1:]) * per_round
-           if len(ends) > 1 else float("nan")}
-    if sampler is not None:
-        fig.update(pss_gb=sampler.pss / 1e9, rss_gb=sampler.rss / 1e9,
-                   processes=sampler.procs)
+    (Synthetic(1,1)'s are power-law): rounds 2..N's time (and CPU time) is
+    divided by the examples they trained and scaled to an average round
+    (``per_round`` examples). Memory only from a sampled run."""
+    scale = per_round / sum(samples[1:]) if len(ends) > 1 else float("nan")
+    cpu = run.cpu.between(ends[0], ends[-1])
+    fig = {"first_round_s": ends[0] - run.t0,
+           "s_per_round": (ends[-1] - ends[0]) * scale,
+           "cpu_s": run.cpu_s,
+           "cpu_per_round": sum(total for total, _ in cpu.values()) * scale}
+    if run.sampler is not None:
+        fig.update(pss_gb=run.sampler.pss / 1e9, rss_gb=run.sampler.rss / 1e9,
+                   processes=run.sampler.procs)
     return fig
 
 
@@ -276,9 +316,9 @@ def save_data(path: Path) -> list[int]:
 
 def run_script(python: str, script: Path, data: Path, rounds: int,
                per_round: float, *extra: str, sample: bool = False) -> dict[str, float]:
-    t0, out, sampler = _launch([python, str(script), str(data), str(rounds), *extra], sample)
-    got = json.loads(out.strip().splitlines()[-1])
-    return _figures(t0, got["ends"], got["samples"], per_round, sampler)
+    run = _launch([python, str(script), str(data), str(rounds), *extra], sample)
+    got = json.loads(run.out.strip().splitlines()[-1])
+    return _figures(run, got["ends"], got["samples"], per_round)
 
 
 def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float,
@@ -293,13 +333,21 @@ def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float,
         cmd += ["--set", "deploy.workers=spawn"]
     if pin:
         cmd += ["--set", "deploy.pin_trainers=true"]
-    t0, _, sampler = _launch(cmd, sample)
+    run = _launch(cmd, sample)
     events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()]
     wall0 = next(e["wall"] for e in events if e["ev"] == "start")
     aggs = sorted((e for e in events if e["ev"] == "aggregate"), key=lambda e: e["real"])
-    fig = _figures(t0, [wall0 + e["real"] for e in aggs],
-                   [sum(sizes[c] for c in e["clients"]) for e in aggs], per_round, sampler)
+    ends = [wall0 + e["real"] for e in aggs]
+    fig = _figures(run, ends, [sum(sizes[c] for c in e["clients"]) for e in aggs], per_round)
     summary = json.loads((out_dir / "summary.json").read_text())
+    # the event loops' CPU (main threads of every process but the workers) per update
+    loops = sum(main for pid, (_, main) in run.cpu.between(ends[0], ends[-1]).items()
+                if run.cpu.names.get(pid, ("", ""))[0] not in WORKERS)
+    updates = sum(len(e["clients"]) for e in aggs[1:])
+    fig["loop_cpu_ms_per_update"] = loops / updates * 1e3 if updates else float("nan")
+    n_hosts = summary["fidelity"]["hosts_registered"]
+    sent = summary.get("wire_bytes_down", summary.get("bytes_down", float("nan")))
+    fig["bytes_per_host_version"] = sent / (n_hosts * len(aggs)) if aggs else float("nan")
     fig["startup_s"] = summary.get("startup_s") or float("nan")
     fig["verdict"] = summary["fidelity"]["verdict"]
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -378,12 +426,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nFedAvg, 100 clients, 10 per round, MLP 60-200-10, Synthetic(1,1), "
           f"{args.rounds} rounds; times: median of {args.reps} runs, memory: one more run, "
           f"sampled ({os.cpu_count()} cores)\n")
-    print(f"{'':17s}{'first round':>13s}{'s/round':>10s}{'PSS (GB)':>10s}{'RSS (GB)':>10s}"
-          f"{'processes':>11s}")
+    print(f"{'':17s}{'first round':>13s}{'s/round':>10s}{'CPU s':>8s}{'CPU/round':>11s}"
+          f"{'PSS (GB)':>10s}{'RSS (GB)':>10s}{'processes':>11s}")
     for name, m in med.items():
         print(f"{name:17s}{m['first_round_s']:>11.2f} s{m['s_per_round']:>10.4f}"
+              f"{m['cpu_s']:>8.2f}{m['cpu_per_round']:>11.4f}"
               f"{m['pss_gb']:>10.2f}{m['rss_gb']:>10.2f}{m['processes']:>11.0f}")
-    p, f1, f = med["plain"], med["fedsim-1host"], med["fedsim"]
+    p, pl = med["plain"], med["plain-lean"]
+    print(f"\nevery fedsim row against the loops (torch.optim loop | lean loop), "
+          f"wall and CPU time:\n{'':17s}{'first round':>17s}{'s/round':>17s}{'CPU s':>17s}"
+          f"{'CPU/round':>17s}{'loops ms/update':>17s}{'KB/host/version':>17s}")
+    for name, m in med.items():
+        if not name.startswith("fedsim"):
+            continue
+        cells = [f"{m[k] / p[k]:6.2f} | {m[k] / pl[k]:5.2f}"
+                 for k in ("first_round_s", "s_per_round", "cpu_s", "cpu_per_round")]
+        print(f"{name:17s}" + "".join(f"{c:>17s}" for c in cells)
+              + f"{m['loop_cpu_ms_per_update']:>17.3f}{m['bytes_per_host_version'] / 1e3:>17.1f}")
+    f1, f = med["fedsim-1host"], med["fedsim"]
     print("\nratios (the issue's targets in brackets):")
     print(f"  fedsim first round / plain loop's     {f['first_round_s'] / p['first_round_s']:.2f}"
           "  [<= 1]")
@@ -392,7 +452,6 @@ def main(argv: list[str] | None = None) -> int:
           "  [<= 1.1]  (one client host, its trainer on a CPU of its own)")
     print(f"  fedsim-1host s/round / plain loop's   {f1['s_per_round'] / p['s_per_round']:.2f}"
           "  (the kernel's placement: the trainer in the idle class, preempted by the loops)")
-    pl = med["plain-lean"]
     print(f"  the same two against the lean loop     {f['first_round_s'] / pl['first_round_s']:.2f}"
           f", {f1['s_per_round'] / pl['s_per_round']:.2f}  (what fedsim adds beside its SGD)")
     print(f"  fedsim summed PSS                     {f['pss_gb']:.2f} GB  [<= 0.6]")
