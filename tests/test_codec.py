@@ -153,6 +153,7 @@ MESSAGES: list[Any] = [
     WorkerReady(samples=(5, 6), spec=SPEC),
     Advance(request_id=2, client=3, rounds=(4, 5), model=_spec_model(2)),
     Advance(request_id=3, client=3, rounds=(), model=None),
+    Advance(request_id=4, client=3, rounds=(6,), model=_spec_model(1), held=(4, 5)),
     Trained(
         request_id=2,
         client=3,
@@ -717,7 +718,7 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
     ),
     (
         "advance without model",
-        lambda f: [_envelope("Advance"), msgpack.packb([1, 1, [3], None, None])],
+        lambda f: [_envelope("Advance"), msgpack.packb([1, 1, [3], None, None, []])],
         "bad_field",
         "model must be None exactly when rounds is empty",
     ),
@@ -947,6 +948,9 @@ def test_advance_spec_is_repeated_per_round() -> None:
     header[2] = 7
     frames[1] = msgpack.packb(header)
     _check_rejected(frames, "bad_field", "Advance.rounds must be an array", spec=SPEC)
+    # a round is carried or held, not both
+    with pytest.raises(WireError, match=r"rounds \[5\] both carried and held"):
+        Advance(request_id=1, client=1, rounds=(4, 5), model=_spec_model(2), held=(5,))
 
 
 # ---------------------------------------------------------------------------

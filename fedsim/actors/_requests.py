@@ -21,14 +21,15 @@ from fedsim.algorithms import flatten
 from fedsim.algorithms.local import load_vector
 from fedsim.wire.codec import decode, encode
 from fedsim.wire.errors import WireError
-from fedsim.wire.messages import Message, Shutdown, Task, Update
+from fedsim.wire.messages import Advance, Message, Shutdown, Task, Update
 from fedsim.wire.payloads import HeldVersions
+from fedsim.wire.tensors import Model, TensorSpec
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["BadTask", "Preemption", "Reply", "Request", "Requests", "TaskRequest",
-           "read_request", "send_reply"]
+__all__ = ["AdvanceRequest", "BadTask", "Holder", "Preemption", "Reply", "Request", "Requests",
+           "TaskRequest", "read_request", "send_reply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,20 +58,74 @@ class BadTask:
     due: float = -math.inf
 
 
-Request = Message | TaskRequest | BadTask
+@dataclass(frozen=True, slots=True)
+class AdvanceRequest:
+    """An Advance as its trainer receives it: every average it names, by round (those
+    it carried, kept for the Advances after it, and those held from before)."""
+
+    advance: Advance
+    averages: tuple[tuple[int, Model], ...]
+
+    @property
+    def client(self) -> int:
+        return self.advance.client
+
+    @property
+    def request_id(self) -> int:
+        return self.advance.request_id
+
+    @property
+    def due(self) -> float | None:
+        return self.advance.due
+
+    @classmethod
+    def of(cls, msg: Advance, rounds: HeldVersions, spec: TensorSpec) -> AdvanceRequest:
+        """``msg`` with its averages (each of ``spec``): those it carries (then held)
+        and those held (``WireError("unknown_payload")`` when one is not)."""
+        got: dict[int, Model] = {}
+        if msg.model is not None:
+            flat = msg.model.flat()
+            n = len(flat) // len(msg.rounds)
+            for i, r in enumerate(msg.rounds):
+                got[r] = Model.from_flat(flat[i * n:(i + 1) * n], spec)
+                rounds.keep(r, got[r])
+        for r in msg.held:
+            got[r] = rounds.model(r, f"Advance of client {msg.client} names the average "
+                                     "of a round the trainer does not hold: round")
+        return cls(msg, tuple(sorted(got.items())))
+
+
+Request = Message | TaskRequest | AdvanceRequest | BadTask
 #: A reply, and the update it uploads (sent first, its envelope's ``seq`` the request id).
 Reply = tuple[Message, Update | None]
 
 
-def read_request(frames: Sequence[Any], held: HeldVersions) -> Request:
-    """Decode one request from the trainer's parent; a task gets its version's model."""
+class Holder(Protocol):
+    """What a trainer holds of the models its requests name (:mod:`fedsim.wire.payloads`)."""
+
+    #: the models of the versions its tasks train from
+    held: HeldVersions
+    #: DGA's round averages its Advances carried
+    held_rounds: HeldVersions
+    #: the model's spec (one copy)
+    spec: TensorSpec
+
+
+def read_request(frames: Sequence[Any], holder: Holder) -> Request:
+    """Decode one request from the trainer's parent, in the order they were sent: a
+    task gets its version's model, an Advance its rounds' averages."""
     msg, meta = decode(frames, max_header=None, check_finite=False)
-    if not isinstance(msg, Task):
-        return msg
-    try:
-        return TaskRequest(held.bind(msg), meta.seq, meta.sent_at)
-    except WireError as exc:
-        return BadTask(meta.seq, msg.client, str(exc))
+    if isinstance(msg, Task):
+        try:
+            return TaskRequest(holder.held.bind(msg), meta.seq, meta.sent_at)
+        except WireError as exc:
+            return BadTask(meta.seq, msg.client, str(exc))
+    if isinstance(msg, Advance):
+        try:
+            return AdvanceRequest.of(msg, holder.held_rounds, holder.spec)
+        except WireError as exc:
+            return BadTask(msg.request_id, msg.client, str(exc))
+    return msg
 
 
 def send_reply(sock: zmq.Socket[Any], reply: Reply) -> None:
@@ -81,14 +136,12 @@ def send_reply(sock: zmq.Socket[Any], reply: Reply) -> None:
     sock.send_multipart(encode(msg), copy=False)
 
 
-class Worker(Protocol):
+class Worker(Holder, Protocol):
     """What :class:`Preemption` needs of a :class:`fedsim.actors.worker.Worker`."""
 
     model: nn.Module
     #: per request being answered: real seconds lent to more urgent ones
     nested: list[float]
-    #: the models of the versions its tasks train from
-    held: HeldVersions
 
     def handle(self, msg: Request) -> Reply: ...
 
@@ -179,7 +232,7 @@ class Preemption:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            self.waiting.push(read_request(frames, self.worker.held))
+            self.waiting.push(read_request(frames, self.worker))
 
     #: Real seconds between looks at the socket in the middle of a run (a look
     #: costs about 3 % of a small model's step; a run lets another in at most

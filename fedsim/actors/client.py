@@ -27,7 +27,7 @@ import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Protocol
@@ -119,6 +119,11 @@ class HostServices(Protocol):
 
     def expected_steps(self, task: Task, num_samples: int) -> int:
         """Local steps ``task`` will take."""
+        ...
+
+    def advance(self, client: int, averages: Mapping[int, Model], due: float,
+                request_id: int) -> Advance:
+        """A pipelined session's next piece for the trainer, with these round averages."""
         ...
 
 log = logging.getLogger(__name__)
@@ -547,14 +552,9 @@ class ClientActor:
         """A pipelined session's next piece, with the round averages that arrived
         (one model of the rounds' averages back to back); its request id and reply."""
         host = self.host
-        rounds = tuple(sorted(averages))
-        model = None
-        if rounds:
-            flat = np.concatenate([_held(averages[r]).flat() for r in rounds])
-            model = Model.from_flat(flat, host.model_spec.repeated(len(rounds)))
         rid = host.trainer.next_id()
-        reply = await host.trainer.request(Advance(
-            request_id=rid, client=self.cid, rounds=rounds, model=model, due=t0))
+        msg = host.advance(self.cid, {r: _held(a) for r, a in averages.items()}, t0, rid)
+        reply = await host.trainer.request(msg)
         return rid, reply
 
     async def _averages(self, wait_round: int | None) -> dict[int, Average] | None:

@@ -40,10 +40,12 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from time import perf_counter
 from typing import Any, TypeVar
+
+import numpy as np
 
 from fedsim.actors import process
 from fedsim.actors._refusal import Refusal
@@ -70,6 +72,7 @@ from fedsim.wire.codec import (
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import (
     HOST_PHASES,
+    Advance,
     Average,
     ClockProbe,
     ClockReply,
@@ -85,8 +88,8 @@ from fedsim.wire.messages import (
     Stop,
     Task,
 )
-from fedsim.wire.payloads import HeldVersions, SentVersions
-from fedsim.wire.tensors import TensorSpec
+from fedsim.wire.payloads import WINDOW, HeldVersions, SentVersions
+from fedsim.wire.tensors import Model, TensorSpec
 from fedsim.wire.transport import ClientKeys, Connection
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
@@ -145,6 +148,9 @@ class ClientHost:
         self.held = HeldVersions()
         self.held_rounds = HeldVersions()
         self.to_trainer = SentVersions()
+        #: the rounds whose average the trainer holds (DGA: several rounds can be
+        #: under way at once, so a longer window than the versions')
+        self.rounds_to_trainer = SentVersions(2 * WINDOW)
         self.events: list[Event] = []
         #: this host's phases since its last event batch (sent with the next one)
         self.phases = PhaseStats([p for p in PHASES if p in HOST_PHASES], capacity=256)
@@ -216,6 +222,21 @@ class ClientHost:
             return restamp(rec.frames, sent_at=due, seq=request_id)
         task = rec.task if needs else rec.task.with_model(None)
         return stamp(encode_body(task), sent_at=due, seq=request_id)
+
+    def advance(self, client: int, averages: Mapping[int, Model], due: float,
+                request_id: int) -> Advance:
+        """A pipelined session's next piece for the trainer, with the round averages
+        that arrived: those the trainer does not hold yet go with it (back to back),
+        the others are named in ``held``."""
+        rounds = sorted(averages)
+        carried = tuple(r for r in rounds if self.rounds_to_trainer.needs(r))
+        model = None
+        if carried:
+            flat = (averages[carried[0]].flat() if len(carried) == 1
+                    else np.concatenate([averages[r].flat() for r in carried]))
+            model = Model.from_flat(flat, self.model_spec.repeated(len(carried)))
+        return Advance(request_id=request_id, client=client, rounds=carried, model=model,
+                       due=due, held=tuple(r for r in rounds if r not in carried))
 
     def expected_steps(self, task: Task, num_samples: int) -> int:
         """Local steps ``task`` will take on ``num_samples`` samples (its own budget first)."""
@@ -486,6 +507,7 @@ class ClientHost:
         self.held.clear()
         self.held_rounds.clear()
         self.to_trainer.clear()
+        self.rounds_to_trainer.clear()
         self.build_clients(samples)
 
     def _goodbye(self, rejected: int) -> HostBye:

@@ -34,6 +34,7 @@ import zmq
 
 from fedsim.actors import process
 from fedsim.actors._requests import (
+    AdvanceRequest,
     BadTask,
     Preemption,
     Reply,
@@ -52,7 +53,6 @@ from fedsim.scenario.ids import parse_id_list
 from fedsim.wire import statefile
 from fedsim.wire.codec import decode, encode
 from fedsim.wire.messages import (
-    Advance,
     Evaluate,
     Evaluated,
     Message,
@@ -62,7 +62,7 @@ from fedsim.wire.messages import (
     WorkerFailed,
     WorkerReady,
 )
-from fedsim.wire.payloads import HeldVersions
+from fedsim.wire.payloads import WINDOW, HeldVersions
 from fedsim.wire.tensors import TensorSpec, to_model, to_tensor
 
 __all__ = ["InlineWorker", "Worker", "evaluate", "main", "run", "run_seed"]
@@ -138,6 +138,9 @@ class Worker:
         self.client = sc.algorithm.spec.client(sc.algorithm, ctx)
         #: the models of the versions this worker's tasks train from
         self.held = HeldVersions()
+        #: DGA's round averages its Advances carried (its host counts on twice
+        #: the versions' window: ClientHost.rounds_to_trainer)
+        self.held_rounds = HeldVersions(4 * WINDOW)
         #: per client, the task its (pipelined) session answers: id, version, round
         self.sessions: dict[int, tuple[int, int, int]] = {}
         self.restored = False
@@ -236,7 +239,7 @@ class Worker:
                              accuracy=acc, seconds=self._compute_s(started)), None
         if isinstance(msg, BadTask):
             raise ValueError(msg.reason)
-        if not isinstance(msg, TaskRequest | Advance):
+        if not isinstance(msg, TaskRequest | AdvanceRequest):
             raise ValueError(f"a worker does not take a {type(msg).__name__}")
         c = msg.client
         if c not in self.shards:
@@ -244,10 +247,8 @@ class Worker:
         x, y = self.shards[c]
         if _injected_failure(c):
             raise RuntimeError(f"injected training failure of client {c} (FEDSIM_FAIL_TRAIN)")
-        if isinstance(msg, Advance):
-            n = self.spec.nbytes // 4
-            flat = to_tensor(msg.model) if msg.model is not None else torch.zeros(0)
-            averages = [(r, flat[i * n:(i + 1) * n]) for i, r in enumerate(msg.rounds)]
+        if isinstance(msg, AdvanceRequest):
+            averages = [(r, to_tensor(model)) for r, model in msg.averages]
             out = self.client.advance(c, averages, x, y)
             task_id, version, round_ = self.sessions.get(c, (0, 0, 0))
         else:
@@ -292,11 +293,11 @@ class InlineWorker:
 
     async def request(self, msg: Message) -> Message:
         """Answer at once (the work runs on this loop; virtual time does not move)."""
-        return self._reply(read_request(encode(msg), self.worker.held))
+        return self._reply(read_request(encode(msg), self.worker))
 
     async def train(self, frames: list[Any]) -> Message:
         """Answer a task's frames (stamped with its due time and request id) at once."""
-        return self._reply(read_request(frames, self.worker.held))
+        return self._reply(read_request(frames, self.worker))
 
     def upload(self, request_id: int) -> list[Any] | None:
         """The frames of the update the reply to ``request_id`` uploads (None: none)."""
@@ -334,7 +335,7 @@ def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
     try:
         while True:
             if not waiting:
-                waiting.push(read_request(sock.recv_multipart(copy=False), worker.held))
+                waiting.push(read_request(sock.recv_multipart(copy=False), worker))
             preempt.read()
             msg = waiting.pop()
             if isinstance(msg, Shutdown):

@@ -552,10 +552,14 @@ class WorkerReady(Record):
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class Advance(Record):
-    """Parent -> worker, on DGA averages: continue the pipeline with the averages of ``rounds``.
+    """Parent -> worker, on DGA averages: continue the pipeline with the averages of
+    ``rounds`` and of ``held``.
 
-    ``model`` holds one spec copy per round, back to back (``spec.repeated(len(rounds))``),
-    or is None when ``rounds`` is empty.
+    ``model`` holds the averages of ``rounds``, one spec copy per round, back to
+    back (``spec.repeated(len(rounds))``), or is None when ``rounds`` is empty;
+    ``held`` names rounds whose average an earlier Advance to this worker
+    carried (:mod:`fedsim.wire.payloads`: each round's average crosses to a
+    trainer once, whichever of its clients needs it first).
     """
 
     MODEL_COPIES_FIELD: ClassVar[str | None] = "rounds"
@@ -565,6 +569,7 @@ class Advance(Record):
     rounds: tuple[int, ...]
     model: Model | None
     due: float | None = None   # as a task's: when the result is due (None: now)
+    held: tuple[int, ...] = ()
 
     def _validate(self) -> None:
         if (self.model is None) != (not self.rounds):
@@ -572,6 +577,9 @@ class Advance(Record):
                 ": model must be None exactly when rounds is empty"
                 f" ({len(self.rounds)} rounds, model {'None' if self.model is None else 'set'})"
             )
+        if set(self.rounds) & set(self.held):
+            raise Bad(f": rounds {sorted(set(self.rounds) & set(self.held))} both carried "
+                      "and held")
 
 
 @_message

@@ -7,7 +7,10 @@ and leaves it out of the others (``Task.model`` None); the receiver keeps
 the model and puts it back into each task as it decodes it. The server
 does this towards each client host, a host towards its trainer. A round's
 average (DGA's :class:`~fedsim.wire.messages.Average`, one per client) is
-kept the same way, by round, in a record of its own.
+kept the same way, by round, in a record of its own, from the server to a
+host and from the host to its trainer (an
+:class:`~fedsim.wire.messages.Advance` carries the averages its trainer
+does not hold yet and names the others in ``held``).
 
 Both sides follow the same rule, in the order of one ordered connection,
 so they agree without a word: the sender remembers the last
@@ -88,17 +91,26 @@ class HeldVersions:
         """
         key = msg.version if isinstance(msg, Task) else msg.round
         if msg.model is not None:
-            known = key in self._models
-            self._models[key] = msg.model   # a known key keeps its place
-            if not known and len(self._models) > self.window:
-                self._models.popitem(last=False)
+            self.keep(key, msg.model)
             return msg
+        what = "version" if isinstance(msg, Task) else "round"
+        return msg.with_model(self.model(key, f"{type(msg).__name__} of client {msg.client} "
+                                              f"has no model and none is held for {what}"))
+
+    def keep(self, key: int, model: Model) -> None:
+        """Hold ``model`` as ``key``'s (the oldest key leaves past the window)."""
+        known = key in self._models
+        self._models[key] = model   # a known key keeps its place
+        if not known and len(self._models) > self.window:
+            self._models.popitem(last=False)
+
+    def model(self, key: int, what: str = "no model is held for") -> Model:
+        """The model held for ``key``; ``WireError("unknown_payload")`` (``what`` and
+        the key) when none is."""
         model = self._models.get(key)
         if model is None:
-            what = "version" if isinstance(msg, Task) else "round"
-            raise WireError("unknown_payload", f"{type(msg).__name__} of client {msg.client} "
-                            f"has no model and none is held for {what} {key}")
-        return msg.with_model(model)
+            raise WireError("unknown_payload", f"{what} {key}")
+        return model
 
     def holds(self, version: int) -> bool:
         """Whether the model of ``version`` is held."""

@@ -21,6 +21,7 @@ from fedsim.actors import worker as worker_module
 from fedsim.testing.federation import run_in_memory
 from fedsim.wire import payloads
 from fedsim.wire.codec import decode
+from fedsim.wire.messages import Advance
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,3 +87,30 @@ def test_each_version_crosses_to_a_host_and_to_its_trainer_once(
     # the server's real bytes: per round 2 tasks with the model and 8 without
     per_task = s["bytes_down"] / (10 * len(versions))
     assert s["wire_bytes_down"] < s["bytes_down"] * (2 / 10) + 8 * len(versions) * 0.05 * per_task
+
+
+def test_each_round_average_crosses_to_a_trainer_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DGA: every client of a host continues with the same round's average; the first
+    Advance to the host's trainer carries it, the others name it as held."""
+    seen: Counter[tuple[int, bool]] = Counter()
+    request = worker_module.InlineWorker.request
+
+    async def spied(self: Any, msg: Any) -> Any:
+        if isinstance(msg, Advance):
+            for r in msg.rounds:
+                seen[(r, True)] += 1
+            for r in msg.held:
+                seen[(r, False)] += 1
+        return await request(self, msg)
+
+    monkeypatch.setattr(worker_module.InlineWorker, "request", spied)
+    run = _run(tmp_path, DGA, "dga")
+    assert run.summary["rounds"] >= 3
+    rounds = sorted({r for (r, _) in seen})
+    assert len(rounds) >= 3
+    # 6 clients on 2 hosts (3 each): each round's average carried once per trainer,
+    # named as held by the host's other clients
+    for r in rounds[:-1]:   # (the last round may end the run half way)
+        assert seen[(r, True)] == 2, (r, seen)
+        assert seen[(r, False)] == 4, (r, seen)

@@ -12,6 +12,7 @@ import threading
 
 import zmq
 
+from fedsim.actors._requests import AdvanceRequest
 from fedsim.actors.worker import Requests, serve
 from fedsim.wire.codec import decode, encode
 from fedsim.wire.messages import Advance, Message, Shutdown, WorkerFailed, WorkerReady
@@ -42,12 +43,14 @@ class _Recorder:
         self.order: list[int] = []
         self.saved = False
         self.held = HeldVersions()
+        self.held_rounds = HeldVersions()
+        self.spec = TensorSpec([])
 
     def ready(self) -> WorkerReady:
         return WorkerReady(samples=(), spec=TensorSpec([]))
 
-    def handle(self, msg: Message) -> tuple[Message, None]:
-        assert isinstance(msg, Advance)
+    def handle(self, msg: Message | AdvanceRequest) -> tuple[Message, None]:
+        assert isinstance(msg, AdvanceRequest)
         self.order.append(msg.client)
         return WorkerFailed(request_id=msg.request_id, cause="error", reason="recorded"), None
 

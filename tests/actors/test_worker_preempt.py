@@ -85,7 +85,7 @@ def _alone(requests: list[list[Any]]) -> dict[int, tuple[Trained, Update | None]
     worker = Worker(parse(SCENARIO, "test"), [0, 1, 2])
     out = {}
     for frames in requests:
-        reply, upload = worker.handle(read_request(frames, worker.held))
+        reply, upload = worker.handle(read_request(frames, worker))
         assert isinstance(reply, Trained)
         out[reply.request_id] = (reply, upload)
     return out
