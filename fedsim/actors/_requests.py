@@ -105,7 +105,7 @@ class Holder(Protocol):
 
     #: the models of the versions its tasks train from
     held: HeldVersions
-    #: DGA's round averages its Advances carried
+    #: the round averages its Advances carried (a pipelined algorithm's)
     held_rounds: HeldVersions
     #: the model's spec (one copy)
     spec: TensorSpec

@@ -148,8 +148,8 @@ class ClientHost:
         self.held = HeldVersions()
         self.held_rounds = HeldVersions()
         self.to_trainer = SentVersions()
-        #: the rounds whose average the trainer holds (DGA: several rounds can be
-        #: under way at once, so a longer window than the versions')
+        #: the rounds whose average the trainer holds (a pipelined session can have
+        #: several rounds under way at once: a longer window than the versions')
         self.rounds_to_trainer = SentVersions(2 * WINDOW)
         self.events: list[Event] = []
         #: this host's phases since its last event batch (sent with the next one)

@@ -138,7 +138,7 @@ class Worker:
         self.client = sc.algorithm.spec.client(sc.algorithm, ctx)
         #: the models of the versions this worker's tasks train from
         self.held = HeldVersions()
-        #: DGA's round averages its Advances carried (its host counts on twice
+        #: the round averages its Advances carried (its host counts on twice
         #: the versions' window: ClientHost.rounds_to_trainer)
         self.held_rounds = HeldVersions(4 * WINDOW)
         #: per client, the task its (pipelined) session answers: id, version, round
