@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["NonNeg", "Pos", "Prob", "SchemaModel"]
+__all__ = ["FiniteNonNeg", "FinitePos", "NonNeg", "Pos", "Prob", "SchemaModel"]
 
 
 class SchemaModel(BaseModel):
@@ -23,3 +23,6 @@ class SchemaModel(BaseModel):
 Pos = Annotated[float, Field(gt=0)]
 NonNeg = Annotated[float, Field(ge=0)]
 Prob = Annotated[float, Field(ge=0, le=1)]
+#: a rule's step sizes and bounds, where ``inf`` would make the model infinite or NaN
+FinitePos = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+FiniteNonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]

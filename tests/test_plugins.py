@@ -56,7 +56,7 @@ def _result(client: int, params: list[float], samples: int = 10) -> Update:
 
 def test_normtrim_leaves_out_the_farthest_model_and_weights_the_rest_by_samples(
         mylab: None) -> None:
-    from mylab.rules import NormTrim, normtrim_step
+    from mylab.rules import NormTrim, NormTrimConfig, normtrim_step
 
     x = torch.zeros(2)
     results = [_result(0, [1.0, 0.0], 10), _result(1, [0.0, 2.0], 30),
@@ -67,7 +67,7 @@ def test_normtrim_leaves_out_the_farthest_model_and_weights_the_rest_by_samples(
     assert radius == pytest.approx(2.0)
     _, dropped, _ = normtrim_step(x, results, drop=5)  # one model is always kept
     assert dropped == [1, 2]
-    rule = NormTrim(drop=1, beta=0.5)
+    rule = NormTrim(NormTrimConfig(drop=1, beta=0.5))
     x1, info = rule.aggregate(x, results)
     x2, _ = rule.aggregate(x1, [_result(c, (x1 + d).tolist()) for c, d in
                                 ((0, torch.tensor([1.0, 0.0])), (1, torch.tensor([1.0, 0.0])))])

@@ -45,14 +45,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import Field, model_validator
 
 from fedsim.algorithms._kernels import check_async_update, norm64, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.lazy import lazy_module
-from fedsim.schema import NonNeg, Pos
+from fedsim.schema import FiniteNonNeg, FinitePos
 from fedsim.wire.messages import LocalWork, Update
 
 if TYPE_CHECKING:
@@ -74,6 +76,7 @@ __all__ = [
 
 KRounding = Literal["accumulate", "floor", "ceil", "round", "trunc"]
 K_ROUNDINGS: tuple[str, ...] = ("accumulate", "floor", "ceil", "round", "trunc")
+KUnit = Literal["epochs", "steps"]
 K_UNITS: tuple[str, ...] = ("epochs", "steps")
 
 _ROUNDERS: dict[str, Callable[[float], int]] = {
@@ -139,19 +142,16 @@ def clamp_k(k: float, k_min: float, k_max: float | None) -> tuple[float, bool]:
     return float(k), False
 
 
-def _check(name: str, value: Any, ok: bool, need: str) -> None:
-    if not ok:
-        raise ValueError(f"Invalid {name}: {value!r} ({need})")
+# -- the rule -----------------------------------------------------------------------
 
 
-def _finite(value: float | None, low: float, strict: bool = False) -> bool:
-    return value is not None and math.isfinite(value) and (value > low if strict else value >= low)
+class AsyncFedEDConfig(AsyncConfig):
+    """``[algorithm]`` of AsyncFedED: Euclidean-distance staleness, adaptive K.
 
+    ``concurrency`` defaults to every client (each trains as soon as it is
+    free, as in the paper).
 
-class AsyncFedED(AsyncRule):
-    """AsyncFedED server rule with its model history and per-client K.
-
-    Parameters
+    Attributes
     ----------
     lam : float
         ``lambda``, the numerator of ``eta_g`` (> 0). Default 5 with
@@ -164,7 +164,7 @@ class AsyncFedED(AsyncRule):
     kappa : float
         K adaptation step (>= 0; 0 = constant K, the paper's ablation).
     k_initial : float
-        K of a never-seen client (R-AF8); >= ``k_min``.
+        K of a never-seen client (R-AF8); in ``[k_min, k_max]``.
     k_min, k_max : float, float or None
         Clamp of K (1 and no upper bound,
         docs/algorithms.md#asyncfeded-k-clamps). ``k_min >= 1`` so a client
@@ -174,11 +174,11 @@ class AsyncFedED(AsyncRule):
         the increment (``floor`` = the paper's eq. 8). Outside
         ``accumulate``, ``k_initial``, ``k_min`` and ``k_max`` must be whole.
     k_unit : {"epochs", "steps"}
-        What one unit of K is for the caller: a pass over the client's data
-        (default, R-AF5) or one minibatch step (literal Algorithm 2).
+        What one unit of K is: a pass over the client's data (default,
+        R-AF5) or one minibatch step (literal Algorithm 2).
     reset_k_on_reconnect : bool
-        Make :meth:`connect` reset a known client's K to ``k_initial``
-        (R-AF8; default keeps K per client id).
+        Make :meth:`AsyncFedED.connect` reset a known client's K to
+        ``k_initial`` (R-AF8; default keeps K per client id).
     gamma_max : float or None
         Discard updates with ``gamma > gamma_max`` (the theory's Assumption 4);
         ``None`` (default, as in the experiments) applies them all.
@@ -194,54 +194,52 @@ class AsyncFedED(AsyncRule):
         K still adapts from it.
     """
 
-    def __init__(
-        self,
-        lam: float = 5.0,
-        epsilon: float = 5.0,
-        gamma_bar: float = 3.0,
-        kappa: float = 1.0,
-        k_initial: float = 10.0,
-        k_min: float = 1.0,
-        k_max: float | None = None,
-        k_rounding: KRounding = "accumulate",
-        k_unit: Literal["epochs", "steps"] = "epochs",
-        reset_k_on_reconnect: bool = False,
-        gamma_max: float | None = None,
-        zero_tol: float = 1e-12,
-        fixed_eta_g: float | None = None,
-    ) -> None:
-        _check("lam", lam, _finite(lam, 0, strict=True), "must be finite and > 0")
-        _check("epsilon", epsilon, _finite(epsilon, 0, strict=True), "must be finite and > 0")
-        _check("gamma_bar", gamma_bar, _finite(gamma_bar, 0), "must be finite and >= 0")
-        _check("kappa", kappa, _finite(kappa, 0), "must be finite and >= 0")
-        _check("k_rounding", k_rounding, k_rounding in K_ROUNDINGS, f"allowed: {K_ROUNDINGS}")
-        _check("k_unit", k_unit, k_unit in K_UNITS, f"allowed: {K_UNITS}")
-        _check("k_min", k_min, _finite(k_min, 1), "must be finite and >= 1")
+    name: Literal["asyncfeded"] = "asyncfeded"
+    lam: FinitePos = 5.0
+    epsilon: FinitePos = 5.0
+    gamma_bar: FiniteNonNeg = 3.0
+    kappa: FiniteNonNeg = 1.0
+    k_initial: FinitePos = 1.0
+    k_min: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 1.0
+    k_max: FinitePos | None = None
+    k_rounding: KRounding = "accumulate"
+    k_unit: KUnit = "epochs"
+    reset_k_on_reconnect: bool = False
+    gamma_max: FinitePos | None = None
+    zero_tol: FiniteNonNeg = 1e-12
+    fixed_eta_g: FinitePos | None = None
+
+    @model_validator(mode="after")
+    def _k_bounds(self) -> AsyncFedEDConfig:
+        k_min, k_max = self.k_min, self.k_max
         hi = math.inf if k_max is None else k_max
-        ok_max = k_max is None or _finite(k_max, k_min)
-        _check("k_max", k_max, ok_max, f"must be finite and >= k_min = {k_min}")
-        in_range = _finite(k_initial, k_min) and k_initial <= hi
-        _check("k_initial", k_initial, in_range, f"must lie in [k_min, k_max] = [{k_min}, {hi}]")
-        for name, value in (("k_initial", k_initial), ("k_min", k_min), ("k_max", k_max)):
-            whole = k_rounding == "accumulate" or value is None or value == math.floor(value)
-            _check(name, value, whole, f"must be whole with k_rounding={k_rounding!r}")
-        _check("gamma_max", gamma_max, gamma_max is None or _finite(gamma_max, 0, True), "> 0")
-        _check("zero_tol", zero_tol, _finite(zero_tol, 0), "must be finite and >= 0")
-        _check("fixed_eta_g", fixed_eta_g,
-               fixed_eta_g is None or _finite(fixed_eta_g, 0, strict=True),
-               "must be None or finite and > 0")
+        if k_max is not None and k_max < k_min:
+            raise ValueError(f"Invalid k_max: {k_max!r} (must be finite and >= k_min = {k_min})")
+        if not k_min <= self.k_initial <= hi:
+            raise ValueError(f"Invalid k_initial: {self.k_initial!r} "
+                             f"(must lie in [k_min, k_max] = [{k_min}, {hi}])")
+        for key, value in (("k_initial", self.k_initial), ("k_min", k_min), ("k_max", k_max)):
+            if self.k_rounding != "accumulate" and value is not None \
+                    and value != math.floor(value):
+                raise ValueError(f"Invalid {key}: {value!r} "
+                                 f"(must be whole with k_rounding={self.k_rounding!r})")
+        return self
+
+    def local_work(self) -> str:
+        return (f"AsyncFedED's adaptive K, per client: from algorithm.k_initial = "
+                f"{self.k_initial:g} {self.k_unit}, within [k_min, k_max]")
+
+
+class AsyncFedED(AsyncRule):
+    """AsyncFedED server rule with its model history and per-client K.
+
+    Its parameters are ``cfg``'s (:class:`AsyncFedEDConfig`); its state is
+    the model history, the holds on it and every client's K.
+    """
+
+    def __init__(self, cfg: AsyncFedEDConfig) -> None:
         super().__init__()
-        self.k_initial = float(k_initial)
-        self.k_min = float(k_min)
-        self.k_max = None if k_max is None else float(k_max)
-        self.k_rounding = k_rounding
-        self.k_unit = k_unit
-        self.reset_k_on_reconnect = bool(reset_k_on_reconnect)
-        self.lam, self.epsilon = float(lam), float(epsilon)
-        self.gamma_bar, self.kappa = float(gamma_bar), float(kappa)
-        self.gamma_max = None if gamma_max is None else float(gamma_max)
-        self.zero_tol = float(zero_tol)
-        self.fixed_eta_g = None if fixed_eta_g is None else float(fixed_eta_g)
+        self.cfg = cfg
         self.applied = 0
         self._history: dict[int, torch.Tensor] = {}
         self._holds: dict[int, int] = {}
@@ -255,7 +253,7 @@ class AsyncFedED(AsyncRule):
     def budget(self, client: int) -> LocalWork:
         """The next task of ``client`` runs ``floor(K_i)`` epochs or steps."""
         k = self.local_units(client)
-        return LocalWork(epochs=k) if self.k_unit == "epochs" else LocalWork(steps=k)
+        return LocalWork(epochs=k) if self.cfg.k_unit == "epochs" else LocalWork(steps=k)
 
     def keep(self, version: int, x: torch.Tensor) -> None:
         """A task left from ``version``: hold its snapshot (the GMIS)."""
@@ -271,7 +269,7 @@ class AsyncFedED(AsyncRule):
 
     def next_k(self, client: int) -> float:
         """Return ``K_i`` to dispatch to ``client`` (``k_initial`` if never seen)."""
-        return self._k.get(client, self.k_initial)
+        return self._k.get(client, self.cfg.k_initial)
 
     def local_units(self, client: int) -> int:
         """Return ``floor(K_i)``: the whole number of ``k_unit`` to run (>= 1)."""
@@ -283,7 +281,7 @@ class AsyncFedED(AsyncRule):
         With ``reset_k_on_reconnect`` a known client starts over at
         ``k_initial``; otherwise its K is kept.
         """
-        if self.reset_k_on_reconnect:
+        if self.cfg.reset_k_on_reconnect:
             self._k.pop(client, None)
         return self.next_k(client)
 
@@ -393,21 +391,21 @@ class AsyncFedED(AsyncRule):
         info: dict[str, Any] = {"staleness": d, "k_used": k_used}
 
         norm_delta = norm64(delta)
-        if norm_delta == 0.0 or norm_delta < self.zero_tol * norm64(x):
+        if norm_delta == 0.0 or norm_delta < self.cfg.zero_tol * norm64(x):
             info.update(gamma=None, eta_g=0.0, k_next=k_used, k_clamped=False)
             return None, {**info, "discarded": True, "reason": "zero update"}
 
         gamma = euclidean_staleness(x, x_base, delta)
-        raw_k = next_k_value(k_used, gamma, self.gamma_bar, self.kappa, self.k_rounding)
-        k_next, clamped = clamp_k(raw_k, self.k_min, self.k_max)
+        cfg = self.cfg
+        raw_k = next_k_value(k_used, gamma, cfg.gamma_bar, cfg.kappa, cfg.k_rounding)
+        k_next, clamped = clamp_k(raw_k, cfg.k_min, cfg.k_max)
         info.update(gamma=gamma, k_next=k_next, k_clamped=clamped)
-        if self.gamma_max is not None and gamma > self.gamma_max:
+        if cfg.gamma_max is not None and gamma > cfg.gamma_max:
             self._k[result.client] = k_next
             info["eta_g"] = 0.0
             return None, {**info, "discarded": True, "reason": "gamma above gamma_max"}
 
-        eta_g = self.lam / (gamma + self.epsilon) if self.fixed_eta_g is None \
-            else self.fixed_eta_g
+        eta_g = cfg.lam / (gamma + cfg.epsilon) if cfg.fixed_eta_g is None else cfg.fixed_eta_g
         new = asyncfeded_step(x, delta, eta_g)
         self._history[version + 1] = new.detach().clone()
         self._current = version + 1
@@ -441,43 +439,14 @@ class AsyncFedED(AsyncRule):
                 raise ValueError(f"Invalid state: hold {n} on version {v} without snapshot")
         ks = {int(c): float(k) for c, k in state["k"].items()}
         for c, k in ks.items():
-            if not (math.isfinite(k) and k >= self.k_min):
+            if not (math.isfinite(k) and k >= self.cfg.k_min):
                 raise ValueError(f"Invalid K in state for client {c}: {k}")
         self.applied = int(state["applied"])
         self._history, self._holds, self._current, self._k = history, holds, current, ks
 
 
-class AsyncFedEDConfig(AsyncConfig):
-    """``[algorithm]`` of AsyncFedED: Euclidean-distance staleness, adaptive K.
-
-    ``concurrency`` defaults to every client (each trains as soon as it is
-    free, as in the paper). ``fixed_eta_g`` switches the adaptive weight off
-    (every update gets that ``eta_g``; see :class:`AsyncFedED`)."""
-
-    name: Literal["asyncfeded"]
-    lam: Pos = 5.0
-    epsilon: Pos = 5.0
-    gamma_bar: NonNeg = 3.0
-    kappa: NonNeg = 1.0
-    k_initial: Pos = 1.0
-    k_min: Pos = 1.0
-    k_max: Pos | None = None
-    k_rounding: Literal["accumulate", "floor", "ceil", "round", "trunc"] = "accumulate"
-    k_unit: Literal["epochs", "steps"] = "epochs"
-    reset_k_on_reconnect: bool = False
-    fixed_eta_g: Pos | None = None
-
-    def local_work(self) -> str:
-        return (f"AsyncFedED's adaptive K, per client: from algorithm.k_initial = "
-                f"{self.k_initial:g} {self.k_unit}, within [k_min, k_max]")
-
-
 def _server(cfg: AsyncFedEDConfig, ctx: ServerContext) -> AsyncFlow:
-    rule = AsyncFedED(lam=cfg.lam, epsilon=cfg.epsilon, gamma_bar=cfg.gamma_bar,
-                      kappa=cfg.kappa, k_initial=cfg.k_initial, k_min=cfg.k_min,
-                      k_max=cfg.k_max, k_rounding=cfg.k_rounding, k_unit=cfg.k_unit,
-                      reset_k_on_reconnect=cfg.reset_k_on_reconnect,
-                      fixed_eta_g=cfg.fixed_eta_g)
+    rule = AsyncFedED(cfg)
     rule.snapshot(0, ctx.x0)
     return AsyncFlow.build(rule, cfg, ctx)
 

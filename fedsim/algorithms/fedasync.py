@@ -83,17 +83,19 @@ def fedasync_mix(
     return lerp(global_, local, alpha_t)
 
 
-class FedAsync(AsyncRule):
-    """FedAsync server rule: mix each arriving model into the global one.
+class FedAsyncConfig(AsyncConfig):
+    """``[algorithm]`` of FedAsync: :class:`FedAsync`'s parameters and the client's ``rho``.
 
-    Parameters
+    Attributes
     ----------
     alpha : float
         Mixing weight in (0, 1].
     staleness : {"const", "poly", "hinge"}
         Staleness function ``s``.
     a, b : float
-        Parameters of ``poly`` (a) and ``hinge`` (a, b); both > 0 / >= 0.
+        Parameters of ``poly`` (a) and ``hinge`` (a, b); ``a > 0``, ``b >= 0``.
+    rho : float
+        The client's proximal weight (W5; local SGD on ``f(x) + rho/2 ||x - x_tau||^2``).
     staleness_offset : {0, 1}
         0 (default) makes a fresh update's staleness 0 (R-FA1); 1 is the
         literal Algorithm 1 (``t - tau`` counted after the increment).
@@ -105,48 +107,39 @@ class FedAsync(AsyncRule):
         delay; not in the paper's experiments). ``None`` keeps all.
     """
 
-    def __init__(
-        self,
-        alpha: float = 0.6,
-        staleness: StalenessFn = "const",
-        a: float = 0.5,
-        b: float = 4.0,
-        staleness_offset: int = 0,
-        alpha_decay: float = 1.0,
-        max_staleness: int | None = None,
-    ) -> None:
-        if not 0.0 < alpha <= 1.0:
-            raise ValueError(f"Invalid alpha: {alpha} (must be in (0, 1])")
-        if staleness not in STALENESS_FUNCTIONS:
-            raise ValueError(
-                f"Invalid staleness function: {staleness!r} "
-                f"(allowed: {', '.join(STALENESS_FUNCTIONS)})"
-            )
-        if not a > 0:
-            raise ValueError(f"Invalid a: {a} (must be > 0)")
-        if not b >= 0:
-            raise ValueError(f"Invalid b: {b} (must be >= 0)")
-        if staleness_offset not in (0, 1):
-            raise ValueError(f"Invalid staleness_offset: {staleness_offset} (0 or 1)")
-        if not 0.0 < alpha_decay <= 1.0:
-            raise ValueError(f"Invalid alpha_decay: {alpha_decay} (must be in (0, 1])")
-        if max_staleness is not None and max_staleness < 0:
-            raise ValueError(f"Invalid max_staleness: {max_staleness} (must be >= 0)")
+    name: Literal["fedasync"] = "fedasync"
+    alpha: Annotated[float, Field(gt=0, le=1)] = 0.6
+    staleness: StalenessFn = "const"
+    a: Pos = 0.5
+    b: NonNeg = 4.0
+    rho: NonNeg = 0.0
+    staleness_offset: Literal[0, 1] = 0
+    alpha_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    max_staleness: Annotated[int, Field(ge=0)] | None = None
+    concurrency: Annotated[int, Field(ge=1)] | None = 4
+
+    def prox_mu(self) -> float:
+        return self.rho
+
+
+class FedAsync(AsyncRule):
+    """FedAsync server rule: mix each arriving model into the global one.
+
+    Its parameters are ``cfg``'s (:class:`FedAsyncConfig`); ``alpha`` is
+    the one that changes during a run (``alpha_decay``), so the rule holds
+    its current value.
+    """
+
+    def __init__(self, cfg: FedAsyncConfig) -> None:
         super().__init__()
-        self.alpha = float(alpha)
-        self.staleness = staleness
-        self.a = float(a)
-        self.b = float(b)
-        self.staleness_offset = staleness_offset
-        self.alpha_decay = float(alpha_decay)
-        self.max_staleness = max_staleness
+        self.cfg = cfg
+        self.alpha = cfg.alpha
         self.applied = 0
 
     def weight(self, d: int) -> float:
         """Return ``alpha_t`` for staleness ``d`` at the current alpha."""
-        return self.alpha * staleness_weight(
-            self.staleness, d + self.staleness_offset, self.a, self.b
-        )
+        cfg = self.cfg
+        return self.alpha * staleness_weight(cfg.staleness, d + cfg.staleness_offset, cfg.a, cfg.b)
 
     def aggregate(
         self, x: torch.Tensor, version: int, result: Update
@@ -163,12 +156,12 @@ class FedAsync(AsyncRule):
             If the update holds NaN or infinite values.
         """
         d = check_async_update(x, result, version)
-        if self.max_staleness is not None and d > self.max_staleness:
+        if self.cfg.max_staleness is not None and d > self.cfg.max_staleness:
             return None, {"staleness": d, "alpha_t": 0.0, "discarded": True}
         alpha_t = self.weight(d)
         new = fedasync_mix(x, result.params, alpha_t)
         self.applied += 1
-        self.alpha *= self.alpha_decay
+        self.alpha *= self.cfg.alpha_decay
         return new, {"staleness": d, "alpha_t": alpha_t}
 
     def state_dict(self) -> dict[str, Any]:
@@ -184,29 +177,8 @@ class FedAsync(AsyncRule):
         self.applied = int(state["applied"])
 
 
-class FedAsyncConfig(AsyncConfig):
-    """``[algorithm]`` of FedAsync (``rho``: the client's proximal weight, W5)."""
-
-    name: Literal["fedasync"]
-    alpha: Annotated[float, Field(gt=0, le=1)] = 0.6
-    staleness: Literal["const", "poly", "hinge"] = "const"
-    a: Pos = 0.5
-    b: NonNeg = 4.0
-    rho: NonNeg = 0.0
-    staleness_offset: Literal[0, 1] = 0
-    alpha_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
-    max_staleness: Annotated[int, Field(ge=0)] | None = None
-    concurrency: Annotated[int, Field(ge=1)] | None = 4
-
-    def prox_mu(self) -> float:
-        return self.rho
-
-
 def _server(cfg: FedAsyncConfig, ctx: ServerContext) -> AsyncFlow:
-    rule = FedAsync(alpha=cfg.alpha, staleness=cfg.staleness, a=cfg.a, b=cfg.b,
-                    staleness_offset=cfg.staleness_offset, alpha_decay=cfg.alpha_decay,
-                    max_staleness=cfg.max_staleness)
-    return AsyncFlow.build(rule, cfg, ctx)
+    return AsyncFlow.build(FedAsync(cfg), cfg, ctx)
 
 
 SPEC = register(AlgorithmSpec(

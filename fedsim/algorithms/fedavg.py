@@ -54,52 +54,15 @@ def fedavg_aggregate(
     return x + server_lr * (avg - x)
 
 
-class FedAvg(RoundRule):
-    """FedAvg server rule over one round's results.
+class FedAvgConfig(RoundsConfig):
+    """``[algorithm]`` of FedAvg and FedProx (``mu``: FedProx's proximal weight).
 
-    Parameters
-    ----------
-    server_lr : float
-        Server learning rate ``eta_g`` (> 0; 1 = plain averaging).
-    weighting : {"samples", "uniform"}
-        ``samples`` weights by ``n_i`` (R-AF4); ``uniform`` is the plain mean.
+    :class:`FedAvg` reads ``server_lr`` (``eta_g``, > 0; 1 = plain averaging)
+    and ``weighting``: ``samples`` weights by ``n_i`` (R-AF4), ``uniform`` is
+    the plain mean.
     """
 
-    def __init__(
-        self, server_lr: float = 1.0, weighting: Literal["samples", "uniform"] = "samples"
-    ) -> None:
-        if not server_lr > 0:
-            raise ValueError(f"Invalid server_lr: {server_lr} (must be > 0)")
-        if weighting not in WEIGHTINGS:
-            raise ValueError(
-                f"Invalid weighting: {weighting!r} (allowed: {', '.join(WEIGHTINGS)})"
-            )
-        self.server_lr = float(server_lr)
-        self.weighting = weighting
-        self.rounds = 0
-
-    def aggregate(
-        self, x: torch.Tensor, results: Sequence[Update]
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Aggregate one round; non-finite results raise before anything changes."""
-        check_round(x, results)
-        new = fedavg_aggregate(x, results, self.server_lr, self.weighting)
-        self.rounds += 1
-        return new, {"clients": [r.client for r in results]}
-
-    def state_dict(self) -> dict[str, Any]:
-        """Return the rule's mutable state."""
-        return {"rounds": self.rounds}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore state saved by :meth:`state_dict`."""
-        self.rounds = int(state["rounds"])
-
-
-class FedAvgConfig(RoundsConfig):
-    """``[algorithm]`` of FedAvg and FedProx (``mu``: FedProx's proximal weight)."""
-
-    name: Literal["fedavg", "fedprox"]
+    name: Literal["fedavg", "fedprox"] = "fedavg"
     weighting: Literal["samples", "uniform"] = "samples"
     mu: NonNeg = 0.0
     # the round's model: the (weighted) mean of the client models, or a
@@ -117,8 +80,33 @@ class FedAvgConfig(RoundsConfig):
         return self.mu
 
 
+class FedAvg(RoundRule):
+    """FedAvg server rule over one round's results; its parameters are ``cfg``'s."""
+
+    def __init__(self, cfg: FedAvgConfig) -> None:
+        self.cfg = cfg
+        self.rounds = 0
+
+    def aggregate(
+        self, x: torch.Tensor, results: Sequence[Update]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Aggregate one round; non-finite results raise before anything changes."""
+        check_round(x, results)
+        new = fedavg_aggregate(x, results, self.cfg.server_lr, self.cfg.weighting)
+        self.rounds += 1
+        return new, {"clients": [r.client for r in results]}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the rule's mutable state."""
+        return {"rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore state saved by :meth:`state_dict`."""
+        self.rounds = int(state["rounds"])
+
+
 def _server(cfg: FedAvgConfig, ctx: ServerContext) -> RoundsFlow:
-    return RoundsFlow.build(FedAvg(server_lr=cfg.server_lr, weighting=cfg.weighting), cfg, ctx)
+    return RoundsFlow.build(FedAvg(cfg), cfg, ctx)
 
 
 SPEC = register(AlgorithmSpec(

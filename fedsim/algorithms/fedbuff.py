@@ -25,18 +25,17 @@ sum (the only thing the step uses) plus one small record per update.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from fedsim.algorithms._kernels import check_async_update, check_shape, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
-from fedsim.algorithms.fedasync import STALENESS_FUNCTIONS, staleness_weight
+from fedsim.algorithms.fedasync import StalenessFn, staleness_weight
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.lazy import lazy_module
-from fedsim.schema import NonNeg, Pos
+from fedsim.schema import FiniteNonNeg, FinitePos
 from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
@@ -58,56 +57,43 @@ def fedbuff_step(x: torch.Tensor, acc: torch.Tensor, count: int, server_lr: floa
     return x.to(f64).add(acc.to(f64), alpha=float(server_lr) / count).to(x.dtype)
 
 
-class FedBuff(AsyncRule):
-    """FedBuff server rule: average every ``buffer_size`` weighted deltas.
+class FedBuffConfig(AsyncConfig):
+    """``[algorithm]`` of FedBuff: buffered asynchronous aggregation.
 
-    Parameters
+    Attributes
     ----------
     buffer_size : int
         ``K``, the number of updates per server step (>= 1; 1 makes FedBuff
         an asynchronous server-lr rule with no buffering). The paper uses 10.
     server_lr : float
-        ``eta_g`` (> 0).
+        ``eta_g`` (> 0, finite).
     staleness : {"const", "poly", "hinge"}
         Staleness function ``s`` (default ``poly`` with ``a = 0.5``: the
         paper's ``1 / sqrt(1 + d)``).
     a, b : float
-        Parameters of ``s`` (as in FedAsync; ``a > 0``, ``b >= 0``).
+        Parameters of ``s`` (as in FedAsync; finite, ``a > 0``, ``b >= 0``).
     max_staleness : int or None
         Discard updates with ``d > max_staleness`` without buffering them.
     """
 
-    def __init__(
-        self,
-        buffer_size: int = 10,
-        server_lr: float = 1.0,
-        staleness: Literal["const", "poly", "hinge"] = "poly",
-        a: float = 0.5,
-        b: float = 4.0,
-        max_staleness: int | None = None,
-    ) -> None:
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"Invalid buffer_size: {buffer_size} (must be an int >= 1)")
-        if not (server_lr > 0 and math.isfinite(server_lr)):
-            raise ValueError(f"Invalid server_lr: {server_lr} (must be finite and > 0)")
-        if staleness not in STALENESS_FUNCTIONS:
-            raise ValueError(
-                f"Invalid staleness function: {staleness!r} "
-                f"(allowed: {', '.join(STALENESS_FUNCTIONS)})"
-            )
-        if not (a > 0 and math.isfinite(a)):
-            raise ValueError(f"Invalid a: {a} (must be finite and > 0)")
-        if not (b >= 0 and math.isfinite(b)):
-            raise ValueError(f"Invalid b: {b} (must be finite and >= 0)")
-        if max_staleness is not None and max_staleness < 0:
-            raise ValueError(f"Invalid max_staleness: {max_staleness} (must be >= 0)")
+    name: Literal["fedbuff"] = "fedbuff"
+    buffer_size: Annotated[int, Field(ge=1)] = 4
+    server_lr: FinitePos = 1.0
+    staleness: StalenessFn = "poly"
+    a: FinitePos = 0.5
+    b: FiniteNonNeg = 4.0
+    max_staleness: Annotated[int, Field(ge=0)] | None = None
+
+
+class FedBuff(AsyncRule):
+    """FedBuff server rule: average every ``buffer_size`` weighted deltas.
+
+    Its parameters are ``cfg``'s (:class:`FedBuffConfig`); the buffer is its state.
+    """
+
+    def __init__(self, cfg: FedBuffConfig) -> None:
         super().__init__()
-        self.buffer_size = buffer_size
-        self.server_lr = float(server_lr)
-        self.staleness = staleness
-        self.a = float(a)
-        self.b = float(b)
-        self.max_staleness = max_staleness
+        self.cfg = cfg
         self.flushes = 0
         self._acc: torch.Tensor | None = None
         self._entries: list[tuple[int, int, float]] = []  # (client, staleness, weight)
@@ -116,7 +102,7 @@ class FedBuff(AsyncRule):
 
     def weight(self, d: int) -> float:
         """Return ``s(d)``, the weight of an update with staleness ``d``."""
-        return staleness_weight(self.staleness, d, self.a, self.b)
+        return staleness_weight(self.cfg.staleness, d, self.cfg.a, self.cfg.b)
 
     def buffered(self) -> int:
         """Return the number of updates waiting in the buffer."""
@@ -145,7 +131,7 @@ class FedBuff(AsyncRule):
         d = check_async_update(x, result, version)
         if self._acc is not None:
             check_shape(x, self._acc, "buffer (the model changed shape mid-buffer)")
-        if self.max_staleness is not None and d > self.max_staleness:
+        if self.cfg.max_staleness is not None and d > self.cfg.max_staleness:
             return None, {
                 "staleness": d,
                 "weight": 0.0,
@@ -156,10 +142,10 @@ class FedBuff(AsyncRule):
         term = delta.to(torch.float64) * w
         acc = term if self._acc is None else self._acc + term
         entries = [*self._entries, (result.client, d, w)]
-        if len(entries) < self.buffer_size:
+        if len(entries) < self.cfg.buffer_size:
             self._acc, self._entries = acc, entries
             return None, {"staleness": d, "weight": w, "buffered": len(entries)}
-        new = fedbuff_step(x, acc, len(entries), self.server_lr)
+        new = fedbuff_step(x, acc, len(entries), self.cfg.server_lr)
         self._acc, self._entries = None, []
         self.flushes += 1
         return new, {
@@ -182,10 +168,11 @@ class FedBuff(AsyncRule):
         """Restore state saved by :meth:`state_dict`."""
         entries = [(int(c), int(d), float(w)) for c, d, w in state["entries"]]
         acc = None if state["acc"] is None else unpack_tensor(state["acc"])
-        if (acc is None) != (not entries) or len(entries) >= self.buffer_size:
+        size = self.cfg.buffer_size
+        if (acc is None) != (not entries) or len(entries) >= size:
             raise ValueError(
                 f"Invalid buffer in state: {len(entries)} entries "
-                f"(buffer_size {self.buffer_size}), sum {'absent' if acc is None else 'present'}"
+                f"(buffer_size {size}), sum {'absent' if acc is None else 'present'}"
             )
         if acc is not None and not bool(torch.isfinite(acc).all()):
             raise ValueError("Invalid buffer in state: non-finite sum")
@@ -193,22 +180,8 @@ class FedBuff(AsyncRule):
         self._acc, self._entries = acc, entries
 
 
-class FedBuffConfig(AsyncConfig):
-    """``[algorithm]`` of FedBuff: buffered asynchronous aggregation."""
-
-    name: Literal["fedbuff"]
-    buffer_size: Annotated[int, Field(ge=1)] = 4
-    server_lr: Pos = 1.0
-    staleness: Literal["const", "poly", "hinge"] = "poly"
-    a: Pos = 0.5
-    b: NonNeg = 4.0
-    max_staleness: Annotated[int, Field(ge=0)] | None = None
-
-
 def _server(cfg: FedBuffConfig, ctx: ServerContext) -> AsyncFlow:
-    rule = FedBuff(buffer_size=cfg.buffer_size, server_lr=cfg.server_lr,
-                   staleness=cfg.staleness, a=cfg.a, b=cfg.b, max_staleness=cfg.max_staleness)
-    return AsyncFlow.build(rule, cfg, ctx)
+    return AsyncFlow.build(FedBuff(cfg), cfg, ctx)
 
 
 SPEC = register(AlgorithmSpec(

@@ -55,7 +55,6 @@ only float32 rounding.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -74,7 +73,7 @@ from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.robust import Aggregator
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.lazy import lazy_module
-from fedsim.schema import Pos
+from fedsim.schema import FinitePos
 from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
@@ -295,30 +294,34 @@ else:
 
 
 # --------------------------------------------------------------------------
-# Server rule.
+# The algorithm's home: ``algorithm.name`` picks the server optimizer.
+
+_BY_NAME: dict[str, Literal["adam", "yogi", "adagrad", "avgm"]] = {
+    "fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad", "fedavgm": "avgm"}
 
 
-class FedOpt(RoundRule):
-    """FedOpt server rule over one round's results (FedAdam, FedYogi, FedAdagrad, FedAvgM).
+class FedOptConfig(RoundsConfig):
+    """``[algorithm]`` of FedAdam, FedYogi, FedAdagrad and FedAvgM.
 
-    Parameters
+    ``name`` picks the server optimizer (it has no default: there is no
+    FedOpt without one).
+
+    Attributes
     ----------
-    optimizer : {"adam", "yogi", "adagrad", "avgm"}
-        The server optimizer.
     server_lr : float or None
         ``eta`` (> 0, finite). ``None`` picks 0.1 for the adaptive rules
         (Flower's FedAdam/FedYogi/FedAdagrad default, inside Reddi et al.'s
-        grid) and 1.0 for avgm (Hsu et al.'s FedAvgM; with ``momentum = 0``
-        it is then FedAvg).
+        grid) and 1.0 for FedAvgM (Hsu et al.'s; with ``momentum = 0`` it is
+        then FedAvg).
     beta1 : float
         First-moment decay in [0, 1); 0.9 as in Reddi et al.'s experiments.
     beta2 : float
         Second-moment decay in [0, 1) (adam, yogi); 0.99 as in Reddi et al.'s
         experiments and Flower.
     tau : float
-        Adaptivity ``tau`` > 0, which also sets ``v_{-1} = tau^2`` (a larger
-        ``tau`` is less adaptive). Default 1e-3, the middle of Reddi et al.'s
-        grid 1e-1 ... 1e-5, not Flower's 1e-9. A coordinate's first step is
+        Adaptivity ``tau`` > 0 (finite), which also sets ``v_{-1} = tau^2`` (a
+        larger ``tau`` is less adaptive). Default 1e-3, the middle of Reddi et
+        al.'s grid 1e-1 ... 1e-5, not Flower's 1e-9. A coordinate's first step is
         ``eta (1 - beta1) Delta / (sqrt(beta2 tau^2 + (1 - beta2) Delta^2) + tau)``:
         about ``eta sign(Delta)`` (defaults) where ``|Delta| >> tau / sqrt(1 - beta2)``,
         about ``eta (1 - beta1) Delta / (2 tau)`` where ``|Delta| << tau``. With
@@ -327,47 +330,41 @@ class FedOpt(RoundRule):
     momentum : float
         FedAvgM's server momentum ``beta`` in [0, 1) (default 0.9).
     weighting : {"uniform", "samples"}
-        ``uniform`` is Reddi et al.'s plain mean; ``samples`` weights by ``n_i``.
+        ``uniform`` (default) is Reddi et al.'s plain mean; ``samples``
+        weights by ``n_i``.
+    """
 
-    The optimizer state (float64, see the module docstring) is created at the
+    name: Literal["fedadam", "fedyogi", "fedadagrad", "fedavgm"]
+    server_lr: FinitePos | None = None  # type: ignore[assignment]
+    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.99
+    tau: FinitePos = 1e-3
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    # the pseudo-gradient from the mean of the client models, or from a robust
+    # coordinate-wise median / trimmed mean (fedsim.algorithms.robust)
+    aggregator: Aggregator = "mean"
+    trim: Annotated[float, Field(ge=0, lt=0.5)] = 0.1
+
+
+# --------------------------------------------------------------------------
+# Server rule.
+
+
+class FedOpt(RoundRule):
+    """FedOpt server rule over one round's results (FedAdam, FedYogi, FedAdagrad, FedAvgM).
+
+    Its parameters are ``cfg``'s (:class:`FedOptConfig`): the optimizer its
+    ``name`` stands for, and ``server_lr`` resolved from it when unset. The
+    optimizer state (float64, see the module docstring) is created at the
     first round, shaped like that round's ``x``; every later ``x`` must have
     as many elements.
     """
 
-    def __init__(
-        self,
-        optimizer: Literal["adam", "yogi", "adagrad", "avgm"],
-        server_lr: float | None = None,
-        beta1: float = 0.9,
-        beta2: float = 0.99,
-        tau: float = 1e-3,
-        momentum: float = 0.9,
-        weighting: Literal["samples", "uniform"] = "uniform",
-    ) -> None:
-        _check_optimizer(optimizer)
-        if server_lr is None:
-            server_lr = DEFAULT_SERVER_LR[optimizer]
-        if not (server_lr > 0 and math.isfinite(server_lr)):
-            raise ValueError(f"Invalid server_lr: {server_lr} (must be finite and > 0)")
-        if not 0 <= beta1 < 1:
-            raise ValueError(f"Invalid beta1: {beta1} (must be in [0, 1))")
-        if not 0 <= beta2 < 1:
-            raise ValueError(f"Invalid beta2: {beta2} (must be in [0, 1))")
-        if not (tau > 0 and math.isfinite(tau)):
-            raise ValueError(f"Invalid tau: {tau} (must be finite and > 0)")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"Invalid momentum: {momentum} (must be in [0, 1))")
-        if weighting not in WEIGHTINGS:
-            raise ValueError(
-                f"Invalid weighting: {weighting!r} (allowed: {', '.join(WEIGHTINGS)})"
-            )
-        self.optimizer = optimizer
-        self.server_lr = float(server_lr)
-        self.beta1 = float(beta1)
-        self.beta2 = float(beta2)
-        self.tau = float(tau)
-        self.momentum = float(momentum)
-        self.weighting = weighting
+    def __init__(self, cfg: FedOptConfig) -> None:
+        self.cfg = cfg
+        self.optimizer = _BY_NAME[cfg.name]
+        self.server_lr = (DEFAULT_SERVER_LR[self.optimizer] if cfg.server_lr is None
+                          else cfg.server_lr)
         self.rounds = 0
         self._param: torch.nn.Parameter | None = None
         self._opt: torch.optim.Optimizer | None = None
@@ -382,14 +379,14 @@ class FedOpt(RoundRule):
         opt: torch.optim.Optimizer
         if self.optimizer == "avgm":
             opt = torch.optim.SGD(
-                [param], lr=self.server_lr, momentum=self.momentum,
+                [param], lr=self.server_lr, momentum=self.cfg.momentum,
                 dampening=0.0, nesterov=False, foreach=False,
             )
         else:
             adaptive: Callable[..., torch.optim.Optimizer] = _server_optimizer_class()
             opt = adaptive(
                 [param], lr=self.server_lr, rule=self.optimizer,
-                beta1=self.beta1, beta2=self.beta2, tau=self.tau,
+                beta1=self.cfg.beta1, beta2=self.cfg.beta2, tau=self.cfg.tau,
             )
         self._param, self._opt = param, opt
         return param, opt
@@ -408,7 +405,7 @@ class FedOpt(RoundRule):
         (:func:`fedsim.algorithms.fedavg.fedavg_aggregate` with ``eta_g = 1``)
         bit for bit.
         """
-        return self.optimizer == "avgm" and self.momentum == 0 and self.server_lr == 1.0
+        return self.optimizer == "avgm" and self.cfg.momentum == 0 and self.server_lr == 1.0
 
     def moments(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Return copies of the paper's ``(m_t, v_t)`` (flat float64; None before round 0).
@@ -437,14 +434,14 @@ class FedOpt(RoundRule):
         clients = check_round(x, results)
         self._check_size(x)
         x64 = x.detach().reshape(-1).to(torch.float64)
-        delta = fedopt_delta(x.detach(), results, self.weighting).reshape(-1)
+        delta = fedopt_delta(x.detach(), results, self.cfg.weighting).reshape(-1)
         if self.is_fedavg():
             # x + Delta in float64 equals the average up to float64 rounding,
             # which can tip a float32 rounding tie the other way: take
             # FedAvg's own average (weighted_average of the y_i) instead.
             avg = weighted_average(
                 [r.params.detach().reshape(-1).to(torch.float64) for r in results],
-                _weights(results, self.weighting),
+                _weights(results, self.cfg.weighting),
             )
             self.rounds += 1
             return avg.to(x.dtype).reshape(x.shape), {
@@ -490,7 +487,7 @@ class FedOpt(RoundRule):
         m = None if state["m"] is None else unpack_tensor(state["m"])
         v = None if state["v"] is None else unpack_tensor(state["v"])
         if self.optimizer == "avgm":
-            ok = v is None and (m is None or self.momentum > 0)
+            ok = v is None and (m is None or self.cfg.momentum > 0)
         else:
             ok = (m is None) == (v is None)
         if not ok:
@@ -528,37 +525,8 @@ class FedOpt(RoundRule):
 FEDOPT_OPTIMIZERS: tuple[str, ...] = ("adam", "yogi", "adagrad", "avgm")
 
 
-# --------------------------------------------------------------------------
-# The algorithm's home: ``algorithm.name`` picks the server optimizer.
-
-_BY_NAME: dict[str, Literal["adam", "yogi", "adagrad", "avgm"]] = {
-    "fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad", "fedavgm": "avgm"}
-
-
-class FedOptConfig(RoundsConfig):
-    """``[algorithm]`` of FedAdam, FedYogi, FedAdagrad and FedAvgM.
-
-    ``server_lr`` defaults to 0.1 for the adaptive rules and 1.0 for FedAvgM;
-    ``beta1``, ``beta2`` and ``tau`` are Algorithm 2's; ``momentum`` is
-    FedAvgM's server momentum. ``weighting`` defaults to the plain mean.
-    """
-
-    name: Literal["fedadam", "fedyogi", "fedadagrad", "fedavgm"]
-    server_lr: Pos | None = None  # type: ignore[assignment]
-    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.99
-    tau: Pos = 1e-3
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    # the pseudo-gradient from the mean of the client models, or from a robust
-    # coordinate-wise median / trimmed mean (fedsim.algorithms.robust)
-    aggregator: Aggregator = "mean"
-    trim: Annotated[float, Field(ge=0, lt=0.5)] = 0.1
-
-
 def _server(cfg: FedOptConfig, ctx: ServerContext) -> RoundsFlow:
-    rule = FedOpt(_BY_NAME[cfg.name], server_lr=cfg.server_lr, beta1=cfg.beta1,
-                  beta2=cfg.beta2, tau=cfg.tau, momentum=cfg.momentum, weighting=cfg.weighting)
-    return RoundsFlow.build(rule, cfg, ctx)
+    return RoundsFlow.build(FedOpt(cfg), cfg, ctx)
 
 
 SPEC = register(AlgorithmSpec(

@@ -54,7 +54,7 @@ from fedsim.algorithms.api import (
     ServerContext,
     register,
 )
-from fedsim.algorithms.fedavg import WEIGHTINGS, fedavg_aggregate
+from fedsim.algorithms.fedavg import fedavg_aggregate
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
@@ -84,7 +84,6 @@ __all__ = [
 
 ASCENT_MODES: tuple[str, ...] = ("normalized", "constant")
 UPLOADS: tuple[str, ...] = ("amended", "local")
-AGGREGATIONS: tuple[str, ...] = ("paper", "fl_simulator")
 
 
 def _require(ok: bool, name: str, value: object, rule: str) -> None:
@@ -125,8 +124,8 @@ class FedSpeedConfig:
         descent direction before weight decay (docs/algorithms.md#fedspeed-no-gradient-clipping).
     upload : {"amended", "local"}
         Send ``xhat_i`` (paper), or ``x_K`` for a server that keeps
-        ``h_i = -lambda ghat_i`` itself (``FedSpeedServer(aggregation=
-        "fl_simulator")``).
+        ``h_i = -lambda ghat_i`` itself (``server_rule = "fl_simulator"``,
+        :class:`FedSpeedServer`).
     """
 
     prox_lambda: float = 10.0
@@ -360,98 +359,10 @@ def fedspeed_local_train(
 # Server rule.
 
 
-class FedSpeedServer(RoundRule):
-    """FedSpeed's server step over one round's uploads.
-
-    Parameters
-    ----------
-    server_lr : float
-        ``eta_g`` (> 0); the paper's "global lr 1.0" is plain averaging.
-    weighting : {"uniform", "samples"}
-        ``uniform`` is the paper's plain mean over ``S^t`` (Algorithm 1, line 16).
-    aggregation : {"paper", "fl_simulator"}
-        ``paper``: ``x <- mean_S xhat_i``. ``fl_simulator`` (the authors' code,
-        docs/algorithms.md#fedspeed-server-rule):
-        clients upload ``x_K`` (``upload="local"``); the server keeps
-        ``h_i += x_K,i - x`` (= ``-lambda ghat_i``) for all clients and sets
-        ``x <- mean_S x_K + (1/m) sum_all h_i``; equal under full participation.
-    total_clients : int or None
-        ``m``, required by ``fl_simulator``.
-    """
-
-    def __init__(
-        self,
-        server_lr: float = 1.0,
-        weighting: Literal["uniform", "samples"] = "uniform",
-        aggregation: Literal["paper", "fl_simulator"] = "paper",
-        total_clients: int | None = None,
-    ) -> None:
-        ok_lr = server_lr > 0 and math.isfinite(server_lr)
-        _require(ok_lr, "server_lr", server_lr, "must be > 0 and finite")
-        _allowed("weighting", weighting, WEIGHTINGS)
-        _allowed("aggregation", aggregation, AGGREGATIONS)
-        m = total_clients
-        _require(m is None or m >= 1, "total_clients", m, "must be >= 1")
-        _require(
-            aggregation == "paper" or m is not None, "total_clients", m,
-            "aggregation='fl_simulator' averages h_i over all m clients; pass total_clients=m",
-        )  # fmt: skip
-        self.server_lr = float(server_lr)
-        self.weighting = weighting
-        self.aggregation = aggregation
-        self.total_clients = total_clients
-        self.rounds = 0
-        self._h: dict[int, torch.Tensor] = {}
-
-    def aggregate(
-        self, x: torch.Tensor, results: Sequence[Update]
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Aggregate one round; invalid or non-finite uploads raise before any change."""
-        clients = check_round(x, results, "upload", unique=True)
-        if self.aggregation == "paper":
-            new = fedavg_aggregate(x, results, self.server_lr, self.weighting)
-        else:
-            new = self._fl_simulator(x, results)
-        self.rounds += 1
-        return new, {"clients": clients}
-
-    def _fl_simulator(self, x: torch.Tensor, results: Sequence[Update]) -> torch.Tensor:
-        h = dict(self._h)
-        for r in results:
-            step = r.params.to(torch.float64) - x.to(torch.float64)
-            h[r.client] = h[r.client] + step if r.client in h else step
-        m = int(self.total_clients or 0)
-        if len(h) > m:
-            raise ValueError(f"Invalid round: {len(h)} distinct clients > total_clients {m}")
-        avg = fedavg_aggregate(x, results, 1.0, self.weighting).to(torch.float64)
-        target = avg + torch.stack(list(h.values())).sum(0) / m
-        x64 = x.to(torch.float64)
-        self._h = h
-        return (x64 + self.server_lr * (target - x64)).to(x.dtype)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Return the rule's mutable state (``h_i`` as lists of floats)."""
-        shape = next((list(t.shape) for t in self._h.values()), None)
-        h = {c: t.reshape(-1).tolist() for c, t in sorted(self._h.items())}
-        return {"rounds": self.rounds, "h": h, "shape": shape}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore state saved by :meth:`state_dict`."""
-        self.rounds = int(state["rounds"])
-        shape = state.get("shape") or []
-        self._h = {
-            int(c): torch.tensor(v, dtype=torch.float64).reshape(shape)
-            for c, v in state.get("h", {}).items()
-        }
-
-
-# The algorithm's home: scenario config, client side, registration.
-
-
 class FedSpeedScenarioConfig(RoundsConfig):
     """``[algorithm]`` of FedSpeed: prox-correction + gradient perturbation (Table 7 switches)."""
 
-    name: Literal["fedspeed"]
+    name: Literal["fedspeed"] = "fedspeed"
     prox_lambda: Pos = 10.0
     perturb_alpha: Prob = 0.9375
     ascent_rho: NonNeg = 0.1
@@ -500,6 +411,84 @@ class FedSpeedScenarioConfig(RoundsConfig):
             upload="local" if self.server_rule == "fl_simulator" else "amended")
 
 
+class FedSpeedServer(RoundRule):
+    """FedSpeed's server step over one round's uploads.
+
+    It reads ``server_lr`` (``eta_g``; the paper's "global lr 1.0" is plain
+    averaging) and ``weighting`` (``uniform``: the paper's plain mean over
+    ``S^t``, Algorithm 1, line 16) of ``cfg``, and takes its aggregation
+    from ``server_rule``:
+
+    * ``paper``: ``x <- mean_S xhat_i``.
+    * ``fl_simulator`` (the authors' code, docs/algorithms.md#fedspeed-server-rule):
+      clients upload ``x_K``; the server keeps ``h_i += x_K,i - x``
+      (= ``-lambda ghat_i``) for all clients and sets
+      ``x <- mean_S x_K + (1/m) sum_all h_i``; equal under full
+      participation. Without ``correction`` the ``h_i`` term (the
+      correction) goes too, which leaves ``paper``'s plain mean (of ``x_K``).
+
+    ``total_clients`` is ``m``, required by ``fl_simulator``.
+    """
+
+    def __init__(self, cfg: FedSpeedScenarioConfig, total_clients: int | None = None) -> None:
+        authors = cfg.server_rule == "fl_simulator" and cfg.correction
+        self.aggregation: Literal["paper", "fl_simulator"] = "fl_simulator" if authors else "paper"
+        m = total_clients
+        _require(m is None or m >= 1, "total_clients", m, "must be >= 1")
+        _require(
+            not authors or m is not None, "total_clients", m,
+            "server_rule='fl_simulator' averages h_i over all m clients; pass total_clients=m",
+        )  # fmt: skip
+        self.cfg = cfg
+        self.total_clients = total_clients
+        self.rounds = 0
+        self._h: dict[int, torch.Tensor] = {}
+
+    def aggregate(
+        self, x: torch.Tensor, results: Sequence[Update]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Aggregate one round; invalid or non-finite uploads raise before any change."""
+        clients = check_round(x, results, "upload", unique=True)
+        if self.aggregation == "paper":
+            new = fedavg_aggregate(x, results, self.cfg.server_lr, self.cfg.weighting)
+        else:
+            new = self._fl_simulator(x, results)
+        self.rounds += 1
+        return new, {"clients": clients}
+
+    def _fl_simulator(self, x: torch.Tensor, results: Sequence[Update]) -> torch.Tensor:
+        h = dict(self._h)
+        for r in results:
+            step = r.params.to(torch.float64) - x.to(torch.float64)
+            h[r.client] = h[r.client] + step if r.client in h else step
+        m = int(self.total_clients or 0)
+        if len(h) > m:
+            raise ValueError(f"Invalid round: {len(h)} distinct clients > total_clients {m}")
+        avg = fedavg_aggregate(x, results, 1.0, self.cfg.weighting).to(torch.float64)
+        target = avg + torch.stack(list(h.values())).sum(0) / m
+        x64 = x.to(torch.float64)
+        self._h = h
+        return (x64 + self.cfg.server_lr * (target - x64)).to(x.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the rule's mutable state (``h_i`` as lists of floats)."""
+        shape = next((list(t.shape) for t in self._h.values()), None)
+        h = {c: t.reshape(-1).tolist() for c, t in sorted(self._h.items())}
+        return {"rounds": self.rounds, "h": h, "shape": shape}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore state saved by :meth:`state_dict`."""
+        self.rounds = int(state["rounds"])
+        shape = state.get("shape") or []
+        self._h = {
+            int(c): torch.tensor(v, dtype=torch.float64).reshape(shape)
+            for c, v in state.get("h", {}).items()
+        }
+
+
+# The algorithm's home: client side, registration.
+
+
 class FedSpeedClient(ClientAlgorithm):
     """FedSpeed's client side; keeps each client's ``g_hat`` between its rounds."""
 
@@ -525,16 +514,7 @@ class FedSpeedClient(ClientAlgorithm):
 
 
 def _server(cfg: FedSpeedScenarioConfig, ctx: ServerContext) -> RoundsFlow:
-    if cfg.server_rule == "fl_simulator" and cfg.correction:
-        # the authors' rule: its aggregation, the x_K uploads (client_config) and the
-        # m clients its h_i average runs over, together
-        rule = FedSpeedServer(server_lr=cfg.server_lr, weighting=cfg.weighting,
-                              aggregation="fl_simulator", total_clients=ctx.num_clients)
-    else:
-        # the paper's rule; or the authors' without the correction, whose h_i term is
-        # the correction: the plain mean of x_K (the client uploads x_K either way)
-        rule = FedSpeedServer(server_lr=cfg.server_lr, weighting=cfg.weighting)
-    return RoundsFlow.build(rule, cfg, ctx)
+    return RoundsFlow.build(FedSpeedServer(cfg, total_clients=ctx.num_clients), cfg, ctx)
 
 
 SPEC = register(AlgorithmSpec(

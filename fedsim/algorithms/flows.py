@@ -34,7 +34,7 @@ from fedsim.algorithms.base import NonFiniteUpdate
 from fedsim.algorithms.robust import Aggregator, GuardConfig, UpdateGuard, aggregate_models
 from fedsim.algorithms.scheduling import AsyncScheduler, RoundScheduler
 from fedsim.lazy import lazy_module
-from fedsim.schema import NonNeg, Pos
+from fedsim.schema import FinitePos, NonNeg, Pos
 from fedsim.wire.messages import LocalWork, Task, Update
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class RoundsConfig(AlgorithmConfig):
     min_clients: Annotated[int, Field(ge=1)] = 1
     over_selection: NonNeg = 0.0
     round_deadline: Pos | None = None
-    server_lr: Pos = 1.0
+    server_lr: FinitePos = 1.0
     weighting: Literal["samples", "uniform"] = "uniform"
     guard: GuardConfig | None = None
 

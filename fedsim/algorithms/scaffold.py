@@ -24,7 +24,6 @@ The client uploads its model ``y_i`` (``Update.params``, as FedAvg;
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -246,36 +245,40 @@ def _control(v: torch.Tensor | None, like: torch.Tensor, what: str) -> torch.Ten
 # Server rule.
 
 
+class ScaffoldConfig(RoundsConfig):
+    """``[algorithm]`` of SCAFFOLD: control variates, option II (or I).
+
+    The server reads ``server_lr`` (``eta_g``; 1 = plain model averaging) and
+    ``weighting``: the model mean, plain (the paper's Algorithm 1) or
+    weighted by each client's sample count, as FedAvg's (``c`` moves the
+    same either way).
+    """
+
+    name: Literal["scaffold"] = "scaffold"
+    option: Literal["I", "II"] = "II"
+
+
 class Scaffold:
     """SCAFFOLD's server: averages the models and holds the control variate ``c``.
 
     Parameters
     ----------
-    server_lr : float
-        Global step ``eta_g`` (> 0; 1 = plain model averaging).
+    cfg : ScaffoldConfig
+        ``server_lr`` and ``weighting``.
     total_clients : int
         ``N``, the number of clients (``c`` moves by ``|S|/N`` of the mean
         ``delta_c``).
-    weighting : {"uniform", "samples"}
-        The model mean: plain (the paper's Algorithm 1) or weighted by each
-        client's sample count, as FedAvg's. ``c`` moves the same either way.
 
     ``c`` starts at zeros shaped like the first model it sees; send
     :meth:`control` with every task.
     """
 
-    def __init__(self, server_lr: float = 1.0, *, total_clients: int,
-                 weighting: Literal["uniform", "samples"] = "uniform") -> None:
-        if not (server_lr > 0 and math.isfinite(server_lr)):
-            raise ValueError(f"Invalid server_lr: {server_lr} (must be > 0 and finite)")
-        if weighting not in ("uniform", "samples"):
-            raise ValueError(f"Invalid weighting: {weighting!r} (allowed: uniform, samples)")
-        self.weighting = weighting
+    def __init__(self, cfg: ScaffoldConfig, *, total_clients: int) -> None:
         if isinstance(total_clients, bool) or not (
             isinstance(total_clients, int) and total_clients >= 1
         ):
             raise ValueError(f"Invalid total_clients: {total_clients} (must be an int >= 1)")
-        self.server_lr = float(server_lr)
+        self.cfg = cfg
         self.total_clients = total_clients
         self.rounds = 0
         self._c: torch.Tensor | None = None
@@ -314,9 +317,9 @@ class Scaffold:
             self.control(x),
             [r.params for r in results],
             delta_c,
-            self.server_lr,
+            self.cfg.server_lr,
             self.total_clients,
-            None if self.weighting == "uniform" else [float(r.num_samples) for r in results],
+            None if self.cfg.weighting == "uniform" else [float(r.num_samples) for r in results],
         )
         self._c = new_c
         self.rounds += 1
@@ -347,19 +350,11 @@ class Scaffold:
 # each as two model-sized vectors back to back.
 
 
-class ScaffoldConfig(RoundsConfig):
-    """``[algorithm]`` of SCAFFOLD: control variates, option II (or I)."""
-
-    name: Literal["scaffold"]
-    option: Literal["I", "II"] = "II"
-
-
 class ScaffoldRounds(RoundRule):
     """:class:`Scaffold` as a round rule over (model, control variate) payloads."""
 
-    def __init__(self, server_lr: float, total_clients: int,
-                 weighting: Literal["uniform", "samples"] = "uniform") -> None:
-        self.rule = Scaffold(server_lr, total_clients=total_clients, weighting=weighting)
+    def __init__(self, cfg: ScaffoldConfig, total_clients: int) -> None:
+        self.rule = Scaffold(cfg, total_clients=total_clients)
 
     def payload(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, self.rule.control(x).to(x.dtype)])
@@ -412,8 +407,7 @@ class ScaffoldClient(ClientAlgorithm):
 
 
 def _server(cfg: ScaffoldConfig, ctx: ServerContext) -> RoundsFlow:
-    return RoundsFlow.build(ScaffoldRounds(cfg.server_lr, ctx.num_clients, cfg.weighting),
-                            cfg, ctx)
+    return RoundsFlow.build(ScaffoldRounds(cfg, ctx.num_clients), cfg, ctx)
 
 
 SPEC = register(AlgorithmSpec(

@@ -7,11 +7,13 @@ all into ``ALGO_DB``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 from fedsim.algorithms import FedAsync, FedAvg
 from fedsim.wire.messages import Update
@@ -143,3 +145,23 @@ def _err(
     return ErrorInput(kwargs, error, match)
 
 
+
+
+def _refused(kwargs: dict[str, Any], key: str) -> ErrorInput:
+    """``kwargs`` refused by the rule's config: pydantic names ``key`` and its value."""
+    shown = re.escape(repr(kwargs[key]))
+    return ErrorInput(kwargs, ValidationError, rf"\n{key}\n  [^\n]*input_value={shown}[,\]]")
+
+
+def _configured(rule: Callable[..., Any], config: Callable[..., Any],
+                *rule_keys: str) -> Callable[..., Any]:
+    """A factory of ``rule`` from keyword arguments: the config's keys build ``config``,
+    ``rule_keys`` (what the config does not hold, SCAFFOLD's ``total_clients``) go
+    to ``rule`` beside it."""
+
+    def factory(**kwargs: Any) -> Any:
+        extra = {k: kwargs.pop(k) for k in rule_keys if k in kwargs}
+        return rule(config(**kwargs), **extra)
+
+    factory.__name__ = rule.__name__
+    return factory

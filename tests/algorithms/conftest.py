@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from fedsim.algorithms import FedAsync, FedAvg, LocalConfig, OptimizerConfig
+from fedsim.algorithms.fedasync import FedAsyncConfig
+from fedsim.algorithms.fedavg import FedAvgConfig
 
 # tests/reference holds the paper-shaped reference modules; put the folder
 # itself (not tests/, whose netem/ folder would shadow the real netem) on
@@ -39,15 +41,17 @@ from _registry import (  # noqa: E402
     AlgoInput,
     _apply_async,
     _apply_round,
+    _configured,
     _draw_async,
     _draw_round,
     _err,
+    _refused,
 )
 
 ALGO_DB: list[AlgoInfo] = [
     AlgoInfo(
         name="FedAsync",
-        factory=FedAsync,
+        factory=_configured(FedAsync, FedAsyncConfig),
         draw=_draw_async,
         apply=_apply_async,
         sync_kwargs={"alpha": 1.0},
@@ -96,25 +100,25 @@ ALGO_DB: list[AlgoInfo] = [
             ),
         ],
         error_inputs=[
-            _err({"alpha": 0.0}, r"Invalid alpha: 0\.0"),
-            _err({"alpha": 1.5}, r"Invalid alpha: 1\.5"),
-            _err({"alpha": -0.1}, r"Invalid alpha: -0\.1"),
-            _err({"alpha": float("nan")}, r"Invalid alpha: nan"),
-            _err({"staleness": "linear"}, r"Invalid staleness function: 'linear'"),
-            _err({"staleness": "poly", "a": 0.0}, r"Invalid a: 0\.0"),
-            _err({"staleness": "poly", "a": -1.0}, r"Invalid a: -1\.0"),
-            _err({"staleness": "hinge", "b": -1.0}, r"Invalid b: -1\.0"),
-            _err({"staleness": "hinge", "b": float("nan")}, r"Invalid b: nan"),
-            _err({"staleness_offset": 2}, r"Invalid staleness_offset: 2"),
-            _err({"staleness_offset": -1}, r"Invalid staleness_offset: -1"),
-            _err({"alpha_decay": 0.0}, r"Invalid alpha_decay: 0\.0"),
-            _err({"alpha_decay": 1.1}, r"Invalid alpha_decay: 1\.1"),
-            _err({"max_staleness": -1}, r"Invalid max_staleness: -1"),
+            _refused({"alpha": 0.0}, "alpha"),
+            _refused({"alpha": 1.5}, "alpha"),
+            _refused({"alpha": -0.1}, "alpha"),
+            _refused({"alpha": float("nan")}, "alpha"),
+            _refused({"staleness": "linear"}, "staleness"),
+            _refused({"staleness": "poly", "a": 0.0}, "a"),
+            _refused({"staleness": "poly", "a": -1.0}, "a"),
+            _refused({"staleness": "hinge", "b": -1.0}, "b"),
+            _refused({"staleness": "hinge", "b": float("nan")}, "b"),
+            _refused({"staleness_offset": 2}, "staleness_offset"),
+            _refused({"staleness_offset": -1}, "staleness_offset"),
+            _refused({"alpha_decay": 0.0}, "alpha_decay"),
+            _refused({"alpha_decay": 1.1}, "alpha_decay"),
+            _refused({"max_staleness": -1}, "max_staleness"),
         ],
     ),
     AlgoInfo(
         name="FedAvg",
-        factory=FedAvg,
+        factory=_configured(FedAvg, FedAvgConfig),
         draw=_draw_round,
         apply=_apply_round,
         sync_kwargs={"server_lr": 1.0},
@@ -126,10 +130,10 @@ ALGO_DB: list[AlgoInfo] = [
             AlgoInput({"weighting": "uniform", "server_lr": 1.5}, "uniform-lr1.5"),
         ],
         error_inputs=[
-            _err({"server_lr": 0.0}, r"Invalid server_lr: 0\.0"),
-            _err({"server_lr": -1.0}, r"Invalid server_lr: -1\.0"),
-            _err({"server_lr": float("nan")}, r"Invalid server_lr: nan"),
-            _err({"weighting": "median"}, r"Invalid weighting: 'median'"),
+            _refused({"server_lr": 0.0}, "server_lr"),
+            _refused({"server_lr": -1.0}, "server_lr"),
+            _refused({"server_lr": float("nan")}, "server_lr"),
+            _refused({"weighting": "median"}, "weighting"),
         ],
     ),
     AlgoInfo(

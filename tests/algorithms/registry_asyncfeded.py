@@ -18,10 +18,11 @@ the client's model, so every input passes the zero-staleness contract.
 from __future__ import annotations
 
 import torch
-from _registry import AlgoInfo, AlgoInput, _draw_async, _err
+from _registry import AlgoInfo, AlgoInput, _configured, _draw_async, _err, _refused
+from pydantic import ValidationError
 
 from fedsim.algorithms._kernels import pseudo_gradient
-from fedsim.algorithms.asyncfeded import AsyncFedED
+from fedsim.algorithms.asyncfeded import AsyncFedED, AsyncFedEDConfig
 
 _WINDOW = 5  # the largest staleness _draw_async produces
 
@@ -46,7 +47,7 @@ def _apply(rule: AsyncFedED, x: torch.Tensor, version: int, results):
 ENTRIES = [
     AlgoInfo(
         name="AsyncFedED",
-        factory=AsyncFedED,
+        factory=_configured(AsyncFedED, AsyncFedEDConfig),
         draw=_draw_async,
         apply=_apply,
         sync_kwargs={"lam": 1.0, "epsilon": 1.0},
@@ -79,23 +80,25 @@ ENTRIES = [
             ),
         ],
         error_inputs=[
-            _err({"lam": 0.0}, r"Invalid lam: 0\.0"),
-            _err({"lam": -1.0}, r"Invalid lam: -1\.0"),
-            _err({"lam": float("nan")}, r"Invalid lam: nan"),
-            _err({"epsilon": 0.0}, r"Invalid epsilon: 0\.0"),
-            _err({"epsilon": float("inf")}, r"Invalid epsilon: inf"),
-            _err({"gamma_bar": -0.5}, r"Invalid gamma_bar: -0\.5"),
-            _err({"gamma_bar": float("nan")}, r"Invalid gamma_bar: nan"),
-            _err({"kappa": -0.1}, r"Invalid kappa: -0\.1"),
-            _err({"k_initial": 0.5}, r"Invalid k_initial: 0\.5"),
-            _err({"k_initial": 20.0, "k_max": 15.0}, r"Invalid k_initial: 20\.0"),
-            _err({"k_min": 0.0}, r"Invalid k_min: 0\.0"),
-            _err({"k_min": 5.0, "k_max": 4.0, "k_initial": 5.0}, r"Invalid k_max: 4\.0"),
-            _err({"k_rounding": "floor", "k_initial": 7.5}, r"Invalid k_initial: 7\.5"),
-            _err({"k_rounding": "nearest"}, r"Invalid k_rounding: 'nearest'"),
-            _err({"k_unit": "passes"}, r"Invalid k_unit: 'passes'"),
-            _err({"gamma_max": 0.0}, r"Invalid gamma_max: 0\.0"),
-            _err({"zero_tol": -1e-9}, r"Invalid zero_tol: -1e-09"),
+            _refused({"lam": 0.0}, "lam"),
+            _refused({"lam": -1.0}, "lam"),
+            _refused({"lam": float("nan")}, "lam"),
+            _refused({"epsilon": 0.0}, "epsilon"),
+            _refused({"epsilon": float("inf")}, "epsilon"),
+            _refused({"gamma_bar": -0.5}, "gamma_bar"),
+            _refused({"gamma_bar": float("nan")}, "gamma_bar"),
+            _refused({"kappa": -0.1}, "kappa"),
+            _err({"k_initial": 0.5}, r"Invalid k_initial: 0\.5", ValidationError),
+            _err({"k_initial": 20.0, "k_max": 15.0}, r"Invalid k_initial: 20\.0", ValidationError),
+            _refused({"k_min": 0.0}, "k_min"),
+            _err({"k_min": 5.0, "k_max": 4.0, "k_initial": 5.0}, r"Invalid k_max: 4\.0",
+                 ValidationError),
+            _err({"k_rounding": "floor", "k_initial": 7.5}, r"Invalid k_initial: 7\.5",
+                 ValidationError),
+            _refused({"k_rounding": "nearest"}, "k_rounding"),
+            _refused({"k_unit": "passes"}, "k_unit"),
+            _refused({"gamma_max": 0.0}, "gamma_max"),
+            _refused({"zero_tol": -1e-9}, "zero_tol"),
         ],
     )
 ]

@@ -12,10 +12,10 @@ client computes ``x_local - x_base`` itself. The delta is taken in float64
 from __future__ import annotations
 
 import torch
-from _registry import AlgoInfo, AlgoInput, _draw_async, _err
+from _registry import AlgoInfo, AlgoInput, _configured, _draw_async, _refused
 
 from fedsim.algorithms._kernels import pseudo_gradient
-from fedsim.algorithms.fedbuff import FedBuff
+from fedsim.algorithms.fedbuff import FedBuff, FedBuffConfig
 
 
 def _apply(rule: FedBuff, x: torch.Tensor, version: int, results):
@@ -27,7 +27,7 @@ def _apply(rule: FedBuff, x: torch.Tensor, version: int, results):
 ENTRIES = [
     AlgoInfo(
         name="FedBuff",
-        factory=FedBuff,
+        factory=_configured(FedBuff, FedBuffConfig),
         draw=_draw_async,
         apply=_apply,
         sync_kwargs={"buffer_size": 1, "server_lr": 1.0},
@@ -40,14 +40,14 @@ ENTRIES = [
             AlgoInput({"buffer_size": 2, "server_lr": 1.5, "max_staleness": 2}, "max-staleness"),
         ],
         error_inputs=[
-            _err({"buffer_size": 0}, r"Invalid buffer_size: 0"),
-            _err({"buffer_size": 2.5}, r"Invalid buffer_size: 2\.5"),
-            _err({"server_lr": 0.0}, r"Invalid server_lr: 0\.0"),
-            _err({"server_lr": float("nan")}, r"Invalid server_lr: nan"),
-            _err({"staleness": "exp"}, r"Invalid staleness function: 'exp'"),
-            _err({"a": 0.0}, r"Invalid a: 0\.0"),
-            _err({"b": -1.0}, r"Invalid b: -1\.0"),
-            _err({"max_staleness": -1}, r"Invalid max_staleness: -1"),
+            _refused({"buffer_size": 0}, "buffer_size"),
+            _refused({"buffer_size": 2.5}, "buffer_size"),
+            _refused({"server_lr": 0.0}, "server_lr"),
+            _refused({"server_lr": float("nan")}, "server_lr"),
+            _refused({"staleness": "exp"}, "staleness"),
+            _refused({"a": 0.0}, "a"),
+            _refused({"b": -1.0}, "b"),
+            _refused({"max_staleness": -1}, "max_staleness"),
         ],
     )
 ]

@@ -9,25 +9,34 @@ do not.
 
 from __future__ import annotations
 
-from _registry import AlgoInfo, AlgoInput, _apply_round, _draw_round, _err
+from _registry import (
+    AlgoInfo,
+    AlgoInput,
+    ErrorInput,
+    _apply_round,
+    _configured,
+    _draw_round,
+    _refused,
+)
+from pydantic import ValidationError
 
-from fedsim.algorithms.fedopt import FedOpt
+from fedsim.algorithms.fedopt import FedOpt, FedOptConfig
 
 ENTRIES: list[AlgoInfo] = [
     AlgoInfo(
         name="FedOpt",
-        factory=FedOpt,
+        factory=_configured(FedOpt, FedOptConfig),
         draw=_draw_round,
         apply=_apply_round,
         sync_kwargs={"server_lr": 1.0, "momentum": 0.0},
         inputs=[
-            AlgoInput({"optimizer": "adam"}, "adam-defaults", fresh_is_sync=False),
-            AlgoInput({"optimizer": "yogi"}, "yogi-defaults", fresh_is_sync=False),
-            AlgoInput({"optimizer": "adagrad"}, "adagrad-defaults", fresh_is_sync=False),
-            AlgoInput({"optimizer": "avgm"}, "avgm-defaults"),
+            AlgoInput({"name": "fedadam"}, "adam-defaults", fresh_is_sync=False),
+            AlgoInput({"name": "fedyogi"}, "yogi-defaults", fresh_is_sync=False),
+            AlgoInput({"name": "fedadagrad"}, "adagrad-defaults", fresh_is_sync=False),
+            AlgoInput({"name": "fedavgm"}, "avgm-defaults"),
             AlgoInput(
                 {
-                    "optimizer": "adam",
+                    "name": "fedadam",
                     "server_lr": 0.01,
                     "beta1": 0.0,
                     "beta2": 0.0,
@@ -38,40 +47,41 @@ ENTRIES: list[AlgoInfo] = [
                 fresh_is_sync=False,
             ),
             AlgoInput(
-                {"optimizer": "yogi", "server_lr": 1.0, "tau": 1e-5, "weighting": "samples"},
+                {"name": "fedyogi", "server_lr": 1.0, "tau": 1e-5, "weighting": "samples"},
                 "yogi-tau1e-5-samples",
                 fresh_is_sync=False,
             ),
             AlgoInput(
-                {"optimizer": "adagrad", "beta1": 0.0, "tau": 1e-2},
+                {"name": "fedadagrad", "beta1": 0.0, "tau": 1e-2},
                 "adagrad-beta1-0",
                 fresh_is_sync=False,
             ),
-            AlgoInput({"optimizer": "avgm", "momentum": 0.0}, "avgm-momentum0"),
+            AlgoInput({"name": "fedavgm", "momentum": 0.0}, "avgm-momentum0"),
             AlgoInput(
-                {"optimizer": "avgm", "server_lr": 0.5, "momentum": 0.99, "weighting": "samples"},
+                {"name": "fedavgm", "server_lr": 0.5, "momentum": 0.99, "weighting": "samples"},
                 "avgm-lr0.5-m0.99-samples",
             ),
         ],
         error_inputs=[
-            _err({"optimizer": "sgd"}, r"Invalid optimizer: 'sgd'"),
-            _err({"optimizer": "adam", "server_lr": 0.0}, r"Invalid server_lr: 0\.0"),
-            _err({"optimizer": "avgm", "server_lr": -1.0}, r"Invalid server_lr: -1\.0"),
-            _err({"optimizer": "yogi", "server_lr": float("nan")}, r"Invalid server_lr: nan"),
-            _err({"optimizer": "adam", "server_lr": float("inf")}, r"Invalid server_lr: inf"),
-            _err({"optimizer": "adam", "beta1": 1.0}, r"Invalid beta1: 1\.0"),
-            _err({"optimizer": "adagrad", "beta1": -0.1}, r"Invalid beta1: -0\.1"),
-            _err({"optimizer": "adam", "beta1": float("nan")}, r"Invalid beta1: nan"),
-            _err({"optimizer": "yogi", "beta2": 1.0}, r"Invalid beta2: 1\.0"),
-            _err({"optimizer": "adam", "beta2": -0.5}, r"Invalid beta2: -0\.5"),
-            _err({"optimizer": "adam", "tau": 0.0}, r"Invalid tau: 0\.0"),
-            _err({"optimizer": "yogi", "tau": -0.001}, r"Invalid tau: -0\.001"),
-            _err({"optimizer": "adagrad", "tau": float("inf")}, r"Invalid tau: inf"),
-            _err({"optimizer": "avgm", "momentum": 1.0}, r"Invalid momentum: 1\.0"),
-            _err({"optimizer": "avgm", "momentum": -0.1}, r"Invalid momentum: -0\.1"),
-            _err({"optimizer": "avgm", "momentum": float("nan")}, r"Invalid momentum: nan"),
-            _err({"optimizer": "adam", "weighting": "median"}, r"Invalid weighting: 'median'"),
-            _err({}, r"optimizer", TypeError),
+            _refused({"name": "fedsgd"}, "name"),
+            _refused({"name": "fedadam", "server_lr": 0.0}, "server_lr"),
+            _refused({"name": "fedavgm", "server_lr": -1.0}, "server_lr"),
+            _refused({"name": "fedyogi", "server_lr": float("nan")}, "server_lr"),
+            _refused({"name": "fedadam", "server_lr": float("inf")}, "server_lr"),
+            _refused({"name": "fedadam", "beta1": 1.0}, "beta1"),
+            _refused({"name": "fedadagrad", "beta1": -0.1}, "beta1"),
+            _refused({"name": "fedadam", "beta1": float("nan")}, "beta1"),
+            _refused({"name": "fedyogi", "beta2": 1.0}, "beta2"),
+            _refused({"name": "fedadam", "beta2": -0.5}, "beta2"),
+            _refused({"name": "fedadam", "tau": 0.0}, "tau"),
+            _refused({"name": "fedyogi", "tau": -0.001}, "tau"),
+            _refused({"name": "fedadagrad", "tau": float("inf")}, "tau"),
+            _refused({"name": "fedavgm", "momentum": 1.0}, "momentum"),
+            _refused({"name": "fedavgm", "momentum": -0.1}, "momentum"),
+            _refused({"name": "fedavgm", "momentum": float("nan")}, "momentum"),
+            _refused({"name": "fedadam", "weighting": "median"}, "weighting"),
+            # the server optimizer is the config's name: it has no default
+            ErrorInput({}, ValidationError, r"\nname\n  Field required"),
         ],
     ),
 ]

@@ -7,14 +7,14 @@ client's ``h_i`` to the average, so one fresh result is not returned as is.
 
 from __future__ import annotations
 
-from _registry import AlgoInfo, AlgoInput, _apply_round, _draw_round, _err
+from _registry import AlgoInfo, AlgoInput, _apply_round, _configured, _draw_round, _err, _refused
 
-from fedsim.algorithms.fedspeed import FedSpeedConfig, FedSpeedServer
+from fedsim.algorithms.fedspeed import FedSpeedConfig, FedSpeedScenarioConfig, FedSpeedServer
 
 ENTRIES: list[AlgoInfo] = [
     AlgoInfo(
         name="FedSpeedServer",
-        factory=FedSpeedServer,
+        factory=_configured(FedSpeedServer, FedSpeedScenarioConfig, "total_clients"),
         draw=_draw_round,
         apply=_apply_round,
         sync_kwargs={"server_lr": 1.0},
@@ -23,28 +23,25 @@ ENTRIES: list[AlgoInfo] = [
             AlgoInput({"weighting": "samples"}, "samples"),
             AlgoInput({"server_lr": 0.5}, "lr0.5"),
             AlgoInput(
-                {"aggregation": "fl_simulator", "total_clients": 10},
+                {"server_rule": "fl_simulator", "total_clients": 10},
                 "fl-simulator",
                 fresh_is_sync=False,
             ),
+            # the authors' rule averages uniformly (FedSpeedScenarioConfig refuses
+            # weighting = "samples" beside it)
             AlgoInput(
-                {
-                    "aggregation": "fl_simulator",
-                    "total_clients": 12,
-                    "server_lr": 1.5,
-                    "weighting": "samples",
-                },
-                "fl-simulator-lr1.5-samples",
+                {"server_rule": "fl_simulator", "total_clients": 12, "server_lr": 1.5},
+                "fl-simulator-lr1.5",
                 fresh_is_sync=False,
             ),
         ],
         error_inputs=[
-            _err({"server_lr": 0.0}, r"Invalid server_lr: 0\.0"),
-            _err({"server_lr": float("nan")}, r"Invalid server_lr: nan"),
-            _err({"server_lr": float("inf")}, r"Invalid server_lr: inf"),
-            _err({"weighting": "median"}, r"Invalid weighting: 'median'"),
-            _err({"aggregation": "feddyn"}, r"Invalid aggregation: 'feddyn'"),
-            _err({"aggregation": "fl_simulator"}, r"Invalid total_clients: None"),
+            _refused({"server_lr": 0.0}, "server_lr"),
+            _refused({"server_lr": float("nan")}, "server_lr"),
+            _refused({"server_lr": float("inf")}, "server_lr"),
+            _refused({"weighting": "median"}, "weighting"),
+            _refused({"server_rule": "feddyn"}, "server_rule"),
+            _err({"server_rule": "fl_simulator"}, r"Invalid total_clients: None"),
             _err({"total_clients": 0}, r"Invalid total_clients: 0"),
         ],
     ),

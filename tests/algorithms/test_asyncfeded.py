@@ -8,11 +8,13 @@ import math
 import asyncfeded_reference as ref
 import pytest
 import torch
+from pydantic import ValidationError
 
 from fedsim.algorithms import NonFiniteUpdate
 from fedsim.algorithms._kernels import pack_tensor, pseudo_gradient, unpack_tensor
 from fedsim.algorithms.asyncfeded import (
     AsyncFedED,
+    AsyncFedEDConfig,
     asyncfeded_step,
     clamp_k,
     euclidean_staleness,
@@ -33,8 +35,15 @@ def _e(i: int, dim: int = 4, scale: float = 1.0) -> torch.Tensor:
     return v
 
 
+def _rule(**kwargs) -> AsyncFedED:
+    """The rule of ``AsyncFedEDConfig(**kwargs)``; K starts at the paper's 10 unless
+    ``k_initial`` is given (the references here start there; the scenario's default
+    is 1 pass over the data, R-AF5)."""
+    return AsyncFedED(AsyncFedEDConfig(**{"k_initial": 10.0, **kwargs}))
+
+
 def _rule_at(x0: torch.Tensor, version: int = 0, **kwargs) -> AsyncFedED:
-    rule = AsyncFedED(**kwargs)
+    rule = _rule(**kwargs)
     rule.snapshot(version, x0)
     return rule
 
@@ -56,7 +65,7 @@ def test_parity_with_reference_step_by_step(kwargs, rounding):
     gen = torch.Generator().manual_seed(42)
     m, dim = 4, 7
     x = torch.randn(dim, generator=gen, dtype=F64)
-    rule = AsyncFedED(k_rounding=rounding, **kwargs)
+    rule = _rule(k_rounding=rounding, **kwargs)
     paper = ref.AsyncFedEDServer(
         x.tolist(),
         lam=kwargs["lam"],
@@ -115,7 +124,7 @@ def test_gamma_zero_gives_eta_lambda_over_epsilon(lam, epsilon):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(5, generator=gen, dtype=F64)
     delta = torch.randn(5, generator=gen, dtype=F64)
-    rule = AsyncFedED(lam=lam, epsilon=epsilon)
+    rule = _rule(lam=lam, epsilon=epsilon)
     new, info = rule.aggregate(x, 3, _result(delta, 3))
     assert info["gamma"] == 0.0
     assert info["staleness"] == 0
@@ -141,7 +150,7 @@ def test_fresh_update_with_lambda_equal_epsilon_lands_on_the_local_model():
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(50, generator=gen)
     local = x + 0.1 * torch.randn(50, generator=gen)
-    rule = AsyncFedED(lam=2.0, epsilon=2.0)
+    rule = _rule(lam=2.0, epsilon=2.0)
     new, _ = rule.aggregate(x, 0, _result(pseudo_gradient(x, local), 0))
     assert new.dtype == torch.float32
     assert torch.equal(new, local)
@@ -186,8 +195,8 @@ def test_floor_increment_table_through_aggregate(gamma, increment):
 def test_floor_with_femnist_kappa_never_grows_k_but_accumulate_does():
     """R-AF2: at kappa = 0.05 the paper's floor rule cannot raise K."""
     x = torch.zeros(4, dtype=F64)
-    floor = AsyncFedED(lam=1.0, epsilon=1.0, gamma_bar=3.0, kappa=0.05, k_rounding="floor")
-    accumulate = AsyncFedED(lam=1.0, epsilon=1.0, gamma_bar=3.0, kappa=0.05)
+    floor = _rule(lam=1.0, epsilon=1.0, gamma_bar=3.0, kappa=0.05, k_rounding="floor")
+    accumulate = _rule(lam=1.0, epsilon=1.0, gamma_bar=3.0, kappa=0.05)
     xf = xa = x
     for version in range(20):  # fresh updates: gamma = 0, the best case for growth
         xf, info_f = floor.aggregate(xf, version, _result(_e(version % 4), version))
@@ -263,7 +272,7 @@ def test_k_clamps_at_k_min_and_has_no_upper_bound_by_default():
     assert info["k_clamped"] is True
     assert rule.local_units(3) == 1
 
-    fast = AsyncFedED(gamma_bar=3.0, kappa=1.0)
+    fast = _rule(gamma_bar=3.0, kappa=1.0)
     x = x0
     for version in range(40):  # fresh every time: +3 per update, no K_max
         x, info = fast.aggregate(x, version, _result(_e(1), version, client=1))
@@ -272,7 +281,7 @@ def test_k_clamps_at_k_min_and_has_no_upper_bound_by_default():
 
 
 def test_k_max_clamps_when_asked():
-    rule = AsyncFedED(gamma_bar=3.0, kappa=1.0, k_max=14.0)
+    rule = _rule(gamma_bar=3.0, kappa=1.0, k_max=14.0)
     x = torch.zeros(3, dtype=F64)
     ks = []
     for version in range(3):
@@ -282,8 +291,8 @@ def test_k_max_clamps_when_asked():
 
 
 def test_new_clients_start_at_k_initial_and_reconnect_policy():
-    keep = AsyncFedED(k_initial=10.0, gamma_bar=3.0, kappa=1.0)
-    reset = AsyncFedED(k_initial=10.0, gamma_bar=3.0, kappa=1.0, reset_k_on_reconnect=True)
+    keep = _rule(k_initial=10.0, gamma_bar=3.0, kappa=1.0)
+    reset = _rule(k_initial=10.0, gamma_bar=3.0, kappa=1.0, reset_k_on_reconnect=True)
     for rule in (keep, reset):
         assert rule.connect(5) == 10.0
         rule.aggregate(torch.zeros(2), 0, _result(torch.ones(2), 0, client=5))
@@ -294,9 +303,9 @@ def test_new_clients_start_at_k_initial_and_reconnect_policy():
 
 
 def test_k_unit_and_local_units():
-    assert AsyncFedED().k_unit == "epochs"
-    rule = AsyncFedED(k_unit="steps", k_initial=2.7)
-    assert rule.k_unit == "steps"
+    assert _rule().cfg.k_unit == "epochs"
+    rule = _rule(k_unit="steps", k_initial=2.7)
+    assert rule.cfg.k_unit == "steps"
     assert rule.next_k(0) == 2.7
     assert rule.local_units(0) == 2
 
@@ -320,7 +329,7 @@ def test_zero_or_negligible_update_is_discarded_and_changes_nothing(scale):
 
 
 def test_zero_update_on_a_zero_model_is_discarded_without_dividing():
-    new, info = AsyncFedED().aggregate(torch.zeros(3), 0, _result(torch.zeros(3), 0))
+    new, info = _rule().aggregate(torch.zeros(3), 0, _result(torch.zeros(3), 0))
     assert new is None
     assert info["discarded"] is True
 
@@ -441,7 +450,7 @@ def test_state_dict_round_trip_keeps_history_holds_and_k():
     assert set(state["history"]) == {0, 1}
     assert state["holds"] == {0: 1, 1: 1}
     assert state["k"] == {1: rule.next_k(1)}
-    fresh = AsyncFedED(k_rounding="floor", gamma_bar=2.0, kappa=1.0)
+    fresh = _rule(k_rounding="floor", gamma_bar=2.0, kappa=1.0)
     fresh.load_state_dict(state)
     assert fresh.state_dict() == rule.state_dict()
     delta = torch.randn(5, generator=gen)
@@ -456,11 +465,11 @@ def test_load_state_dict_rejects_inconsistent_state():
     rule.hold(0)
     state = rule.state_dict()
     with pytest.raises(ValueError, match=r"hold 1 on version 9"):
-        AsyncFedED().load_state_dict({**state, "holds": {9: 1}})
+        _rule().load_state_dict({**state, "holds": {9: 1}})
     with pytest.raises(ValueError, match=r"current version 3 has no snapshot"):
-        AsyncFedED().load_state_dict({**state, "current": 3})
+        _rule().load_state_dict({**state, "current": 3})
     with pytest.raises(ValueError, match=r"Invalid K in state for client 0: nan"):
-        AsyncFedED().load_state_dict({**state, "k": {0: float("nan")}})
+        _rule().load_state_dict({**state, "k": {0: float("nan")}})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
@@ -510,8 +519,8 @@ def test_fixed_eta_g_applies_the_same_weight_at_any_staleness(gamma):
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
 def test_fixed_eta_g_must_be_positive_and_finite(bad):
-    with pytest.raises(ValueError, match="fixed_eta_g"):
-        AsyncFedED(fixed_eta_g=bad)
+    with pytest.raises(ValidationError, match="fixed_eta_g"):
+        AsyncFedEDConfig(fixed_eta_g=bad)
 
 
 def test_fixed_eta_g_is_a_scenario_key_validated_on_load():
@@ -523,3 +532,39 @@ def test_fixed_eta_g_is_a_scenario_key_validated_on_load():
     assert parse({"algorithm": {"name": "asyncfeded"}}).algorithm.fixed_eta_g is None  # type: ignore[attr-defined]
     with pytest.raises(ScenarioError, match=r"algorithm\.fixed_eta_g"):
         parse({"algorithm": {"name": "asyncfeded", "fixed_eta_g": 0}})
+
+
+@pytest.mark.parametrize(
+    ("table", "match"),
+    [
+        ({"k_min": 0.5}, r"algorithm\.k_min: Input should be greater than or equal to 1"),
+        ({"k_initial": 20.0, "k_max": 15.0}, r"Invalid k_initial: 20\.0 \(must lie in"),
+        ({"k_min": 5.0, "k_max": 4.0, "k_initial": 5.0}, r"Invalid k_max: 4\.0"),
+        ({"k_rounding": "floor", "k_initial": 2.5}, r"must be whole with k_rounding='floor'"),
+        ({"lam": math.inf}, r"algorithm\.lam: Input should be a finite number"),
+    ],
+)
+def test_k_bounds_are_checked_on_load_not_when_the_server_builds_the_rule(table, match):
+    """These were the constructor's checks, met only when a run's server built the
+    rule: ``fedsim check`` passed such a scenario. The config holds them now."""
+    from fedsim.errors import ScenarioError
+    from fedsim.scenario import parse
+
+    with pytest.raises(ScenarioError, match=match):
+        parse({"algorithm": {"name": "asyncfeded", **table}})
+
+
+def test_gamma_max_and_zero_tol_are_scenario_keys():
+    """The rule's two parameters no scenario could set are config keys like the rest."""
+    from fedsim.algorithms import get
+    from fedsim.algorithms.api import ServerContext
+    from fedsim.algorithms.local import LocalConfig
+    from fedsim.scenario import parse
+
+    cfg = parse({"algorithm": {"name": "asyncfeded", "gamma_max": 2.0,
+                               "zero_tol": 1e-9}}).algorithm
+    flow = get("asyncfeded").server(cfg, ServerContext(x0=torch.zeros(4), num_clients=2,
+                                                       seed=0, local=LocalConfig()))
+    assert (flow.rule.cfg.gamma_max, flow.rule.cfg.zero_tol) == (2.0, 1e-9)
+    assert _rule().cfg.gamma_max is None
+    assert _rule().cfg.zero_tol == 1e-12

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fedsim.algorithms import FedAsync, fedasync_mix, staleness_weight
+from fedsim.algorithms.fedasync import FedAsyncConfig
 from fedsim.wire.messages import Update
 
 
@@ -65,8 +66,8 @@ def test_staleness_weight_rejects_negative_and_unknown():
 def test_hinge_with_b_at_max_staleness_equals_const():
     """The paper: with maximum staleness 4, Hinge with b = 4 is Const."""
     gen = torch.Generator().manual_seed(0)
-    hinge = FedAsync(alpha=0.7, staleness="hinge", a=10, b=4)
-    const = FedAsync(alpha=0.7, staleness="const")
+    hinge = FedAsync(FedAsyncConfig(alpha=0.7, staleness="hinge", a=10, b=4))
+    const = FedAsync(FedAsyncConfig(alpha=0.7, staleness="const"))
     x_h = x_c = torch.randn(8, generator=gen)
     for version in range(40):
         d = int(torch.randint(0, min(version, 4) + 1, (), generator=gen))
@@ -103,15 +104,15 @@ def test_mix_rejects_alpha_t_outside_unit_interval(alpha_t):
 )
 @pytest.mark.parametrize("d", [0, 1, 4, 5, 9])
 def test_staleness_offset_shifts_d_by_one(staleness, kw, d):
-    resolved = FedAsync(alpha=0.5, staleness=staleness, **kw)
-    literal = FedAsync(alpha=0.5, staleness=staleness, staleness_offset=1, **kw)
+    resolved = FedAsync(FedAsyncConfig(alpha=0.5, staleness=staleness, **kw))
+    literal = FedAsync(FedAsyncConfig(alpha=0.5, staleness=staleness, staleness_offset=1, **kw))
     a, b = kw.get("a", 0.5), kw.get("b", 4.0)
     assert resolved.weight(d) == pytest.approx(0.5 * ref.s(staleness, d, a, b))
     assert literal.weight(d) == pytest.approx(0.5 * ref.s(staleness, d + 1, a, b))
 
 
 def test_fresh_update_has_staleness_zero_and_full_weight():
-    rule = FedAsync(alpha=0.6, staleness="poly", a=0.5)
+    rule = FedAsync(FedAsyncConfig(alpha=0.6, staleness="poly", a=0.5))
     x, y = torch.zeros(3), torch.ones(3)
     new, info = rule.aggregate(x, 7, _result(y, 7))
     assert info["staleness"] == 0
@@ -120,7 +121,7 @@ def test_fresh_update_has_staleness_zero_and_full_weight():
 
 
 def test_literal_offset_weights_a_fresh_update_by_s_of_one():
-    rule = FedAsync(alpha=0.6, staleness="poly", a=0.5, staleness_offset=1)
+    rule = FedAsync(FedAsyncConfig(alpha=0.6, staleness="poly", a=0.5, staleness_offset=1))
     new, info = rule.aggregate(torch.zeros(3), 7, _result(torch.ones(3), 7))
     # info reports the R-FA1 staleness; the weight uses the literal t - tau = 1.
     assert info["staleness"] == 0
@@ -129,15 +130,15 @@ def test_literal_offset_weights_a_fresh_update_by_s_of_one():
 
 
 def test_literal_offset_moves_the_hinge_knee():
-    resolved = FedAsync(alpha=1.0, staleness="hinge", a=10, b=4)
-    literal = FedAsync(alpha=1.0, staleness="hinge", a=10, b=4, staleness_offset=1)
+    resolved = FedAsync(FedAsyncConfig(alpha=1.0, staleness="hinge", a=10, b=4))
+    literal = FedAsync(FedAsyncConfig(alpha=1.0, staleness="hinge", a=10, b=4, staleness_offset=1))
     assert resolved.weight(4) == 1.0
     assert literal.weight(4) == pytest.approx(1 / 11)
     assert literal.weight(3) == 1.0
 
 
 def test_base_version_newer_than_server_is_rejected():
-    rule = FedAsync()
+    rule = FedAsync(FedAsyncConfig())
     with pytest.raises(ValueError, match=r"Invalid base version 6.*version 5"):
         rule.aggregate(torch.zeros(2), 5, _result(torch.ones(2), 6))
     assert rule.state_dict() == {"alpha": 0.6, "applied": 0}
@@ -147,7 +148,7 @@ def test_base_version_newer_than_server_is_rejected():
 
 
 def test_max_staleness_discards_only_beyond_the_bound():
-    rule = FedAsync(alpha=0.5, alpha_decay=0.5, max_staleness=2)
+    rule = FedAsync(FedAsyncConfig(alpha=0.5, alpha_decay=0.5, max_staleness=2))
     x = torch.zeros(4)
     kept, info = rule.aggregate(x, 10, _result(torch.ones(4), 8))  # d = 2: kept
     assert kept is not None
@@ -162,13 +163,13 @@ def test_max_staleness_discards_only_beyond_the_bound():
 
 
 def test_max_staleness_zero_keeps_only_fresh_updates():
-    rule = FedAsync(max_staleness=0)
+    rule = FedAsync(FedAsyncConfig(max_staleness=0))
     assert rule.aggregate(torch.zeros(2), 3, _result(torch.ones(2), 3))[0] is not None
     assert rule.aggregate(torch.zeros(2), 3, _result(torch.ones(2), 2))[0] is None
 
 
 def test_alpha_decay_is_geometric_per_applied_update():
-    rule = FedAsync(alpha=0.9, alpha_decay=0.8)
+    rule = FedAsync(FedAsyncConfig(alpha=0.9, alpha_decay=0.8))
     x = torch.zeros(2)
     for k in range(6):
         new, info = rule.aggregate(x, k, _result(torch.ones(2), k))
@@ -180,7 +181,7 @@ def test_alpha_decay_is_geometric_per_applied_update():
 
 
 def test_no_decay_keeps_alpha_constant():
-    rule = FedAsync(alpha=0.3)
+    rule = FedAsync(FedAsyncConfig(alpha=0.3))
     x = torch.zeros(2)
     for k in range(5):
         x, info = rule.aggregate(x, k, _result(torch.ones(2), k))
@@ -189,7 +190,7 @@ def test_no_decay_keeps_alpha_constant():
 
 @pytest.mark.parametrize("alpha", [0.0, 1.5, float("nan"), float("inf")])
 def test_load_state_dict_rejects_invalid_alpha(alpha):
-    rule = FedAsync()
+    rule = FedAsync(FedAsyncConfig())
     with pytest.raises(ValueError, match=f"Invalid alpha in state: {alpha}"):
         rule.load_state_dict({"alpha": alpha, "applied": 0})
     assert rule.state_dict() == {"alpha": 0.6, "applied": 0}
@@ -241,7 +242,7 @@ def test_parity_with_reference_every_step(cfg, seed):
     dim = 7
     x = torch.randn(dim, generator=gen)
     server = _reference_server(x, cfg)
-    rule = FedAsync(**cfg)
+    rule = FedAsync(FedAsyncConfig(**cfg))
     version = 0
     discarded = 0
     for step in range(50):

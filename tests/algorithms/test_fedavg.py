@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedsim.algorithms import FedAvg, fedavg_aggregate, weighted_average
+from fedsim.algorithms.fedavg import FedAvgConfig
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import Update
 
@@ -42,7 +43,7 @@ def _reference(x, results, server_lr, weighting):
 @pytest.mark.parametrize("server_lr", [1.0, 0.5, 1.7])
 def test_parity_with_reference_over_rounds(weighting, server_lr):
     gen = torch.Generator().manual_seed(0)
-    rule = FedAvg(server_lr=server_lr, weighting=weighting)
+    rule = FedAvg(FedAvgConfig(server_lr=server_lr, weighting=weighting))
     x = torch.randn(9, generator=gen)
     for rnd in range(20):
         k = int(torch.randint(1, 7, (), generator=gen))
@@ -66,18 +67,18 @@ def test_samples_weighting_uses_n_i():
         Update.of(client=0, base_version=0, params=torch.tensor([1.0, 0.0]), num_samples=1),
         Update.of(client=1, base_version=0, params=torch.tensor([4.0, 8.0]), num_samples=3),
     ]
-    new, _ = FedAvg(weighting="samples").aggregate(x, results)
+    new, _ = FedAvg(FedAvgConfig(weighting="samples")).aggregate(x, results)
     assert torch.allclose(new, torch.tensor([3.25, 6.0]))
-    new, _ = FedAvg(weighting="uniform").aggregate(x, results)
+    new, _ = FedAvg(FedAvgConfig(weighting="uniform")).aggregate(x, results)
     assert torch.allclose(new, torch.tensor([2.5, 4.0]))
 
 
 def test_server_lr_scales_the_pseudo_gradient():
     x = torch.tensor([1.0, 1.0])
     results = [Update.of(client=0, base_version=0, params=torch.tensor([3.0, -1.0]), num_samples=5)]
-    new, _ = FedAvg(server_lr=0.5).aggregate(x, results)
+    new, _ = FedAvg(FedAvgConfig(server_lr=0.5)).aggregate(x, results)
     assert torch.allclose(new, torch.tensor([2.0, 0.0]))
-    new, _ = FedAvg(server_lr=2.0).aggregate(x, results)
+    new, _ = FedAvg(FedAvgConfig(server_lr=2.0)).aggregate(x, results)
     assert torch.allclose(new, torch.tensor([5.0, -3.0]))
 
 
@@ -95,14 +96,15 @@ def test_order_independence(weighting, server_lr):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(50, generator=gen)
     results = _results(gen, x, [3, 17, 1, 40, 8])
-    base, _ = FedAvg(server_lr, weighting).aggregate(x, results)
+    cfg = FedAvgConfig(server_lr=server_lr, weighting=weighting)
+    base, _ = FedAvg(cfg).aggregate(x, results)
     for perm in itertools.permutations(results):
-        new, _ = FedAvg(server_lr, weighting).aggregate(x, list(perm))
+        new, _ = FedAvg(cfg).aggregate(x, list(perm))
         assert torch.allclose(new, base, rtol=1e-6, atol=1e-7)
 
 
 def test_empty_round_rejected():
-    rule = FedAvg()
+    rule = FedAvg(FedAvgConfig())
     with pytest.raises(ValueError, match="no results"):
         rule.aggregate(torch.zeros(2), [])
     assert rule.state_dict() == {"rounds": 0}
@@ -134,7 +136,7 @@ def test_one_non_finite_result_rejects_the_whole_round_naming_the_client():
         Update.of(client=7, base_version=0, params=torch.tensor([1.0, float("nan"), 2.0]),
                   num_samples=1),
     ]
-    rule = FedAvg()
+    rule = FedAvg(FedAvgConfig())
     with pytest.raises(ValueError, match="update from client 7"):
         rule.aggregate(torch.zeros(3), results)
     assert rule.state_dict() == {"rounds": 0}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedsim.algorithms import NonFiniteUpdate
-from fedsim.algorithms.fedbuff import FedBuff, fedbuff_step
+from fedsim.algorithms.fedbuff import FedBuff, FedBuffConfig, fedbuff_step
 from fedsim.wire.messages import Update
 
 F64 = torch.float64
@@ -37,7 +37,7 @@ def test_parity_with_reference_step_by_step(kwargs, s):
     gen = torch.Generator().manual_seed(0)
     dim = 6
     x = torch.randn(dim, generator=gen, dtype=F64)
-    rule = FedBuff(**kwargs)
+    rule = FedBuff(FedBuffConfig(**kwargs))
     paper = ref.FedBuffServer(x.tolist(), K=kwargs["buffer_size"], eta_g=kwargs["server_lr"], s=s)
     version = 0
     flushes = 0
@@ -59,7 +59,7 @@ def test_parity_with_reference_step_by_step(kwargs, s):
 
 
 def test_buffer_fills_then_steps_with_the_mean_of_weighted_deltas():
-    rule = FedBuff(buffer_size=3, server_lr=1.0)
+    rule = FedBuff(FedBuffConfig(buffer_size=3, server_lr=1.0))
     x = torch.zeros(3, dtype=F64)
     e = torch.eye(3, dtype=F64)
     out1 = rule.aggregate(x, 8, _result(e[0], 8, client=4))  # d = 0, s = 1
@@ -81,7 +81,7 @@ def test_buffer_fills_then_steps_with_the_mean_of_weighted_deltas():
 
 @pytest.mark.parametrize(("d", "w"), [(0, 1.0), (3, 0.5), (8, 1 / 3), (15, 0.25)])
 def test_default_weight_is_one_over_sqrt_one_plus_staleness(d, w):
-    assert FedBuff().weight(d) == pytest.approx(w, rel=1e-15)
+    assert FedBuff(FedBuffConfig()).weight(d) == pytest.approx(w, rel=1e-15)
     assert ref.s_sqrt(d) == pytest.approx(w, rel=1e-15)
 
 
@@ -89,7 +89,8 @@ def test_unit_buffer_fresh_update_is_the_client_model():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(40, generator=gen)
     local = x + torch.randn(40, generator=gen)
-    new, _ = FedBuff(buffer_size=1).aggregate(x, 0, _result(local.double() - x.double(), 0))
+    rule = FedBuff(FedBuffConfig(buffer_size=1))
+    new, _ = rule.aggregate(x, 0, _result(local.double() - x.double(), 0))
     assert new.dtype == torch.float32
     assert torch.equal(new, local)
 
@@ -107,7 +108,7 @@ def test_non_finite_update_leaves_the_buffer_untouched(bad):
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(4, generator=gen)
     deltas = [torch.randn(4, generator=gen) for _ in range(3)]
-    clean, poisoned = FedBuff(buffer_size=3), FedBuff(buffer_size=3)
+    clean, poisoned = FedBuff(FedBuffConfig(buffer_size=3)), FedBuff(FedBuffConfig(buffer_size=3))
     for rule in (clean, poisoned):
         rule.aggregate(x, 2, _result(deltas[0], 1))
     state = copy.deepcopy(poisoned.state_dict())
@@ -122,7 +123,7 @@ def test_non_finite_update_leaves_the_buffer_untouched(bad):
 
 
 def test_max_staleness_discards_without_buffering():
-    rule = FedBuff(buffer_size=2, max_staleness=2)
+    rule = FedBuff(FedBuffConfig(buffer_size=2, max_staleness=2))
     x = torch.zeros(2)
     new, info = rule.aggregate(x, 5, _result(torch.ones(2), 2))
     assert new is None
@@ -134,7 +135,7 @@ def test_max_staleness_discards_without_buffering():
 
 
 def test_invalid_results_are_rejected():
-    rule = FedBuff(buffer_size=2)
+    rule = FedBuff(FedBuffConfig(buffer_size=2))
     with pytest.raises(ValueError, match=r"Invalid base version 4: newer"):
         rule.aggregate(torch.zeros(2), 3, _result(torch.ones(2), 4))
     with pytest.raises(ValueError, match="shape"):
@@ -147,12 +148,12 @@ def test_invalid_results_are_rejected():
 def test_state_dict_mid_buffer_round_trip_resumes_identically():
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(5, generator=gen)
-    rule = FedBuff(buffer_size=4, staleness="hinge", a=2.0, b=1.0)
+    rule = FedBuff(FedBuffConfig(buffer_size=4, staleness="hinge", a=2.0, b=1.0))
     for d in (0, 2, 3):
         rule.aggregate(x, 3, _result(torch.randn(5, generator=gen), 3 - d, client=d))
     state = copy.deepcopy(rule.state_dict())
     assert len(state["entries"]) == 3
-    fresh = FedBuff(buffer_size=4, staleness="hinge", a=2.0, b=1.0)
+    fresh = FedBuff(FedBuffConfig(buffer_size=4, staleness="hinge", a=2.0, b=1.0))
     fresh.load_state_dict(state)
     assert fresh.state_dict() == rule.state_dict()
     last = _result(torch.randn(5, generator=gen), 3)
@@ -164,19 +165,20 @@ def test_state_dict_mid_buffer_round_trip_resumes_identically():
 
 
 def test_load_state_dict_rejects_inconsistent_buffers():
-    rule = FedBuff(buffer_size=2)
+    rule = FedBuff(FedBuffConfig(buffer_size=2))
     rule.aggregate(torch.zeros(2), 0, _result(torch.ones(2), 0))
     state = rule.state_dict()
     with pytest.raises(ValueError, match=r"Invalid buffer in state: 0 entries"):
-        FedBuff(buffer_size=2).load_state_dict({**state, "entries": []})
+        FedBuff(FedBuffConfig(buffer_size=2)).load_state_dict({**state, "entries": []})
     with pytest.raises(ValueError, match=r"Invalid buffer in state: 2 entries"):
-        FedBuff(buffer_size=2).load_state_dict({**state, "entries": state["entries"] * 2})
-    FedBuff(buffer_size=3).load_state_dict(state)
+        FedBuff(FedBuffConfig(buffer_size=2)).load_state_dict(
+            {**state, "entries": state["entries"] * 2})
+    FedBuff(FedBuffConfig(buffer_size=3)).load_state_dict(state)
 
 
 def test_weights_follow_fedasync_staleness_functions():
-    hinge = FedBuff(staleness="hinge", a=10.0, b=4.0)
+    hinge = FedBuff(FedBuffConfig(staleness="hinge", a=10.0, b=4.0))
     assert [hinge.weight(d) for d in (0, 4, 5)] == [1.0, 1.0, pytest.approx(1 / 11)]
-    assert FedBuff(staleness="const").weight(100) == 1.0
-    assert FedBuff(a=1.0).weight(3) == pytest.approx(0.25)
-    assert not math.isnan(FedBuff().weight(10**9))
+    assert FedBuff(FedBuffConfig(staleness="const")).weight(100) == 1.0
+    assert FedBuff(FedBuffConfig(a=1.0)).weight(3) == pytest.approx(0.25)
+    assert not math.isnan(FedBuff(FedBuffConfig()).weight(10**9))

@@ -9,6 +9,7 @@ import fedopt_reference as ref
 import pytest
 import torch
 from _fresh import fresh_python
+from pydantic import ValidationError
 
 from fedsim.algorithms import NonFiniteUpdate
 from fedsim.algorithms.fedavg import fedavg_aggregate
@@ -16,12 +17,19 @@ from fedsim.algorithms.fedopt import (
     FEDOPT_OPTIMIZERS,
     AdaptiveServerOptimizer,
     FedOpt,
+    FedOptConfig,
     fedopt_delta,
     fedopt_init,
     fedopt_moments,
     fedopt_step,
 )
 from fedsim.wire.messages import Update
+
+
+def _rule(optimizer: str, **kwargs) -> FedOpt:
+    """FedOpt with the server optimizer ``optimizer`` (``algorithm.name = "fed" + optimizer``)."""
+    return FedOpt(FedOptConfig(name=f"fed{optimizer}", **kwargs))
+
 
 F64 = torch.float64
 TIGHT = {"rtol": 1e-12, "atol": 1e-14}
@@ -89,7 +97,7 @@ def test_parity_with_reference_step_by_step(kwargs):
     gen = _gen(0)
     dim = 7
     x = torch.randn(dim, generator=gen, dtype=F64)
-    rule = FedOpt(**kwargs)
+    rule = _rule(**kwargs)
     paper = ref.FedOptServer(x.tolist(), **_ref_kwargs(kwargs))
     for t in range(15):
         results = _draw(gen, x, t)
@@ -116,7 +124,7 @@ def test_float32_model_keeps_float64_state(optimizer):
     """
     gen = _gen(1)
     x = torch.randn(5, generator=gen)
-    rule = FedOpt(optimizer)
+    rule = _rule(optimizer)
     paper = ref.FedOptServer(x.tolist(), optimizer, eta=rule.server_lr)
     for t in range(12):
         results = _draw(gen, x, t)
@@ -140,7 +148,7 @@ def test_float32_model_keeps_float64_state(optimizer):
 def test_first_fedadam_step_by_hand():
     # Delta = 0.5, tau = 0.1, eta = 0.1, beta1 = 0.9, beta2 = 0.99:
     # m = 0.1 * 0.5 = 0.05, v = 0.99 * 0.1^2 + 0.01 * 0.5^2 = 0.0124.
-    rule = FedOpt("adam", server_lr=0.1, tau=0.1)
+    rule = _rule("adam", server_lr=0.1, tau=0.1)
     x = torch.tensor([2.0], dtype=F64)
     new, info = rule.aggregate(x, _one(x, 0.5))
     m, v = rule.moments()
@@ -162,7 +170,7 @@ def test_first_fedadam_step_by_hand():
     ],
 )
 def test_first_adaptive_steps_by_hand(optimizer, v_expected):
-    rule = FedOpt(optimizer, server_lr=0.1, tau=0.1)
+    rule = _rule(optimizer, server_lr=0.1, tau=0.1)
     x = torch.tensor([-1.0], dtype=F64)
     new, _ = rule.aggregate(x, _one(x, 0.5))
     m, v = rule.moments()
@@ -173,7 +181,7 @@ def test_first_adaptive_steps_by_hand(optimizer, v_expected):
 
 def test_first_fedavgm_steps_by_hand():
     # v_0 = 0.5, x_1 = x_0 + 0.5 * 0.5; v_1 = 0.9 * 0.5 + (-0.2) = 0.25, x_2 = x_1 + 0.5 * 0.25.
-    rule = FedOpt("avgm", server_lr=0.5, momentum=0.9)
+    rule = _rule("avgm", server_lr=0.5, momentum=0.9)
     x = torch.tensor([1.0], dtype=F64)
     x, _ = rule.aggregate(x, _one(x, 0.5))
     assert x.item() == pytest.approx(1.25, rel=1e-15)
@@ -190,7 +198,7 @@ def test_first_fedavgm_steps_by_hand():
 def test_fedavgm_without_momentum_and_unit_lr_is_fedavg(weighting):
     gen = _gen(2)
     x = torch.randn(9, generator=gen)
-    rule = FedOpt("avgm", server_lr=1.0, momentum=0.0, weighting=weighting)
+    rule = _rule("avgm", server_lr=1.0, momentum=0.0, weighting=weighting)
     for t in range(12):
         results = _draw(gen, x, t)
         new, _ = rule.aggregate(x, results)
@@ -202,7 +210,7 @@ def test_fedavgm_without_momentum_and_unit_lr_is_fedavg(weighting):
 def test_no_bias_correction():
     """Three rounds of Delta = 0.5: the uncorrected step, far from Adam's corrected one."""
     eta, b1, b2, tau = 0.1, 0.9, 0.99, 1e-3
-    rule = FedOpt("adam", server_lr=eta, beta1=b1, beta2=b2, tau=tau)
+    rule = _rule("adam", server_lr=eta, beta1=b1, beta2=b2, tau=tau)
     x = torch.zeros(1, dtype=F64)
     m, v = 0.0, tau**2
     for t in range(1, 4):
@@ -219,7 +227,7 @@ def test_no_bias_correction():
 def test_no_bias_correction_unlike_torch_adam():
     """torch.optim.Adam bias-corrects and starts v at 0; FedAdam does not."""
     x = torch.tensor([0.0], dtype=F64)
-    new, _ = FedOpt("adam", server_lr=0.1, tau=1e-3).aggregate(x, _one(x, 0.5))
+    new, _ = _rule("adam", server_lr=0.1, tau=1e-3).aggregate(x, _one(x, 0.5))
     p = torch.nn.Parameter(x.clone())
     opt = torch.optim.Adam([p], lr=0.1, betas=(0.9, 0.99), eps=1e-3)
     p.grad = torch.tensor([-0.5], dtype=F64)
@@ -234,20 +242,20 @@ def test_v_starts_at_tau_squared(optimizer):
     assert torch.equal(m0, torch.zeros(4, dtype=F64))
     assert torch.equal(v0, torch.full((4,), tau**2, dtype=F64))
     # A round with Delta = 0 leaves x and m alone and shows v_{-1}.
-    rule = FedOpt(optimizer, tau=tau)
+    rule = _rule(optimizer, tau=tau)
     x = torch.tensor([1.0, -2.0, 3.0], dtype=F64)
     new, info = rule.aggregate(x, _one(x, 0.0))
     assert torch.equal(new, x)
     assert info["step_norm"] == 0.0
     m, v = rule.moments()
     assert torch.equal(m, torch.zeros(3, dtype=F64))
-    v_expected = rule.beta2 * tau**2 if optimizer == "adam" else tau**2
+    v_expected = rule.cfg.beta2 * tau**2 if optimizer == "adam" else tau**2
     assert torch.allclose(v, torch.full((3,), v_expected, dtype=F64), rtol=1e-15, atol=0)
 
 
 def test_avgm_has_no_second_moment():
     assert fedopt_init("avgm", torch.zeros(3), 0.1)[1] is None
-    rule = FedOpt("avgm")
+    rule = _rule("avgm")
     x = torch.zeros(3)
     rule.aggregate(x, _one(x, 1.0))
     assert rule.moments()[1] is None
@@ -264,7 +272,7 @@ def test_yogi_sign_rule():
     _, v_adam = fedopt_moments("adam", delta, m0, v_prev, beta2=0.99)
     assert v_adam.tolist() == pytest.approx([0.99 + 0.0025, 0.0099 + 0.0025, 0.25], rel=1e-15)
     # Through the rule: tau = 1 puts v_{-1} = 1 above Delta^2 = 0.25, so v shrinks.
-    rule = FedOpt("yogi", tau=1.0)
+    rule = _rule("yogi", tau=1.0)
     x = torch.zeros(1, dtype=F64)
     rule.aggregate(x, _one(x, 0.5))
     assert rule.moments()[1].item() == pytest.approx(0.9975, rel=1e-15)
@@ -274,7 +282,7 @@ def test_fedadagrad_with_beta1_zero_is_torch_adagrad():
     gen = _gen(3)
     tau, lr = 0.01, 0.3
     x = torch.randn(6, generator=gen, dtype=F64)
-    rule = FedOpt("adagrad", server_lr=lr, beta1=0.0, tau=tau)
+    rule = _rule("adagrad", server_lr=lr, beta1=0.0, tau=tau)
     p = torch.nn.Parameter(x.clone())
     opt = torch.optim.Adagrad([p], lr=lr, initial_accumulator_value=tau**2, eps=tau)
     for t in range(10):
@@ -290,7 +298,7 @@ def test_fedadagrad_with_beta1_zero_is_torch_adagrad():
 def test_avgm_sgd_matches_the_functional_core_bit_for_bit(momentum):
     gen = _gen(4)
     x = torch.randn(8, generator=gen, dtype=F64)
-    rule = FedOpt("avgm", server_lr=0.7, momentum=momentum)
+    rule = _rule("avgm", server_lr=0.7, momentum=momentum)
     m, _ = fedopt_init("avgm", x, 1e-3)
     for t in range(10):
         results = _draw(gen, x, t)
@@ -316,8 +324,8 @@ def test_order_of_results_does_not_matter(optimizer):
     gen = _gen(5)
     x = torch.randn(6, generator=gen)
     results = _draw(gen, x, 0) + _draw(gen, x, 0)
-    a, _ = FedOpt(optimizer, weighting="samples").aggregate(x, results)
-    b, _ = FedOpt(optimizer, weighting="samples").aggregate(x, results[::-1])
+    a, _ = _rule(optimizer, weighting="samples").aggregate(x, results)
+    b, _ = _rule(optimizer, weighting="samples").aggregate(x, results[::-1])
     assert torch.equal(a, b)
 
 
@@ -325,7 +333,7 @@ def test_info_norms():
     gen = _gen(6)
     x = torch.randn(5, generator=gen)
     results = _draw(gen, x, 0)
-    new, info = FedOpt("yogi").aggregate(x, results)
+    new, info = _rule("yogi").aggregate(x, results)
     delta = fedopt_delta(x, results)
     assert info["delta_norm"] == pytest.approx(float(delta.norm()), rel=1e-12)
     assert info["step_norm"] == pytest.approx(float((new.double() - x.double()).norm()), rel=1e-6)
@@ -340,15 +348,15 @@ def test_weighting_by_samples():
     ]
     assert fedopt_delta(x, results, "samples").item() == pytest.approx(3.25, rel=1e-15)
     assert fedopt_delta(x, results, "uniform").item() == pytest.approx(2.5, rel=1e-15)
-    new, _ = FedOpt("avgm", momentum=0.0, weighting="samples").aggregate(x, results)
+    new, _ = _rule("avgm", momentum=0.0, weighting="samples").aggregate(x, results)
     assert new.item() == pytest.approx(3.25, rel=1e-15)
 
 
 def test_defaults():
-    adam, avgm = FedOpt("adam"), FedOpt("avgm")
-    assert (adam.server_lr, adam.beta1, adam.beta2, adam.tau) == (0.1, 0.9, 0.99, 1e-3)
-    assert adam.weighting == "uniform"
-    assert (avgm.server_lr, avgm.momentum) == (1.0, 0.9)
+    adam, avgm = _rule("adam"), _rule("avgm")
+    assert (adam.server_lr, adam.cfg.beta1, adam.cfg.beta2, adam.cfg.tau) == (0.1, 0.9, 0.99, 1e-3)
+    assert adam.cfg.weighting == "uniform"
+    assert (avgm.server_lr, avgm.cfg.momentum) == (1.0, 0.9)
     assert FEDOPT_OPTIMIZERS == ("adam", "yogi", "adagrad", "avgm")
 
 
@@ -359,7 +367,7 @@ def test_defaults():
 @pytest.mark.parametrize("optimizer", FEDOPT_OPTIMIZERS)
 def test_output_is_a_new_tensor_shaped_like_x(optimizer):
     gen = _gen(7)
-    rule = FedOpt(optimizer)
+    rule = _rule(optimizer)
     x = torch.randn(6, generator=gen, dtype=F64)
     first, _ = rule.aggregate(x, _draw(gen, x, 0))
     kept = first.clone()
@@ -371,7 +379,7 @@ def test_output_is_a_new_tensor_shaped_like_x(optimizer):
 
 
 def test_model_of_another_size_is_rejected_state_unchanged():
-    rule = FedOpt("adam")
+    rule = _rule("adam")
     x = torch.zeros(4)
     rule.aggregate(x, _one(x, 0.5))
     state = copy.deepcopy(rule.state_dict())
@@ -389,14 +397,14 @@ def test_model_of_another_size_is_rejected_state_unchanged():
 def test_state_dict_round_trip_mid_run_continues_identically(kwargs):
     gen = _gen(8)
     x = torch.randn(6, generator=gen)
-    original = FedOpt(**kwargs)
+    original = _rule(**kwargs)
     for t in range(7):
         x, _ = original.aggregate(x, _draw(gen, x, t))
     saved = copy.deepcopy(original.state_dict())
     assert saved["rounds"] == 7
     assert saved["m"] is not None
     assert (saved["v"] is None) == (kwargs["optimizer"] == "avgm")
-    fresh = FedOpt(**kwargs)
+    fresh = _rule(**kwargs)
     fresh.load_state_dict(saved)
     assert fresh.state_dict() == saved
     xa = xb = x
@@ -410,36 +418,36 @@ def test_state_dict_round_trip_mid_run_continues_identically(kwargs):
 
 
 def test_state_dict_before_any_round():
-    rule = FedOpt("yogi")
+    rule = _rule("yogi")
     state = rule.state_dict()
     assert state == {"optimizer": "yogi", "rounds": 0, "m": None, "v": None}
-    other = FedOpt("yogi")
+    other = _rule("yogi")
     other.load_state_dict(state)
     assert other.state_dict() == state
 
 
 def test_load_state_dict_rejects_another_optimizer_or_broken_moments():
-    rule = FedOpt("adam")
+    rule = _rule("adam")
     x = torch.zeros(3)
     rule.aggregate(x, _one(x, 0.5))
     state = rule.state_dict()
     with pytest.raises(ValueError, match=r"Invalid optimizer in state: 'adam'"):
-        FedOpt("yogi").load_state_dict(state)
+        _rule("yogi").load_state_dict(state)
     with pytest.raises(ValueError, match=r"Invalid moments in state"):
-        FedOpt("adam").load_state_dict({**state, "v": None})
+        _rule("adam").load_state_dict({**state, "v": None})
     with pytest.raises(ValueError, match=r"Invalid moments in state"):
-        FedOpt("adam").load_state_dict({**state, "m": FedOpt("adam").state_dict()["m"]})
-    bad = FedOpt("adam")
+        _rule("adam").load_state_dict({**state, "m": _rule("adam").state_dict()["m"]})
+    bad = _rule("adam")
     with pytest.raises(ValueError, match=r"Invalid v in state: values <= 0"):
         bad.load_state_dict({**state, "v": state["m"] | {"data": bytes(24)}})
-    assert bad.state_dict() == FedOpt("adam").state_dict()
+    assert bad.state_dict() == _rule("adam").state_dict()
 
 
 @pytest.mark.parametrize("optimizer", FEDOPT_OPTIMIZERS)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_update_raises_state_unchanged(optimizer, bad):
     gen = _gen(9)
-    rule = FedOpt(optimizer)
+    rule = _rule(optimizer)
     x = torch.randn(5, generator=gen)
     for t in range(3):
         x, _ = rule.aggregate(x, _draw(gen, x, t))
@@ -457,18 +465,24 @@ def test_non_finite_update_raises_state_unchanged(optimizer, bad):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"optimizer": "rmsprop"}, r"Invalid optimizer: 'rmsprop'"),
-        ({"optimizer": "adam", "server_lr": 0.0}, r"Invalid server_lr: 0\.0"),
-        ({"optimizer": "adam", "beta1": 1.0}, r"Invalid beta1: 1\.0 \(must be in \[0, 1\)\)"),
-        ({"optimizer": "yogi", "beta2": 1.5}, r"Invalid beta2: 1\.5 \(must be in \[0, 1\)\)"),
-        ({"optimizer": "adagrad", "tau": 0.0}, r"Invalid tau: 0\.0"),
-        ({"optimizer": "avgm", "momentum": 1.0}, r"Invalid momentum: 1\.0"),
-        ({"optimizer": "avgm", "weighting": "median"}, r"Invalid weighting: 'median'"),
+        ({"optimizer": "rmsprop"}, r"\nname\n  Input should be 'fedadam', .*'fedrmsprop'"),
+        ({"optimizer": "adam", "server_lr": 0.0},
+         r"\nserver_lr\n  Input should be greater than 0 .*input_value=0\.0"),
+        ({"optimizer": "adam", "beta1": 1.0},
+         r"\nbeta1\n  Input should be less than 1 .*input_value=1\.0"),
+        ({"optimizer": "yogi", "beta2": 1.5},
+         r"\nbeta2\n  Input should be less than 1 .*input_value=1\.5"),
+        ({"optimizer": "adagrad", "tau": 0.0},
+         r"\ntau\n  Input should be greater than 0 .*input_value=0\.0"),
+        ({"optimizer": "avgm", "momentum": 1.0},
+         r"\nmomentum\n  Input should be less than 1 .*input_value=1\.0"),
+        ({"optimizer": "avgm", "weighting": "median"},
+         r"\nweighting\n  Input should be 'samples' or 'uniform' .*input_value='median'"),
     ],
 )
 def test_invalid_arguments_name_the_value(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        FedOpt(**kwargs)
+    with pytest.raises(ValidationError, match=match):
+        _rule(**kwargs)
 
 
 def test_a_server_rule_imports_at_set_up_what_its_first_aggregation_needs() -> None:
@@ -477,10 +491,10 @@ def test_a_server_rule_imports_at_set_up_what_its_first_aggregation_needs() -> N
     first aggregates; plain FedAvg (FedAvgM at momentum 0, lr 1) never does."""
     code = (
         "import sys, torch\n"
-        "from fedsim.algorithms.fedopt import FedOpt\n"
-        "FedOpt('avgm', momentum=0.0, server_lr=1.0)\n"
+        "from fedsim.algorithms.fedopt import FedOpt, FedOptConfig\n"
+        "FedOpt(FedOptConfig(name='fedavgm', momentum=0.0, server_lr=1.0))\n"
         "print('torch._dynamo' in sys.modules)\n"
-        "FedOpt('adam')\n"
+        "FedOpt(FedOptConfig(name='fedadam'))\n"
         "print('torch._dynamo' in sys.modules)\n"
     )
     assert fresh_python(code) == ["False", "True"]

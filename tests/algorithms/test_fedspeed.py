@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from fedsim.algorithms import FedAvg, LocalConfig, OptimizerConfig, local_train
+from fedsim.algorithms.fedavg import FedAvgConfig
 from fedsim.algorithms.fedspeed import (
     FedSpeedConfig,
+    FedSpeedScenarioConfig,
     FedSpeedServer,
     ascent_scale,
     fedspeed_amend,
@@ -141,7 +143,7 @@ def test_parity_ascent_variants_and_weight_decay(kwargs, wd):
 def test_ghat_and_global_model_persist_over_two_rounds():
     """Client keeps ghat; the server averages xhat; round 2 starts from both."""
     cfg = FedSpeedConfig(prox_lambda=LAM, perturb_alpha=0.9375, ascent_rho=0.1)
-    server = FedSpeedServer()
+    server = FedSpeedServer(FedSpeedScenarioConfig())
     shards = [[0, 1, 2, 3], [3, 4, 5, 6]]
     x, ref_x = torch.tensor(THETA0), list(THETA0)
     ghats = [None, None]
@@ -230,8 +232,8 @@ def test_modules_off_is_exactly_local_sgd_and_fedavg(opt, wd):
         uploads.append(Update.of(client=client, base_version=0, params=up))
         fedavg_models.append(Update.of(client=client, base_version=0, params=plain))
     x = torch.tensor(THETA0)
-    new, _ = FedSpeedServer().aggregate(x, uploads)
-    expected, _ = FedAvg(weighting="uniform").aggregate(x, fedavg_models)
+    new, _ = FedSpeedServer(FedSpeedScenarioConfig()).aggregate(x, uploads)
+    expected, _ = FedAvg(FedAvgConfig(weighting="uniform")).aggregate(x, fedavg_models)
     assert torch.equal(new, expected)
 
 
@@ -337,7 +339,7 @@ def _uploads(gen: torch.Generator, x: torch.Tensor, clients: list[int]) -> list[
 
 def test_fl_simulator_aggregation_matches_reference_under_partial_participation():
     gen = _gen(3)
-    rule = FedSpeedServer(aggregation="fl_simulator", total_clients=6)
+    rule = FedSpeedServer(FedSpeedScenarioConfig(server_rule="fl_simulator"), total_clients=6)
     x = torch.randn(5, generator=gen)
     h: dict[int, list[float]] = {}
     for rnd in range(6):
@@ -359,7 +361,8 @@ def test_paper_and_fl_simulator_agree_under_full_participation():
     shards = [[0, 1, 2], [3, 4], [5, 6]]
     cfg_paper = FedSpeedConfig(prox_lambda=LAM)
     cfg_sim = FedSpeedConfig(prox_lambda=LAM, upload="local")
-    paper, sim = FedSpeedServer(), FedSpeedServer(aggregation="fl_simulator", total_clients=3)
+    paper = FedSpeedServer(FedSpeedScenarioConfig())
+    sim = FedSpeedServer(FedSpeedScenarioConfig(server_rule="fl_simulator"), total_clients=3)
     xp = xs = torch.tensor(THETA0)
     gp: list = [None] * 3
     gs: list = [None] * 3
@@ -379,7 +382,7 @@ def test_paper_and_fl_simulator_agree_under_full_participation():
 
 
 def test_server_rejects_bad_rounds_without_changing_state():
-    rule = FedSpeedServer(aggregation="fl_simulator", total_clients=2)
+    rule = FedSpeedServer(FedSpeedScenarioConfig(server_rule="fl_simulator"), total_clients=2)
     x = torch.zeros(3)
     rule.aggregate(x, _uploads(_gen(1), x, [0]))
     state = rule.state_dict()
@@ -394,11 +397,11 @@ def test_server_rejects_bad_rounds_without_changing_state():
 
 def test_server_state_dict_round_trip_restores_h():
     gen = _gen(4)
-    rule = FedSpeedServer(aggregation="fl_simulator", total_clients=4)
+    rule = FedSpeedServer(FedSpeedScenarioConfig(server_rule="fl_simulator"), total_clients=4)
     x = torch.randn(4, generator=gen)
     for _ in range(3):
         x, _ = rule.aggregate(x, _uploads(gen, x, [0, 2]))
-    fresh = FedSpeedServer(aggregation="fl_simulator", total_clients=4)
+    fresh = FedSpeedServer(FedSpeedScenarioConfig(server_rule="fl_simulator"), total_clients=4)
     fresh.load_state_dict(rule.state_dict())
     results = _uploads(gen, x, [1, 2])
     a, _ = rule.aggregate(x, results)

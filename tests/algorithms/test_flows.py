@@ -19,12 +19,13 @@ from fedsim.algorithms.api import (
     register,
 )
 from fedsim.algorithms.dga import DGAFlow, DGAScenarioConfig, dga_config
-from fedsim.algorithms.fedavg import FedAvg
-from fedsim.algorithms.fedbuff import FedBuff
+from fedsim.algorithms.fedavg import FedAvg, FedAvgConfig
+from fedsim.algorithms.fedbuff import FedBuff, FedBuffConfig
 from fedsim.algorithms.flows import AsyncFlow, RoundRule, RoundsFlow
 from fedsim.algorithms.local import LocalConfig
 from fedsim.algorithms.optim import OptimizerConfig
 from fedsim.algorithms.sgdclient import local_sgd_client
+from fedsim.errors import ScenarioError
 from fedsim.scenario import parse
 from fedsim.wire.messages import Update
 
@@ -57,7 +58,7 @@ def test_fedbuff_discard_for_max_staleness_is_reported_with_a_non_empty_buffer()
     """Bug 4: FedBuff dropped an update for max_staleness without a trace when its
     buffer held other updates."""
     x0 = torch.zeros(N)
-    flow = AsyncFlow(FedBuff(buffer_size=2, max_staleness=0), x0, concurrency=3,
+    flow = AsyncFlow(FedBuff(FedBuffConfig(buffer_size=2, max_staleness=0)), x0, concurrency=3,
                      task_timeout=None, seed=0)
     step = flow.start([0, 1, 2], 0.0)
     tasks = {t.client: t for t in step.tasks}
@@ -183,7 +184,7 @@ def test_unknown_algorithm_names_the_registered_ones():
 
 
 def test_rounds_flow_reproduces_fedavg_rule():
-    rule = FedAvg()
+    rule = FedAvg(FedAvgConfig())
     flow = RoundsFlow(rule, torch.zeros(N), fraction=1.0, min_clients=1, over_selection=0.0,
                       deadline=None, seed=0, total=2)
     flow.start([0, 1], 0.0)
@@ -209,3 +210,30 @@ def test_asyncfeded_reset_k_on_reconnect_acts_when_a_client_rejoins(reset: bool)
     assert grown != 10.0  # K moved away from k_initial with the update
     flow.rejoin(0, 2.0, reset=False)
     assert flow.rule.next_k(0) == (10.0 if reset else grown)
+
+
+# -- a rule's parameters are its config's (issue 24, point 4) -------------------------
+
+_RULED = ("fedasync", "fedbuff", "asyncfeded", "fedavg", "fedprox", "fedadam", "fedyogi",
+          "fedadagrad", "fedavgm", "fedspeed", "scaffold")
+
+
+@pytest.mark.parametrize("name", _RULED)
+def test_the_builder_hands_the_rule_the_scenarios_config_itself(name: str):
+    """No builder copies a config field by field into a constructor with its own
+    defaults: the rule holds the validated ``[algorithm]`` table it was built from."""
+    cfg = parse({"algorithm": {"name": name}}).algorithm
+    rule = get(name).server(cfg, _ctx(torch.zeros(N))).rule
+    if name == "scaffold":
+        rule = rule.rule  # ScaffoldRounds over Scaffold's server
+    assert rule.cfg is cfg
+
+
+@pytest.mark.parametrize("name", [n for n in _RULED if n != "fedasync"])
+def test_an_infinite_server_step_is_refused_on_load(name: str):
+    """An infinite step size made the rule refuse to be built when the server
+    started, or (FedAvg) made every later model infinite; the config refuses it
+    on load now, so ``fedsim check`` says so."""
+    key = "lam" if name == "asyncfeded" else "server_lr"
+    with pytest.raises(ScenarioError, match=rf"algorithm\.{key}: Input should be a finite"):
+        parse({"algorithm": {"name": name, key: float("inf")}})

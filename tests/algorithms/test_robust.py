@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedsim.algorithms.api import Step
-from fedsim.algorithms.fedavg import FedAvg
+from fedsim.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedsim.algorithms.flows import RoundsFlow
 from fedsim.algorithms.robust import GuardConfig, UpdateGuard, aggregate_models
 from fedsim.wire.messages import Update
@@ -125,8 +125,8 @@ def _round(flow: RoundsFlow, values: dict[int, float]) -> list[Step]:
 
 @pytest.mark.parametrize("action", ["reject", "clip"])
 def test_a_flow_reports_every_guarded_update(action: str) -> None:
-    flow = RoundsFlow(FedAvg(server_lr=1.0), torch.zeros(3), fraction=1.0, min_clients=1,
-                      over_selection=0.0, deadline=None, seed=0, total=3,
+    flow = RoundsFlow(FedAvg(FedAvgConfig(server_lr=1.0)), torch.zeros(3), fraction=1.0,
+                      min_clients=1, over_selection=0.0, deadline=None, seed=0, total=3,
                       guard=GuardConfig(max_norm=5.0, action=action))
     steps = _round(flow, {0: 1000.0, 1: 1.0, 2: 2.0})
     guarded = [g for s in steps for g in s.guarded]
@@ -139,7 +139,7 @@ def test_a_flow_reports_every_guarded_update(action: str) -> None:
 
 def test_a_round_with_median_resists_one_poisoned_client() -> None:
     x0 = torch.zeros(3)
-    flow = RoundsFlow(FedAvg(server_lr=1.0, weighting="samples"), x0, fraction=1.0,
+    flow = RoundsFlow(FedAvg(FedAvgConfig(server_lr=1.0, weighting="samples")), x0, fraction=1.0,
                       min_clients=1, over_selection=0.0, deadline=None, seed=0, total=5,
                       aggregator="median")
     step = flow.start(range(5), 0.0)

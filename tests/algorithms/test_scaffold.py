@@ -7,6 +7,7 @@ import copy
 import pytest
 import scaffold_reference as ref
 import torch
+from pydantic import ValidationError
 from torch import nn
 
 from fedsim.algorithms import (
@@ -18,8 +19,10 @@ from fedsim.algorithms import (
     local_train,
 )
 from fedsim.algorithms.api import ServerContext
+from fedsim.algorithms.fedavg import FedAvgConfig
 from fedsim.algorithms.scaffold import (
     Scaffold,
+    ScaffoldConfig,
     scaffold_control_update,
     scaffold_local_train,
     scaffold_server_step,
@@ -114,7 +117,7 @@ def test_rounds_with_partial_participation_match_reference():
     """x, c and every client's c_i over four rounds, |S| = 2 of N = 3."""
     shards = [[0, 1, 2], [3, 4], [5, 6]]
     n_clients = len(shards)
-    server = Scaffold(server_lr=0.8, total_clients=n_clients)
+    server = Scaffold(ScaffoldConfig(server_lr=0.8), total_clients=n_clients)
     x, ref_x = torch.tensor(THETA0), list(THETA0)
     ref_c = [0.0] * 4
     cis: list[torch.Tensor | None] = [None] * n_clients
@@ -157,7 +160,7 @@ def test_rounds_with_partial_participation_match_reference():
 
 def test_full_participation_keeps_c_the_mean_of_client_controls():
     shards = [[0, 1, 2, 3], [4, 5, 6]]
-    server = Scaffold(total_clients=2)
+    server = Scaffold(ScaffoldConfig(), total_clients=2)
     x = torch.tensor(THETA0)
     cis = [torch.zeros(4), torch.zeros(4)]
     for rnd in range(3):
@@ -188,7 +191,7 @@ def test_server_step_matches_reference_and_fedavg():
         assert _close(new_x, ref_x)
         assert _close(new_c, ref_c)
     results = [Update.of(client=i, base_version=0, params=y) for i, y in enumerate(ys)]
-    avg, _ = FedAvg(weighting="uniform").aggregate(x, results)
+    avg, _ = FedAvg(FedAvgConfig(weighting="uniform")).aggregate(x, results)
     assert torch.equal(scaffold_server_step(x, c, ys, dcs, 1.0, 10)[0], avg)
 
 
@@ -200,20 +203,21 @@ def test_weighting_samples_weights_the_model_mean_but_not_the_control_step():
     dcs = [torch.randn(6, generator=gen) for _ in range(3)]
     results = [Update.of(client=i, base_version=0, params=y, num_samples=n)
                for i, (y, n) in enumerate(zip(ys, (10, 30, 60), strict=True))]
-    uniform, weighted = Scaffold(total_clients=3), Scaffold(total_clients=3, weighting="samples")
+    uniform = Scaffold(ScaffoldConfig(), total_clients=3)
+    weighted = Scaffold(ScaffoldConfig(weighting="samples"), total_clients=3)
     xu, _ = uniform.aggregate(x, results, dcs)
     xw, _ = weighted.aggregate(x, results, dcs)
     assert torch.allclose(xu, (ys[0] + ys[1] + ys[2]) / 3, atol=1e-6)
     assert torch.allclose(xw, 0.1 * ys[0] + 0.3 * ys[1] + 0.6 * ys[2], atol=1e-6)
     assert torch.equal(uniform.control(x), weighted.control(x))
-    fedavg, _ = FedAvg(weighting="samples").aggregate(x, results)
+    fedavg, _ = FedAvg(FedAvgConfig(weighting="samples")).aggregate(x, results)
     assert torch.allclose(xw, fedavg, atol=1e-6)
     spec = get("scaffold")
     cfg = spec.config.model_validate({"name": "scaffold", "weighting": "samples"})
     assert spec.server(cfg, ServerContext(x0=x, num_clients=3, seed=0, local=_local(1)))\
-        .rule.rule.weighting == "samples"
-    with pytest.raises(ValueError, match="weighting"):
-        Scaffold(total_clients=3, weighting="median")  # type: ignore[arg-type]
+        .rule.rule.cfg.weighting == "samples"
+    with pytest.raises(ValidationError, match="weighting"):
+        ScaffoldConfig(weighting="median")
 
 
 def test_control_update_option_ii_and_validation():
@@ -234,7 +238,7 @@ def _round(x: torch.Tensor, clients: list[int]):
 
 
 def test_server_rejects_bad_input_without_changing_state():
-    rule = Scaffold(total_clients=3)
+    rule = Scaffold(ScaffoldConfig(), total_clients=3)
     x = torch.zeros(4)
     rule.aggregate(x, *_round(x, [0, 1]))
     state = copy.deepcopy(rule.state_dict())
@@ -257,7 +261,7 @@ def test_server_rejects_bad_input_without_changing_state():
 
 
 def test_control_is_zero_first_then_a_copy_and_state_round_trips():
-    rule = Scaffold(total_clients=4)
+    rule = Scaffold(ScaffoldConfig(), total_clients=4)
     x = torch.ones(6, dtype=torch.float64)
     c0 = rule.control(x)
     assert torch.equal(c0, torch.zeros(6, dtype=torch.float64))
@@ -266,7 +270,7 @@ def test_control_is_zero_first_then_a_copy_and_state_round_trips():
     c1 = rule.control(x)
     c1.add_(100.0)
     assert not torch.equal(rule.control(x), c1), "control() must return a copy"
-    fresh = Scaffold(total_clients=4)
+    fresh = Scaffold(ScaffoldConfig(), total_clients=4)
     fresh.load_state_dict(copy.deepcopy(rule.state_dict()))
     assert torch.equal(fresh.control(x), rule.control(x))
     assert fresh.control(x).dtype == torch.float64

@@ -51,21 +51,29 @@ def normtrim_step(x: torch.Tensor, results: Sequence[Update], drop: int,
     return (avg - x.double()).float(), dropped, dist[keep[-1]]
 
 
-class NormTrim(RoundRule):
-    """The server rule: :func:`normtrim_step` with server momentum."""
+class NormTrimConfig(RoundsConfig):
+    """``[algorithm]`` of NormTrim: FedAvg's round keys plus ``drop`` and ``beta``."""
 
-    def __init__(self, drop: int = 1, beta: float = 0.0, server_lr: float = 1.0) -> None:
-        self.drop, self.beta, self.server_lr = drop, beta, server_lr
+    name: Literal["normtrim"] = "normtrim"
+    drop: Annotated[int, Field(ge=0)] = 1
+    beta: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+
+class NormTrim(RoundRule):
+    """The server rule: :func:`normtrim_step` with server momentum, as ``cfg`` says."""
+
+    def __init__(self, cfg: NormTrimConfig) -> None:
+        self.cfg = cfg
         self.momentum: torch.Tensor | None = None
 
     def aggregate(self, x: torch.Tensor, results: Sequence[Update]
                   ) -> tuple[torch.Tensor, dict[str, Any]]:
         for r in results:  # refuse before changing any state
             check_finite(r.params, f"update from client {r.client}")
-        delta, dropped, radius = normtrim_step(x, results, self.drop)
-        m = delta if self.momentum is None else self.beta * self.momentum + delta
+        delta, dropped, radius = normtrim_step(x, results, self.cfg.drop)
+        m = delta if self.momentum is None else self.cfg.beta * self.momentum + delta
         self.momentum = m
-        return x + self.server_lr * m, {
+        return x + self.cfg.server_lr * m, {
             "clients": [r.client for r in results], "dropped": len(dropped),
             "first_dropped": dropped[0] if dropped else None, "radius": radius}
 
@@ -76,16 +84,8 @@ class NormTrim(RoundRule):
         self.momentum = state["momentum"]
 
 
-class NormTrimConfig(RoundsConfig):
-    """``[algorithm]`` of NormTrim: FedAvg's round keys plus ``drop`` and ``beta``."""
-
-    name: Literal["normtrim"]
-    drop: Annotated[int, Field(ge=0)] = 1
-    beta: Annotated[float, Field(ge=0, lt=1)] = 0.0
-
-
 def _server(cfg: NormTrimConfig, ctx: ServerContext) -> RoundsFlow:
-    return RoundsFlow.build(NormTrim(cfg.drop, cfg.beta, cfg.server_lr), cfg, ctx)
+    return RoundsFlow.build(NormTrim(cfg), cfg, ctx)
 
 
 SPEC = AlgorithmSpec(
