@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedsim.errors import FedsimError, RunFailed, RunInterrupted, ScenarioError
 from fedsim.results.values import RunResult
+from fedsim.scenario import overrides as _overrides
 from fedsim.scenario.overrides import Override
 
 if TYPE_CHECKING:
@@ -72,10 +73,16 @@ def load(source: str | Path | Mapping[str, Any] | Scenario,
         :class:`~fedsim.errors.OverrideError` when only the overrides are to
         blame, :class:`~fedsim.errors.PluginError` when a plug-in is missing.
     """
-    from fedsim.scenario import Scenario, parse, resolved
-    from fedsim.scenario import load as load_file
-    from fedsim.scenario import overrides as _overrides
-    from fedsim.scenario.network import NetPlan, NetworkError
+    from fedsim.scenario import (  # lazy: api stays pydantic-free (test_api)
+        Scenario,
+        parse,
+        resolved,
+    )
+    from fedsim.scenario import load as load_file  # lazy: api stays pydantic-free (test_api)
+    from fedsim.scenario.network import (  # lazy: api stays pydantic-free (test_api)
+        NetPlan,
+        NetworkError,
+    )
 
     if overrides is None or isinstance(overrides, Mapping):
         ovs = _overrides.from_python(overrides)
@@ -104,7 +111,11 @@ def load(source: str | Path | Mapping[str, Any] | Scenario,
 def as_toml(scenario: Scenario) -> str:
     """The scenario with every default filled in, as ``fedsim check`` prints it
     (keys the algorithm or model does not read are marked)."""
-    from fedsim.scenario import resolved, to_toml, unused_keys
+    from fedsim.scenario import (  # lazy: api stays pydantic-free (test_api)
+        resolved,
+        to_toml,
+        unused_keys,
+    )
 
     return to_toml(resolved(scenario), unused_keys(scenario))
 
@@ -196,7 +207,7 @@ class _Job:
     def __init__(self, sc: Scenario | None, out: str | Path | None,
                  dilation: float | str | None, resume: str | Path | None,
                  progress: ProgressArg, plots: bool = True) -> None:
-        from fedsim.launch.runner import RunControl
+        from fedsim.launch.runner import RunControl  # lazy: api stays pydantic-free (test_api)
 
         self.sc, self.out, self.dilation, self.resume = sc, out, dilation, resume
         self.plots = plots
@@ -204,7 +215,7 @@ class _Job:
         self.control: RunControl = RunControl()
 
     def __call__(self) -> RunResult:
-        from fedsim.launch.runner import run_scenario
+        from fedsim.launch.runner import run_scenario  # lazy: api stays pydantic-free (test_api)
 
         try:
             result = run_scenario(self.sc, self.out, dilation=self.dilation,

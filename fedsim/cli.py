@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import sys
+import time
+import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from fedsim.deploy.slurm import job_script
 from fedsim.errors import (
     DeployError,
     FedsimError,
@@ -28,6 +31,8 @@ from fedsim.errors import (
     RunInterrupted,
     ScenarioError,
 )
+from fedsim.scenario import overrides as _overrides
+from fedsim.scenario.ids import format_ids, parse_ids
 
 if TYPE_CHECKING:
     from fedsim.actors.runstate import Progress
@@ -125,8 +130,8 @@ class ProgressLine:
         self.live = None
         self._last_plain = 0.0
         if enabled and sys.stdout.isatty():
-            from rich.console import Console
-            from rich.live import Live
+            from rich.console import Console  # lazy: rich only for a terminal's live line
+            from rich.live import Live  # lazy: rich only for a terminal's live line
 
             self.live = Live(console=Console(), auto_refresh=False, transient=True)
             self.live.start()
@@ -139,7 +144,7 @@ class ProgressLine:
                 f"updates={p.updates}  rounds={p.rounds}  in flight={p.in_flight}  "
                 f"acc={_fmt(p.accuracy)}  staleness={_fmt(p.staleness_mean, '.2f')}")
         if self.live is not None:
-            from rich.text import Text
+            from rich.text import Text  # lazy: rich only for a terminal's live line
 
             self.live.update(Text(line), refresh=True)
         elif p.real - self._last_plain >= 10.0:
@@ -184,8 +189,7 @@ def _scenario_or_resume(scenario: str | None, resume: str | None, sets: tuple[st
 
 def _load(path: str, sets: tuple[str, ...], dilation: str | None = None) -> Scenario:
     """The validated scenario (``fedsim.load``); exit 2 naming what is wrong."""
-    from fedsim.api import load
-    from fedsim.scenario import overrides as _overrides
+    from fedsim.api import load  # lazy: fedsim --help stays fast
 
     with _exits_on(ScenarioError):
         return load(path, _overrides.from_cli(sets, dilation))
@@ -262,8 +266,6 @@ def _phase_lines(s: Any) -> list[str]:
 
 def _lost_work_line(s: Any) -> str | None:
     """The summary's line on client runs that failed (None when none did)."""
-    from fedsim.scenario.ids import format_ids
-
     lost = s.get("lost_work") or {}
     if not lost.get("runs"):
         return None
@@ -368,10 +370,10 @@ def _status_code(summary: Any) -> int:
 def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: str | None,
         resume: str | None, no_progress: bool, no_plots: bool) -> None:
     """Run SCENARIO (a TOML file) on this machine."""
-    from fedsim.actors.process import set_up_in_background
+    from fedsim.actors.process import set_up_in_background  # lazy: fedsim --help stays fast
 
     set_up_in_background()   # a sweep's run sets up in the idle class (its neighbours train)
-    from fedsim import api
+    from fedsim import api  # lazy: fedsim --help stays fast
 
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
     progress = ProgressLine(not no_progress)
@@ -397,8 +399,8 @@ def check(scenario: str, sets: tuple[str, ...], as_json: bool) -> None:
     Keys the algorithm or model does not read (client.local_steps under DGA,
     which takes algorithm.local_steps per round) are marked with a comment.
     """
-    from fedsim.api import as_toml
-    from fedsim.scenario import resolved
+    from fedsim.api import as_toml  # lazy: fedsim --help stays fast
+    from fedsim.scenario import resolved  # lazy: fedsim --help stays fast
 
     sc = _load(scenario, sets)
     click.echo(json.dumps(resolved(sc), indent=2) if as_json else as_toml(sc), nl=False)
@@ -422,7 +424,7 @@ def _window(text: str | None) -> tuple[float, float | None] | None:
 
 def _load_runs(paths: tuple[str, ...]) -> list[Any]:
     """Every run directory read and checked; exit 2 with a one-line reason for one that is not."""
-    from fedsim.results.reader import RunDirError, load_run
+    from fedsim.results.reader import RunDirError, load_run  # lazy: fedsim --help stays fast
 
     with _exits_on(RunDirError, code=EXIT_SCENARIO):
         return [load_run(p) for p in paths]
@@ -431,7 +433,7 @@ def _load_runs(paths: tuple[str, ...]) -> list[Any]:
 def _compare(runs: list[Any], out: str | None, target: float | None,
              labels: tuple[str, ...]) -> None:
     """Print the comparison table of ``runs``; write it and the overlay figures to ``out``."""
-    from fedsim.results.compare import (
+    from fedsim.results.compare import (  # lazy: fedsim --help stays fast
         comparison_rows,
         default_labels,
         format_table,
@@ -505,7 +507,12 @@ def plot(runs: tuple[str, ...], out: str | None, target: float | None, labels: t
     run's staleness scale. Several: overlay figures and a comparison table,
     as `fedsim compare` draws.
     """
-    from fedsim.results.plots import plot_run, plot_timeline, timeline_is_large, timeline_name
+    from fedsim.results.plots import (  # lazy: fedsim --help stays fast
+        plot_run,
+        plot_timeline,
+        timeline_is_large,
+        timeline_name,
+    )
 
     span = _window(window)
     to_file = out is not None and out.lower().endswith(".png")
@@ -529,8 +536,6 @@ def plot(runs: tuple[str, ...], out: str | None, target: float | None, labels: t
     (run,) = _load_runs(runs)
     ids = None
     if client_ids is not None:
-        from fedsim.scenario.ids import parse_ids
-
         total = run.summary.get("clients")
         try:
             ids = parse_ids(client_ids, total if isinstance(total, int) else None)
@@ -595,7 +600,7 @@ def server(scenario: str | None, bind: str, keys_dir: str | None, insecure: bool
     or after deploy.start_timeout real seconds with those present. CURVE
     authentication is on for any non-loopback address.
     """
-    from fedsim.deploy.run import run_server
+    from fedsim.deploy.run import run_server  # lazy: fedsim --help stays fast
 
     _services_say_info()
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
@@ -634,8 +639,7 @@ def clients(scenario: str, connect: str, ids: str, name: str | None, keys_dir: s
     (its version, scenario or key), 3 if the server went silent, 2 if its
     torch worker could not start (e.g. a --state file of an earlier fedsim).
     """
-    from fedsim.deploy.run import run_clients
-    from fedsim.scenario.ids import parse_ids
+    from fedsim.deploy.run import run_clients  # lazy: fedsim --help stays fast
 
     _services_say_info()
     sc = _load(scenario, sets)
@@ -667,7 +671,7 @@ def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | No
     Give the server server.key_secret and allowed.toml; give client host i
     host-<i>.key_secret and server.key.
     """
-    from fedsim.deploy.keys import make_keys
+    from fedsim.deploy.keys import make_keys  # lazy: fedsim --help stays fast
 
     if scenario is not None:
         num_clients = _load(scenario, ()).data.num_clients
@@ -675,8 +679,6 @@ def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | No
         raise click.UsageError("give --clients N or --scenario FILE")
     with _exits_on(FedsimError, ValueError):
         made = make_keys(directory, hosts, num_clients, list(ranges) or None)
-    from fedsim.scenario.ids import format_ids
-
     click.echo(f"wrote {directory}/server.key(_secret) and allowed.toml")
     for h in made:
         click.echo(f"  {h.name}: clients {format_ids(h.ids)}  ({directory}/{h.name}.key_secret)")
@@ -701,8 +703,6 @@ def slurm(scenario: str, hosts: int, run_dir: str, out_file: str | None, port: i
           time_limit: str | None, partition: str | None, python: str | None,
           sets: tuple[str, ...]) -> None:
     """Write an sbatch script running SCENARIO as one Slurm job: a server and HOSTS hosts."""
-    from fedsim.deploy.slurm import job_script
-
     sc = _load(scenario, sets)
     text = job_script(scenario, hosts=min(hosts, sc.data.num_clients),
                       num_clients=sc.data.num_clients, run_dir=run_dir, port=port, sets=sets,
@@ -754,9 +754,7 @@ def sweep(source: str, grids: tuple[str, ...], seeds: int | None, sets: tuple[st
     under OUT/runs/; a point whose fidelity verdict fails is rerun with
     more dilation and flagged if it still fails, never averaged in.
     """
-    import time as _time
-
-    from fedsim import sweep as sw
+    from fedsim import sweep as sw  # lazy: fedsim --help stays fast
 
     if jobs != "auto" and not (jobs.isdigit() and int(jobs) >= 1):
         raise click.BadParameter(f"{jobs!r}: a number of runs >= 1, or 'auto'",
@@ -777,7 +775,7 @@ def sweep(source: str, grids: tuple[str, ...], seeds: int | None, sets: tuple[st
             if not spec.grid and not spec.variants and len(spec.seeds) == 1:
                 raise click.UsageError("nothing to sweep: give --grid KEY=V1,V2 or --seeds N")
             out_dir = Path(out) if out else Path("sweeps") / (
-                f"{spec.name}-{_time.strftime('%Y%m%d-%H%M%S')}")
+                f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         points = spec.points()
         if dry_run:
             spec.check()
@@ -802,8 +800,6 @@ def sweep(source: str, grids: tuple[str, ...], seeds: int | None, sets: tuple[st
 
 
 def _is_sweep_file(path: Path) -> bool:
-    import tomllib
-
     try:
         return isinstance(tomllib.loads(path.read_text()).get("sweep"), dict)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError):

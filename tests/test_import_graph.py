@@ -1,4 +1,4 @@
-"""fedsim's import graph: no cycle (between modules or packages), no re-export, no private reach.
+"""fedsim's import graph: no cycle, no re-export, no private reach, no lazy import without a reason.
 
 Every module of fedsim and netem is found with :func:`pkgutil.walk_packages`
 and its imports read with :mod:`ast`, all of them (module level, under
@@ -7,13 +7,20 @@ dependency graph whether or not it runs at import time. A package's
 ``__init__`` may gather its own submodules' names (that is its job): those
 edges count too, so a submodule that imports its own package's gathered names
 (a cycle at import time) fails here.
+
+An import inside a function waits until the function runs; each one says
+why on its line (``# lazy: <reason>``), and every other import sits at the
+top of its module.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import pkgutil
+import re
+import tokenize
 from pathlib import Path
 
 import fedsim
@@ -34,6 +41,7 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+ROOT = Path(fedsim.__file__).resolve().parents[1]
 
 
 def _edges(module: str, path: Path) -> set[str]:
@@ -156,3 +164,52 @@ def test_the_packages_form_layers():
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
     assert "fedsim.actors" not in graph["fedsim.results"]  # results are read without the actors
     assert "fedsim.actors" not in graph["fedsim.wire"] | graph["fedsim.scenario"]
+
+
+_LAZY = re.compile(r"#\s*lazy:\s*\S")
+
+
+def _function_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """The imports inside a function's body (a nested function's too), in ``tree``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, ast.Import | ast.ImportFrom):
+                found.append(child)
+            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+
+    visit(tree, False)
+    return found
+
+
+def _comments(source: str) -> dict[int, str]:
+    """Each line's comment (tokenized: a ``#`` inside a string is no comment)."""
+    return {tok.start[0]: tok.string
+            for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type == tokenize.COMMENT}
+
+
+def test_every_import_inside_a_function_says_why_it_is_lazy():
+    """An import sits at the top of its module unless it must wait; then it says why.
+
+    A function-level import carries ``# lazy: <reason>`` on its (first)
+    line: torch, matplotlib or a slow package kept out of a process that
+    must not pay for it (client hosts, ``fedsim --help``), or an order a
+    process must keep (the zygote listens before torch loads). One without
+    a reason belongs at the top of its module.
+    """
+    offenders, lazy = [], 0
+    for path in sorted(MODULES.values()):
+        source = path.read_text()
+        comments = _comments(source)
+        for node in _function_imports(ast.parse(source, str(path))):
+            if _LAZY.search(comments.get(node.lineno, "")):
+                lazy += 1
+            else:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: "
+                                 f"{ast.unparse(node)}")
+    assert offenders == [], ("imports inside functions with no `# lazy: <reason>` "
+                             "comment (move them to the top of the module, or say why "
+                             "they wait):\n  " + "\n  ".join(offenders))
+    assert lazy > 10  # the walk sees the imports that stay lazy

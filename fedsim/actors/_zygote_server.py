@@ -22,6 +22,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from fedsim.actors import process
+from fedsim.actors.setup import build_data
+from fedsim.scenario import parse
 
 __all__ = ["USER_ERRORS", "forked", "listen", "main", "serve", "unix_address", "warm"]
 
@@ -159,7 +161,7 @@ class _Server:
         """In the forked worker: drop the zygote's sockets and serve; never returns."""
 
         def work() -> int:
-            from fedsim.actors.worker import run
+            from fedsim.actors.worker import run  # lazy: torch stays out of client hosts
 
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -232,10 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     built: dict[str, Any] = {}
 
     def build() -> None:
-        import torch
-
-        from fedsim.actors.setup import build_data
-        from fedsim.scenario import parse
+        import torch  # lazy: after listen() (askers wait in the backlog); hosts stay torch-free
 
         torch.set_num_threads(1)
         with open(args.scenario) as fh:
@@ -280,12 +279,12 @@ def _guard(step: Any) -> tuple[str, str] | None:
 def warm(sc: Any, data: Any) -> tuple[str, str] | None:
     """Import what the workers use and run a step and an evaluation once, so
     none of torch's lazy start-up is left to the forked workers."""
-    import torch
+    import torch  # lazy: torch stays out of client hosts
 
     torch.set_num_threads(1)
 
     def warm() -> None:
-        from fedsim.actors.worker import Worker
+        from fedsim.actors.worker import Worker  # lazy: torch stays out of client hosts
 
         Worker(sc, [0] if len(data.clients) else [], data=data).warm_up()
         Worker(sc, [], data=data).warm_up()

@@ -52,9 +52,10 @@ from fedsim.actors._refusal import Refusal
 from fedsim.actors.client import ClientActor, Received, Trainer
 from fedsim.actors.server_gate import BYE_HEADER_BYTES
 from fedsim.actors.setup import local_config
+from fedsim.actors.workers import WorkerDied, WorkerHandle
 from fedsim.results.phases import PHASES, PhaseStats
 from fedsim.results.writer import boot_id
-from fedsim.scenario import Scenario
+from fedsim.scenario import Scenario, parse, scenario_hash
 from fedsim.scenario.ids import format_ids, parse_id_list
 from fedsim.scenario.network import NetPlan
 from fedsim.wire.codec import (
@@ -90,7 +91,7 @@ from fedsim.wire.messages import (
 )
 from fedsim.wire.payloads import WINDOW, HeldVersions, SentVersions
 from fedsim.wire.tensors import Model, TensorSpec
-from fedsim.wire.transport import ClientKeys, Connection
+from fedsim.wire.transport import ClientKeys, Connection, ZmqContext, ipc_address
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.lossprocess import LossStats
@@ -371,8 +372,6 @@ class ClientHost:
 
     async def run(self) -> int:
         """Register, run the clients until the server says stop, say goodbye."""
-        from fedsim.actors.workers import WorkerDied
-
         try:
             ready = await self._unless_refused(self.trainer.start())
         except WorkerDied as exc:
@@ -674,10 +673,6 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
     ``trainer_cpu`` the trainer runs on that CPU alone, and with ``cpus`` the
     host (every thread it makes from here) on those (``deploy.pin_trainers``).
     """
-    from fedsim.actors.workers import WorkerHandle
-    from fedsim.scenario import scenario_hash
-    from fedsim.wire.transport import ZmqContext, ipc_address
-
     if cpus:
         process.pin_process(os.getpid(), cpus)
     zmq_ctx = ZmqContext(max_message_bytes=-1 if sc.deploy.max_message_mb is None
@@ -715,8 +710,6 @@ async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, c
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a client-host process started by ``fedsim run``."""
-    from fedsim.scenario import parse
-
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--connect", required=True, help="the server's address")
     ap.add_argument("--host-id", type=int, required=True)

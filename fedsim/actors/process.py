@@ -8,11 +8,14 @@ import ctypes
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Coroutine
+from importlib import metadata
 from typing import Any, NoReturn, TypeVar
 
+from fedsim.errors import DeployError
 from netem.libc import libc
 
 T = TypeVar("T")
@@ -159,8 +162,6 @@ def can_leave_idle() -> bool:
         return False
     if os.geteuid() == 0:
         return True
-    import resource
-
     soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
     return soft == resource.RLIM_INFINITY or 20 - soft <= os.getpriority(os.PRIO_PROCESS, 0)
 
@@ -226,8 +227,6 @@ def cpu_placement(hosts: int) -> tuple[set[int], list[int]]:
     The trainers take the last ``hosts`` CPUs. Raises :class:`~fedsim.errors.DeployError`
     unless at least one CPU is left for the rest.
     """
-    from fedsim.errors import DeployError
-
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) <= hosts:
         raise DeployError(
@@ -293,11 +292,9 @@ def process_age() -> float | None:
 
 def fedsim_version() -> str:
     """The installed fedsim version (hosts refuse to join a server with another)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
-        return version("fedsim")
-    except PackageNotFoundError:
+        return metadata.version("fedsim")
+    except metadata.PackageNotFoundError:
         return "0+unknown"
 
 
@@ -308,7 +305,7 @@ def run_loop(coro: Coroutine[Any, Any, T], kind: str) -> T:
     """
     if kind == "uvloop":
         try:
-            import uvloop
+            import uvloop  # lazy: optional dependency; without it the run falls back to asyncio
         except ImportError:
             pass
         else:

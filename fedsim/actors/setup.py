@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fedsim.algorithms import LocalConfig, OptimizerConfig
-from fedsim.scenario import Scenario
+from fedsim.data import build_federated, federate
+from fedsim.scenario import Scenario, plugins
 from fedsim.scenario.sections import DATASETS, MODELS
 
 if TYPE_CHECKING:
@@ -21,8 +22,6 @@ __all__ = ["build_data", "build_model", "local_config", "model_shapes"]
 
 def build_data(sc: Scenario) -> Any:
     """The federated dataset of a scenario (a plug-in's through :func:`fedsim.data.federate`)."""
-    from fedsim.data import build_federated, federate
-
     d = sc.data
     options: dict[str, Any] = {}
     if d.partition == "dirichlet":
@@ -32,9 +31,7 @@ def build_data(sc: Scenario) -> Any:
     if d.partition == "shards":
         options["classes_per_client"] = d.classes_per_client
     if d.dataset not in DATASETS:
-        from fedsim.scenario.plugins import dataset
-
-        out = dataset(d.dataset)(num_clients=d.num_clients, seed=sc.seed, **d.options)
+        out = plugins.dataset(d.dataset)(num_clients=d.num_clients, seed=sc.seed, **d.options)
         return federate(d.dataset, out, num_clients=d.num_clients, partition=d.partition,
                         seed=sc.seed, **options)
     if d.dataset == "synthetic":
@@ -59,15 +56,13 @@ def build_data(sc: Scenario) -> Any:
 
 def build_model(sc: Scenario, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
     """The initial model (identical in every process for one seed)."""
-    from fedsim.models import build_from
-    from fedsim.models import build_model as _build
+    from fedsim.models import build_from  # lazy: torch stays out of client hosts
+    from fedsim.models import build_model as _build  # lazy: torch stays out of client hosts
 
     m = sc.model
     if m.name not in MODELS:
-        from fedsim.scenario.plugins import model
-
-        return build_from(model(m.name), input_shape, num_classes, seed=sc.seed, name=m.name,
-                          **m.options)
+        return build_from(plugins.model(m.name), input_shape, num_classes, seed=sc.seed,
+                          name=m.name, **m.options)
     options: dict[str, Any] = {}
     if m.name == "mlp":
         options["hidden_sizes"] = list(m.hidden)

@@ -47,7 +47,8 @@ from fedsim.actors._requests import (
 from fedsim.actors.setup import build_data, build_model, local_config, model_shapes
 from fedsim.algorithms import check_finite, failure_cause, local_train
 from fedsim.algorithms.api import ClientContext
-from fedsim.algorithms.local import load_vector
+from fedsim.algorithms.local import between_steps, load_vector
+from fedsim.algorithms.sgdclient import LocalSGDClient
 from fedsim.scenario import Scenario, parse
 from fedsim.scenario.ids import parse_id_list
 from fedsim.wire import statefile
@@ -323,9 +324,6 @@ def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
     plain local-training clients also lets a more urgent request go first
     in the middle of a run (:class:`Preemption`).
     """
-    from fedsim.algorithms.local import between_steps
-    from fedsim.algorithms.sgdclient import LocalSGDClient
-
     sock.send_multipart(encode(worker.ready()), copy=False)
     waiting = Requests()
     preempt = Preemption(sock, worker, waiting)

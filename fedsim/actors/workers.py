@@ -16,8 +16,10 @@ import os
 import sys
 from typing import Any
 
+from fedsim.actors.process import own_cpus
 from fedsim.actors.zygote import ForkedProcess, spawn
 from fedsim.scenario.ids import format_id_list
+from fedsim.scenario.plugins import child_env
 from fedsim.wire.codec import decode, encode, peek
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import Message, Shutdown, WorkerReady
@@ -83,8 +85,6 @@ class WorkerHandle:
 
     async def start(self, ready_within: float = 120.0) -> WorkerReady:
         """Start the process and wait for its WorkerReady (data built, model ready)."""
-        from fedsim.scenario.plugins import child_env
-
         if self.zygote is not None:
             try:
                 self.proc = await spawn(self.zygote, self.role, self.endpoint, self.clients,
@@ -114,8 +114,6 @@ class WorkerHandle:
         if not isinstance(msg, WorkerReady):
             raise WorkerDied(f"{self.role} worker sent {type(msg).__name__} instead of ready")
         if self.cpus is not None and self.proc is not None:
-            from fedsim.actors.process import own_cpus
-
             own_cpus(self.proc.pid, self.cpus)
         self._tasks.append(asyncio.create_task(self._read()))
         return msg

@@ -44,11 +44,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
 from fedsim.actors import process
 from fedsim.actors._zygote_server import USER_ERRORS, forked, listen, serve, unix_address, warm
+from fedsim.scenario.plugins import child_env
 
 __all__ = ["ForkedProcess", "Zygote", "can_fork_here", "describe", "spawn"]
 
@@ -196,8 +198,6 @@ def can_fork_here() -> bool:
     """Whether this process may fork the zygote from itself: on its main thread,
     with no other Python thread (a lock another thread holds would stay held
     in the child). A notebook's or an API caller's thread starts it instead."""
-    import threading
-
     return threading.current_thread() is threading.main_thread() and \
         threading.active_count() == 1
 
@@ -235,8 +235,6 @@ class Zygote:
     @classmethod
     def start(cls, name: str, scenario_file: str) -> Zygote:
         """Start a zygote for the resolved scenario in ``scenario_file``."""
-        from fedsim.scenario.plugins import child_env
-
         proc = subprocess.Popen(
             [sys.executable, "-m", "fedsim.actors._zygote_server", "--scenario", scenario_file,
              "--address", name, "--parent", str(os.getpid())],

@@ -192,8 +192,10 @@ def local_train(
     ``sps``) also ``lr_last``, ``lr_mean``, ``lr_min`` and ``lr_max`` of the
     step sizes used.
     """
-    # Imported here: fedsim.algorithms.adaptive imports torch, which client hosts never do.
-    from fedsim.algorithms.adaptive import AdaptiveStepOptimizer, step_size_stats
+    from fedsim.algorithms.adaptive import (  # lazy: it imports torch; client hosts never do
+        AdaptiveStepOptimizer,
+        step_size_stats,
+    )
 
     n = int(data_x.shape[0])
     if n == 0:

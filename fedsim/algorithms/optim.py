@@ -147,8 +147,7 @@ def make_optimizer(
     Delta-SGD's extra evaluation at the previous iterate; others ignore them.
     ``deltasgd`` and ``sps`` must be stepped with a closure.
     """
-    # Imported here: fedsim.algorithms.adaptive imports torch, which client hosts never do.
-    from fedsim.algorithms.adaptive import SPS, DeltaSGD
+    from fedsim.algorithms.adaptive import SPS, DeltaSGD  # lazy: it imports torch; hosts never do
 
     if cfg.name == "sgd":
         return SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

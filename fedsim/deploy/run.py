@@ -20,6 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedsim.actors.host import serve_host
+from fedsim.actors.process import run_loop
+from fedsim.deploy.keys import KeysError, load_client_keys, load_server_keys
 from fedsim.errors import DeployError
 from fedsim.launch.prep import finish, prepare, prepare_resume
 from fedsim.launch.runner import serve
@@ -43,8 +46,6 @@ def server_keys(bind: str, keys_dir: str | None, insecure: bool, num_clients: in
 
     Authentication is on for any non-loopback bind unless ``insecure``.
     """
-    from fedsim.deploy.keys import KeysError, load_server_keys
-
     if keys_dir is not None and insecure:
         raise DeployError("--keys and --insecure exclude each other")
     if keys_dir is None:
@@ -64,8 +65,6 @@ def server_keys(bind: str, keys_dir: str | None, insecure: bool, num_clients: in
 def client_keys(connect: str, keys_dir: str | None, name: str, insecure: bool
                 ) -> ClientKeys | None:
     """A client host's CURVE keys, or None when authentication is off."""
-    from fedsim.deploy.keys import KeysError, load_client_keys
-
     if keys_dir is not None and insecure:
         raise DeployError("--keys and --insecure exclude each other")
     if keys_dir is None:
@@ -90,9 +89,7 @@ def run_server(sc: Scenario | None, *, bind: str, out: str | None, keys_dir: str
     With ``resume`` (a run directory) it continues that run from its last
     checkpoint; client hosts connect again as at a start.
     """
-    import torch
-
-    from fedsim.actors.process import run_loop
+    import torch  # lazy: torch stays out of client hosts (fedsim clients imports this module)
 
     torch.set_num_threads(1)
     if resume is not None:
@@ -116,9 +113,6 @@ def run_clients(sc: Scenario, *, connect: str, ids: list[int], name: str,
     Returns the host's exit code (0 done, 3 the server went silent, 4 refused, 2 its
     torch worker did not start).
     """
-    from fedsim.actors.host import serve_host
-    from fedsim.actors.process import run_loop
-
     keys = client_keys(connect, keys_dir, name, insecure)
     data: dict[str, Any] = resolved(sc)
     with tempfile.TemporaryDirectory(prefix="fedsim-host-") as tmp:

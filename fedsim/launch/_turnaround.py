@@ -20,6 +20,15 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
+import zmq
+
+from fedsim.actors import process
+from fedsim.wire.codec import decode, encode_body, header_bound, max_message_bytes, stamp
+from fedsim.wire.messages import Task, Update
+from fedsim.wire.tensors import Model
+from fedsim.wire.transport import ZmqContext, ipc_address
+
 if TYPE_CHECKING:
     from fedsim.scenario import Scenario
     from fedsim.wire.tensors import TensorSpec
@@ -38,14 +47,7 @@ def measure_turnaround(sc: Scenario, spec: TensorSpec, messages: int, bursts: in
     warms up) and the median is scaled to ``messages``. Takes about 0.3 s,
     most of it starting the second process.
     """
-    import numpy as np
-    import zmq
-
-    from fedsim.scenario.plugins import child_env
-    from fedsim.wire.codec import decode, encode_body, header_bound, max_message_bytes, stamp
-    from fedsim.wire.messages import Task
-    from fedsim.wire.tensors import Model
-    from fedsim.wire.transport import ipc_address
+    from fedsim.scenario.plugins import child_env  # lazy: the echo process runs without pydantic
 
     burst = max(1, min(messages, MAX_BURST))
     flat = np.zeros(spec.nbytes // 4, dtype=np.float32)
@@ -93,10 +95,6 @@ def measure_turnaround(sc: Scenario, spec: TensorSpec, messages: int, bursts: in
 
 async def _echo(address: str, max_bytes: int) -> None:
     """Answer every task with an update carrying its model, until a one-frame message."""
-    from fedsim.wire.codec import decode, encode_body, stamp
-    from fedsim.wire.messages import Task, Update
-    from fedsim.wire.transport import ZmqContext
-
     ctx = ZmqContext(max_message_bytes=max_bytes)
     conn = ctx.connect(address, b"echo", None)
     try:
@@ -122,8 +120,6 @@ def main(argv: list[str] | None = None) -> int:
 
     ``python -m fedsim.launch._turnaround ADDRESS LOOP PARENT_PID MAX_BYTES``.
     """
-    from fedsim.actors import process
-
     address, loop, parent, max_bytes = (sys.argv[1:] if argv is None else argv)[:4]
     if not process.die_with_parent(int(parent)):
         return 0

@@ -17,8 +17,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from fedsim.actors.setup import build_data, build_model, local_config, model_shapes
+from fedsim.algorithms import flatten, local_train
 from fedsim.launch._turnaround import measure_turnaround
 from fedsim.scenario import Scenario
+from fedsim.scenario.network import NetPlan
+from fedsim.wire.tensors import TensorSpec
 
 __all__ = ["calibrate_dilation", "measure_step_time", "task_spec"]
 
@@ -30,10 +34,7 @@ def measure_step_time(sc: Scenario, data: Any = None) -> float:
 
     ``data`` is the scenario's federated dataset when the caller built it already.
     """
-    import torch
-
-    from fedsim.actors.setup import build_data, build_model, local_config
-    from fedsim.algorithms import flatten, local_train
+    import torch  # lazy: torch stays out of client hosts
 
     torch.set_num_threads(1)
     data = build_data(sc) if data is None else data
@@ -110,9 +111,6 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
     Every such run passed its verdict on the idle machine
     (docs/measurements.md#fidelity-under-load).
     """
-    from fedsim.actors.setup import local_config
-    from fedsim.scenario.network import NetPlan
-
     plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
     step_times = [plan.device(c).mean_step() for c in range(sc.data.num_clients)]
     n = sc.algorithm.tasks_at_once(sc.data.num_clients)
@@ -121,8 +119,6 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
     allowed = max(1e-3, 0.05 * delay)
     data: Any = None
     if real_step is None or turnaround is None or steps is None:
-        from fedsim.actors.setup import build_data
-
         data = build_data(sc)
     if real_step is None:
         real_step = measure_step_time(sc, data)
@@ -159,9 +155,6 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
 
 def task_spec(sc: Scenario, data: Any) -> Any:
     """The :class:`~fedsim.wire.tensors.TensorSpec` of this scenario's task messages."""
-    from fedsim.actors.setup import build_model, model_shapes
-    from fedsim.wire.tensors import TensorSpec
-
     model = build_model(sc, tuple(data.input_shape), int(data.num_classes))
     return TensorSpec([("float32", s) for s in model_shapes(model)]).repeated(
         sc.algorithm.spec.task_copies)

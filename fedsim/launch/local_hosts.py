@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 
+from fedsim.actors import process
 from fedsim.scenario.ids import format_id_list
 
 __all__ = ["HostProcess", "start_hosts"]
@@ -74,8 +75,6 @@ def start_hosts(hosts: list[list[int]], *, connect: str, scenario_file: str, run
     ``cpus`` a host keeps to those CPUs once its imports are done
     (``deploy.pin_trainers``: the CPUs that are not the trainers').
     """
-    from fedsim.actors import process
-
     idle = background and process.can_leave_idle()
     if idle:
         env = {**(env if env is not None else os.environ), process.SETUP_IDLE_ENV: "1"}

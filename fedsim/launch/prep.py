@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from fedsim.results.writer import (
     OLD_CHECKPOINT_HELP,
     write_json_atomic,
 )
-from fedsim.scenario import Scenario, resolved, to_toml, unused_keys
+from fedsim.scenario import Scenario, parse, resolved, to_toml, unused_keys
+from fedsim.scenario.network import NetPlan
+from fedsim.wire import statefile
 
 __all__ = ["finish", "new_run_dir", "prepare", "prepare_resume"]
 
@@ -55,8 +58,6 @@ def prepare(sc: Scenario, out: str | Path | None, dilation: float | str | None,
     into a fresh run directory. Returns the scenario as run, the run
     directory, the dilation and the resolved data.
     """
-    from fedsim.scenario.network import NetPlan
-
     run_dir = new_run_dir(sc, out)
     real_step = None
     if sc.devices.model == "speed_factor" and sc.devices.host_step_time is None:
@@ -82,10 +83,6 @@ def prepare(sc: Scenario, out: str | Path | None, dilation: float | str | None,
 
 def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str, Any]]:
     """The scenario, run directory, dilation and resolved data of a run to resume."""
-    import json
-
-    from fedsim.scenario import parse
-
     path = Path(run_dir)
     try:
         data = json.loads((path / "scenario.json").read_text())
@@ -101,8 +98,6 @@ def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str
 def _check_checkpoint(path: Path) -> None:
     """Refuse a missing, pickled or unknown checkpoint now, before any process starts
     (the server reads it whole, and checks its version and scenario, later)."""
-    from fedsim.wire import statefile
-
     try:
         value = statefile.read_header(path, "checkpoint", OLD_CHECKPOINT_HELP)
     except FileNotFoundError:
@@ -121,7 +116,10 @@ def finish(run_dir: Path) -> None:
     The per-client timeline is drawn unless the run is large
     (:func:`fedsim.results.plots.timeline_is_large`; then ``fedsim plot RUN --timeline``).
     """
-    from fedsim.results.plots import plot_run, timeline_is_large
+    from fedsim.results.plots import (  # lazy: matplotlib stays out of client hosts
+        plot_run,
+        timeline_is_large,
+    )
 
     try:
         plot_run(run_dir)

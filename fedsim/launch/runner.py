@@ -16,21 +16,37 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedsim.actors.process import (
+    cpu_placement,
+    fedsim_version,
+    freeze_heap,
+    pin_process,
+    run_loop,
+    thaw_heap,
+)
+from fedsim.actors.server_gate import message_limit
+from fedsim.actors.setup import build_data, build_model, model_shapes
+from fedsim.actors.workers import WorkerHandle
+from fedsim.actors.zygote import Zygote, can_fork_here
+from fedsim.algorithms import flatten
 from fedsim.errors import ResumeError
+from fedsim.launch.local_hosts import HostProcess, start_hosts
 from fedsim.launch.prep import finish, prepare, prepare_resume
 from fedsim.results.values import RunResult
 from fedsim.results.writer import write_json_atomic
-from fedsim.scenario import Scenario
+from fedsim.scenario import Scenario, scenario_hash
+from fedsim.scenario.plugins import child_env
+from fedsim.wire.tensors import TensorSpec
+from fedsim.wire.transport import ZmqContext, ipc_address
 
 if TYPE_CHECKING:
     from fedsim.actors.runstate import Progress
-    from fedsim.actors.zygote import Zygote
-    from fedsim.launch.local_hosts import HostProcess
     from fedsim.wire.transport import ServerKeys
 
 __all__ = ["RunControl", "plan_hosts", "run_scenario", "serve"]
@@ -48,8 +64,6 @@ class RunControl:
     """
 
     def __init__(self) -> None:
-        import threading
-
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: Callable[[str], None] | None = None
@@ -122,18 +136,8 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     hosts already started (by :func:`run_scenario`, before it imported
     torch) for ``run_id``'s ipc address.
     """
-    from fedsim.actors.checkpoint import load_checkpoint
-    from fedsim.actors.process import fedsim_version
-    from fedsim.actors.server import Server
-    from fedsim.actors.server_gate import message_limit
-    from fedsim.actors.setup import build_data, build_model, model_shapes
-    from fedsim.actors.workers import WorkerHandle
-    from fedsim.algorithms import flatten
-    from fedsim.launch.local_hosts import start_hosts
-    from fedsim.scenario import scenario_hash
-    from fedsim.scenario.plugins import child_env
-    from fedsim.wire.tensors import TensorSpec
-    from fedsim.wire.transport import ZmqContext, ipc_address
+    from fedsim.actors.checkpoint import load_checkpoint  # lazy: torch stays out of client hosts
+    from fedsim.actors.server import Server  # lazy: torch stays out of client hosts
 
     run_id = run_id or new_run_id()
     scenario_file = str((run_dir / "scenario.json").resolve())
@@ -265,8 +269,6 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
     skips drawing the run's PNGs at the end (``fedsim plot RUN`` draws them
     later; a sweep of many runs saves a few seconds per run).
     """
-    from fedsim.actors.process import cpu_placement
-
     if resume is not None:
         sc, run_dir, choice, data = prepare_resume(resume)
     assert sc is not None
@@ -281,8 +283,6 @@ def run_scenario(sc: Scenario | None, out: str | Path | None = None, *,
                             on_progress, control, placement)
     finally:
         if placement is not None:
-            from fedsim.actors.process import pin_process
-
             pin_process(os.getpid(), cpus_before)
     if plots:
         finish(run_dir)
@@ -295,10 +295,6 @@ def _run_here(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any],
               placement: tuple[set[int], list[int]] | None) -> dict[str, Any]:
     """The federation of :func:`run_scenario` (local hosts, a zygote, the server's loop);
     its summary. ``placement``: ``deploy.pin_trainers``' CPUs (the rest, the trainers')."""
-    from fedsim.launch.local_hosts import start_hosts
-    from fedsim.scenario.plugins import child_env
-    from fedsim.wire.transport import ipc_address
-
     name = f"fedsim-{os.getpid()}-{time.monotonic_ns()}-zygote"
     run_id, started = new_run_id(), None
     rest, trainer_cpus = placement if placement is not None else (None, None)
@@ -327,9 +323,6 @@ def _federation(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any]
                 on_progress: Callable[[Progress], None] | None, control: RunControl | None,
                 placement: tuple[set[int], list[int]] | None, name: str, run_id: str,
                 started: dict[str, HostProcess] | None) -> dict[str, Any]:
-    from fedsim.actors.process import freeze_heap, pin_process, run_loop, thaw_heap
-    from fedsim.actors.zygote import Zygote, can_fork_here
-
     trainer_cpus = None
     if placement is not None:
         # From here (the imports and data of the set-up done, or about to be
@@ -343,7 +336,7 @@ def _federation(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any]
     if sc.deploy.workers == "fork" and not can_fork_here():
         # a fresh zygote imports torch while this process does
         zygote = Zygote.start(name, str((run_dir / "scenario.json").resolve()))
-    import torch
+    import torch  # lazy: torch stays out of client hosts, and loads after they start
 
     # The server's tensor math is small and sequential; torch's intra-op
     # threads would only spin on the cores the client hosts need.
@@ -351,8 +344,6 @@ def _federation(sc: Scenario, run_dir: Path, choice: float, data: dict[str, Any]
     if sc.deploy.workers == "fork" and zygote is None:
         # this process imported torch and builds the data once; the zygote
         # and every worker share them (before any loop, socket or thread)
-        from fedsim.actors.setup import build_data
-
         fed = build_data(sc)
         freeze_heap()  # torch and the data: the zygote's and this process's collections skip them
         zygote = Zygote.fork(name, sc, fed)

@@ -31,6 +31,7 @@ import matplotlib
 
 from fedsim.results.plots import loss_scale, new_figure, save
 from fedsim.results.reader import Run
+from fedsim.scenario import unread_task_keys
 
 __all__ = ["TASK_TABLES", "ComparisonRow", "comparison_rows", "default_labels",
            "format_table", "plot_comparison", "shared_target", "task_differences",
@@ -94,8 +95,6 @@ def _task(scenario: Mapping[str, Any]) -> dict[str, str]:
     data, model = scenario.get("data"), scenario.get("model")
     data = data if isinstance(data, Mapping) else {}
     model = model if isinstance(model, Mapping) else {}
-    from fedsim.scenario import unread_task_keys
-
     unread = unread_task_keys(str(data.get("dataset")), str(data.get("partition")),
                               str(model.get("name")))
     out = {}

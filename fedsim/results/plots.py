@@ -10,16 +10,22 @@ federation's own time.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
+from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from fedsim.results.reader import Run, load_run
 from fedsim.results.timeline import MAX_CLIENTS, Timeline, build_timeline, sample_clients
+from fedsim.scenario.ids import format_ids
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -103,8 +109,6 @@ def timeline_name(window: tuple[float, float | None] | None = None,
     (``timeline-2-6-clients-0-9,20.png``). A list of clients too long for a
     file name is written as its count and a digest of it.
     """
-    from fedsim.scenario.ids import format_ids
-
     parts = ["timeline"]
     if window is not None:
         start, end = window
@@ -112,8 +116,6 @@ def timeline_name(window: tuple[float, float | None] | None = None,
     if clients is not None:
         ids = format_ids(list(clients))
         if len(ids) > 40:
-            import hashlib
-
             ids = f"{len(set(clients))}-{hashlib.sha1(ids.encode()).hexdigest()[:8]}"
         parts.append(f"clients-{ids}")
     return "-".join(parts) + ".png"
@@ -228,8 +230,6 @@ def staleness_figure(run: Run) -> Figure | None:
     if found is None:
         return None
     values, label, noun = found
-    from matplotlib.ticker import MaxNLocator
-
     lo = min(values)
     counts = np.bincount(np.asarray(values, dtype=np.int64) - lo)
     idx = np.nonzero(counts)[0]
@@ -308,10 +308,6 @@ def plot_timeline(run: Run, path: Path, *, clients: Iterable[int] | None = None,
 
 def timeline_figure(tl: Timeline, *, title: str) -> Figure:
     """The picture of :class:`~fedsim.results.timeline.Timeline` ``tl`` (:func:`plot_timeline`)."""
-    from matplotlib.collections import PolyCollection
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
     ids = sorted(tl.clients)
     row = {cid: i for i, cid in enumerate(ids)}
     n = max(1, len(ids))

@@ -9,6 +9,7 @@ itself or from its directory a week later.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -289,7 +290,7 @@ class RunResult:
     @classmethod
     def of(cls, run_dir: str | Path, summary: Mapping[str, Any] | None = None) -> RunResult:
         """The result of ``run_dir`` (its ``summary.json`` unless ``summary`` is given)."""
-        from fedsim.results.writer import read_summary
+        from fedsim.results.writer import read_summary  # lazy: RunResult is numpy-free (test_api)
 
         path = Path(run_dir)
         if summary is None:
@@ -312,14 +313,17 @@ class RunResult:
     @property
     def metrics(self) -> Metrics:
         """``metrics.csv`` as it is now (empty before the first evaluation)."""
-        from fedsim.results.writer import METRIC_FIELDS, read_metrics
+        from fedsim.results.writer import (  # lazy: RunResult is numpy-free (test_api)
+            METRIC_FIELDS,
+            read_metrics,
+        )
 
         path = self.run_dir / "metrics.csv"
         return Metrics(read_metrics(path) if path.exists() else [], METRIC_FIELDS)
 
     def events(self, kind: str | None = None) -> Iterator[dict[str, Any]]:
         """The records of ``events.jsonl`` (only those of ``kind``, e.g. ``"aggregate"``)."""
-        from fedsim.results.writer import read_events
+        from fedsim.results.writer import read_events  # lazy: RunResult is numpy-free (test_api)
 
         path = self.run_dir / "events.jsonl"
         if path.exists():
@@ -329,15 +333,13 @@ class RunResult:
 
     def plot(self) -> list[Path]:
         """Draw the run's plots into its directory; return the files written."""
-        from fedsim.results.plots import plot_run
+        from fedsim.results.plots import plot_run  # lazy: matplotlib stays out of client hosts
 
         return plot_run(self.run_dir)
 
     def scenario(self) -> Any:
         """The scenario as it ran (``scenario.json``, every default filled in)."""
-        import json
-
-        from fedsim.scenario import parse
+        from fedsim.scenario import parse  # lazy: RunResult is pydantic-free (test_api)
 
         path = self.run_dir / "scenario.json"
         return parse(json.loads(path.read_text()), str(path))

@@ -16,11 +16,15 @@ import io
 import json
 import math
 import os
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from netem.fidelitystats import Reservoir
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -111,9 +115,6 @@ def writer_alive(writer: dict[str, Any] | None, stale_after: float = 120.0) -> b
     by pid; elsewhere a summary not rewritten for ``stale_after`` seconds
     means its writer is gone.
     """
-    import socket
-    import time
-
     if not writer:
         return False
     if writer.get("node") == socket.gethostname() and writer.get("boot_id") == boot_id():
@@ -144,9 +145,6 @@ def boot_id() -> str:
 
 def writer_record() -> dict[str, Any]:
     """Who writes this run directory: node, boot id, pid, process start, time of writing."""
-    import socket
-    import time
-
     pid = os.getpid()
     started = None
     try:
@@ -321,8 +319,6 @@ class TransferStats:
     DIRECTIONS = ("down", "up")
 
     def __init__(self, capacity: int = 1 << 15) -> None:
-        from netem.fidelitystats import Reservoir
-
         self._capacity = capacity
         self._times = {d: Reservoir(capacity, seed=i) for i, d in enumerate(self.DIRECTIONS)}
         self._bytes = dict.fromkeys(self.DIRECTIONS, 0)

@@ -22,6 +22,8 @@ back out.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -313,9 +315,6 @@ def scenario_hash(data: dict[str, Any]) -> str:
 
     ``RUNTIME_KEYS`` are left out: the server decides them and tells the hosts.
     """
-    import copy
-    import hashlib
-
     data = copy.deepcopy(data)
     for table, key in RUNTIME_KEYS:
         if isinstance(data.get(table), dict):

@@ -15,6 +15,7 @@ values are Python values, given as a mapping of dotted keys.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -131,8 +132,6 @@ def from_python(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[Ove
 
 def _plain(value: Any, key: str) -> Any:
     """A value as a scenario file could hold it (tuples become lists; paths, str)."""
-    import os
-
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     try:

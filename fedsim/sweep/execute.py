@@ -9,6 +9,8 @@ import itertools
 import json
 import math
 import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -345,9 +347,6 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
 
 def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float | None,
            plots: bool, attempt: int) -> Any:
-    import shutil
-    import subprocess
-
     if run_dir.exists():          # an interrupted or unfaithful attempt: keep its log
         old = run_dir.with_name(f"{run_dir.name}.attempt-{attempt - 1}")
         shutil.rmtree(old, ignore_errors=True)

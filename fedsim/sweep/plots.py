@@ -56,7 +56,7 @@ def x_key(sweep: Sweep) -> str | None:
 
 def plot_sweep(sweep: Sweep, out: Path, agg: list[dict[str, Any]]) -> list[Path]:
     """Write :func:`sweep_figures` as ``<quantity>.png`` into ``out``; return the paths."""
-    from fedsim.results.plots import save
+    from fedsim.results.plots import save  # lazy: fedsim sweep --dry-run stays fast
 
     return [save(fig, out / f"{y}.png") for y, fig in sweep_figures(sweep, agg).items()]
 
@@ -76,7 +76,7 @@ def sweep_figures(sweep: Sweep, agg: list[dict[str, Any]]) -> dict[str, Figure]:
         log.warning("no figures: nothing but the seed varies in this sweep (aggregate.csv "
                     "holds each quantity's mean and 95 % CI)")
         return {}
-    from fedsim.results.plots import new_figure
+    from fedsim.results.plots import new_figure  # lazy: fedsim sweep --dry-run stays fast
 
     numeric = x != VARIANT and all(_is_num(v) for v in sweep.grid[x])
     # a position on the axis per value: the value itself, or a category's index

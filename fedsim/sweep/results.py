@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedsim.results.writer import read_summary
 from fedsim.sweep.spec import Point, Sweep, SweepError, _literal
 
 #: The figures taken from each run's summary.json into the tables: name ->
@@ -108,8 +109,6 @@ def _read_point(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _result(point: Point, run_dir: Path) -> PointResult:
-    from fedsim.results.writer import read_summary
-
     meta = _read_point(run_dir) or {}
     summary = read_summary(run_dir) if run_dir.is_dir() else None
     status = "pending" if summary is None else str(summary.get("status"))

@@ -17,14 +17,28 @@ in-memory network and by the multi-process and multi-host tests.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import itertools
+import json
+import os
+import tempfile
+import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import numpy as np
 
+from fedsim.actors import process
+from fedsim.actors.host import ClientHost
+from fedsim.actors.workers import WorkerHandle
+from fedsim.deploy.run import client_keys
+from fedsim.scenario import load, resolved, scenario_hash
+from fedsim.scenario.ids import parse_ids
 from fedsim.wire.codec import encode
 from fedsim.wire.messages import (
     SCHEMA_VERSION,
@@ -36,6 +50,7 @@ from fedsim.wire.messages import (
     Update,
 )
 from fedsim.wire.tensors import Model, TensorSpec
+from fedsim.wire.transport import ZmqContext, ipc_address
 
 __all__ = ["Frame", "Fuzzer"]
 
@@ -231,20 +246,6 @@ class Fuzzer:
 # -- a fuzzing client host: honest clients, hostile frames on the same connection -----------
 async def _fuzzing_host(args: Any, sc: Any, data: dict[str, Any],
                         scenario_file: str) -> dict[str, Any]:
-    import asyncio
-    import json as _json
-    import os
-    import time
-    from collections import Counter
-
-    from fedsim.actors import process
-    from fedsim.actors.host import ClientHost
-    from fedsim.actors.workers import WorkerHandle
-    from fedsim.deploy.run import client_keys
-    from fedsim.scenario import scenario_hash
-    from fedsim.scenario.ids import parse_ids
-    from fedsim.wire.transport import ZmqContext, ipc_address
-
     ids = parse_ids(args.ids, sc.data.num_clients)
     keys = client_keys(args.connect, args.keys, args.name, args.insecure)
     zmq_ctx = ZmqContext(max_message_bytes=-1 if sc.deploy.max_message_mb is None
@@ -263,14 +264,14 @@ async def _fuzzing_host(args: Any, sc: Any, data: dict[str, Any],
         fuzzer = Fuzzer(args.name, ids, _update_spec(host, sc), sc.data.num_clients,
                         host.seq, seed=args.seed)
         window["start"] = time.time()
-        print(_json.dumps({"fuzz": "start", "time": window["start"]}), flush=True)
+        print(json.dumps({"fuzz": "start", "time": window["start"]}), flush=True)
         gap = 1.0 / args.rate
         for frame in fuzzer.frames(args.frames):
             await conn.send(frame.frames)
             sent[str(frame.reject)] += 1
             await asyncio.sleep(gap)
         window["end"] = time.time()
-        print(_json.dumps({"fuzz": "end", "time": window["end"]}), flush=True)
+        print(json.dumps({"fuzz": "end", "time": window["end"]}), flush=True)
 
     attacker = asyncio.ensure_future(attack())
     try:
@@ -296,10 +297,6 @@ def main(argv: list[str] | None = None) -> int:
     JSON line with what it sent (counts by the reason each must be rejected
     for) and exits with the host's exit code.
     """
-    import argparse
-    import asyncio
-    import json as _json
-
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("scenario")
     ap.add_argument("--connect", required=True)
@@ -313,18 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delay", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    import tempfile
-    from pathlib import Path
-
-    from fedsim.scenario import load, resolved
-
     sc = load(args.scenario, list(args.set))
     data = resolved(sc)
     with tempfile.TemporaryDirectory(prefix="fedsim-fuzz-") as tmp:
         scenario_file = str(Path(tmp) / "scenario.json")
-        Path(scenario_file).write_text(_json.dumps(data))
+        Path(scenario_file).write_text(json.dumps(data))
         result = asyncio.run(_fuzzing_host(args, sc, data, scenario_file))
-    print(_json.dumps({"fuzz": "done", **result}), flush=True)
+    print(json.dumps({"fuzz": "done", **result}), flush=True)
     return int(result["exit"])
 
 
