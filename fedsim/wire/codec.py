@@ -373,6 +373,11 @@ def max_message_bytes(spec: TensorSpec, copies: int = 1) -> int:
 
 def _byte_view(frame: object, index: int) -> memoryview:
     """Return a flat, read-only byte view of a frame without copying it."""
+    if type(frame) is bytes:   # the common cases first: bytes, and a zmq.Frame's buffer
+        return memoryview(frame)
+    view = getattr(frame, "buffer", None)
+    if type(view) is memoryview and view.format == "B" and view.ndim == 1:
+        return view.toreadonly()
     buffer = (
         frame
         if isinstance(frame, bytes | bytearray | memoryview)
@@ -491,8 +496,12 @@ def _open(frames: Sequence[Any], max_bytes: int
     n = len(frames)
     if not 1 <= n <= MAX_FRAMES:
         raise WireError("frame_count", f"{n} frames (a message has 2 to {MAX_FRAMES})")
-    views = [_byte_view(f, i) for i, f in enumerate(frames)]
-    nbytes = sum(v.nbytes for v in views)
+    views = []
+    nbytes = 0
+    for i, f in enumerate(frames):
+        view = _byte_view(f, i)
+        views.append(view)
+        nbytes += view.nbytes
     if nbytes > max_bytes:
         raise WireError("oversize", f"{nbytes} bytes > max_bytes={max_bytes}")
     if views[0].nbytes > MAX_ENVELOPE_BYTES:
@@ -613,7 +622,7 @@ def decode(
                     f" {view.nbytes} bytes, expected {count * dtype.itemsize}",
                 )
             buffers.append(np.frombuffer(view, dtype=dtype))
-        model = Model(model_spec, tuple(buffers))
+        model = Model.checked(model_spec, tuple(buffers))
 
     msg = cast("Message", cls.from_wire(header, model))  # field checks: "bad_field"
 

@@ -38,6 +38,7 @@ and never imports torch.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -402,6 +403,16 @@ class Model:
                 )
 
     @classmethod
+    def checked(cls, spec: TensorSpec, buffers: tuple[NDArray[Any], ...]) -> Model:
+        """A model whose buffers the caller has already checked against ``spec``
+        (one per dtype, of that wire dtype, 1-D, C-contiguous, of the right size,
+        as the codec's decode makes them): the checks are not made again."""
+        model = object.__new__(cls)
+        object.__setattr__(model, "spec", spec)
+        object.__setattr__(model, "buffers", buffers)
+        return model
+
+    @classmethod
     def from_flat(cls, flat: NDArray[Any], spec: TensorSpec) -> Model:
         """Wrap ``flat``, all of ``spec``'s tensors back to back, without copying.
 
@@ -536,4 +547,11 @@ def flat_model(vec: torch.Tensor) -> Model:
     name = wire_dtype_name(arr.dtype)
     if name is None:
         raise WireError("bad_dtype", f"flat_model: dtype {arr.dtype} is not a wire dtype")
-    return Model.from_flat(arr, TensorSpec([(name, (arr.size,))]))
+    return Model.from_flat(arr, _flat_spec(name, arr.size))
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_spec(name: str, size: int) -> TensorSpec:
+    """The one-entry spec of a flat vector (built once: a spec takes ~9 us to build,
+    and an algorithm derives an upload per update)."""
+    return TensorSpec([(name, (size,))])
