@@ -596,6 +596,33 @@ def test_af1_reproduced_when_fedasync_collapses_at_large_p(tmp_path: Path) -> No
     assert f.chart.columns == 2
 
 
+def test_af1s_time_to_90_percent_is_drawn_without_negative_error_bars(tmp_path: Path) -> None:
+    """Seeds far apart give a Student-t interval below 0 s; the figure stops it at 0
+    (as the tables do), where it had drawn -600 s."""
+    from claimslib.charts import _errors
+
+    sweep = _sweep("af1")
+    make = _af(_collapse)
+
+    def spread(p: sw.Point) -> dict[str, Any]:
+        run = make(sweep, p)
+        if p.seed == 3:   # one seed reaches 90 % of its max late
+            run["metrics"] = _curve(run["summary"]["best_accuracy"], rise=0.95)
+        return run
+
+    f = eval_af1(sweep, _runs(tmp_path, sweep, spread))
+    assert f.chart is not None
+    timed = [p for p in f.chart.panels if p.value.startswith("emulated s")]
+    assert len(timed) == 2
+    for panel in timed:
+        for points in panel.series.values():
+            means = [m for _, m, _ in points]
+            cis = [c for _, _, c in points]
+            assert any(m - c < 0 for m, c in zip(means, cis, strict=True))  # the case
+            below, _ = _errors(panel, means, cis)
+            assert all(m - b >= 0 for m, b in zip(means, below, strict=True))
+
+
 def test_af1_reproduced_in_the_papers_budget_and_not_in_30_s(tmp_path: Path) -> None:
     """The ablation: only the budget changes, and the claim goes with it."""
     sweep = _sweep("af1")

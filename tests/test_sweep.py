@@ -560,8 +560,9 @@ def _crowd_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: str, dela
     monkeypatch.setenv("CROWD_DIR", str(tmp_path / "crowd"))
     s = sw.sweep_from_scenario(QUICK, grid=[f"network.up.delay={delays}"], seeds=2)
     lines: list[str] = []
-    res = sw.run_sweep(s, tmp_path / "out", python=str(script), max_attempts=2,
-                       report=lines.append, **kwargs)
+    kwargs.setdefault("max_attempts", 2)
+    kwargs.setdefault("report", lines.append)
+    res = sw.run_sweep(s, tmp_path / "out", python=str(script), **kwargs)
     return res, lines
 
 
@@ -589,6 +590,54 @@ def test_crowded_runs_go_again_at_twice_the_dilation_and_more_at_once(
     assert any("every run at 2x its dilation" in x for x in lines), lines
     assert {r.dilation for r in res.points} <= {None, 2.0, 4.0}
     assert any(r.dilation == 4.0 for r in res.points)
+
+
+# A run that fails its verdict below dilation 3, alone, asking for 3.
+NEEDS_3_RUN = CROWD_RUN.replace('"fail" if seen else "pass"', '"fail" if dil < 3.0 else "pass"'
+                                ).replace("4 * dil if seen else None", "3.0")
+
+
+def test_a_resumed_sweep_reruns_a_point_at_the_dilation_it_asked_for_before_a_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an attempt taught lives in point.json: a point that failed alone, then
+    lost its next attempt to a stop, goes again at the dilation it asked for, not
+    at its scenario's own."""
+    res, _ = _crowd_sweep(tmp_path, monkeypatch, NEEDS_3_RUN, "0.0", jobs=1, max_attempts=1)
+    assert [r.verdict for r in res.points] == ["fail", "fail"]      # one attempt each
+    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0"], seeds=2)
+    killed = tmp_path / "killed-python"          # the next attempts die without a summary
+    killed.write_text(f"#!{sys.executable}\nraise SystemExit(1)\n")
+    killed.chmod(killed.stat().st_mode | stat.S_IEXEC)
+    res = sw.run_sweep(s, tmp_path / "out", python=str(killed), jobs=1, max_attempts=2)
+    assert [r.status for r in res.points] == ["crashed", "crashed"]
+    res = sw.run_sweep(s, tmp_path / "out", python=str(tmp_path / "crowd-python"), jobs=1,
+                       max_attempts=3)
+    for r in res.points:
+        assert (r.verdict, r.dilation) == ("pass", 3.0)
+        assert (r.run_dir / "calls.log").read_text().split() == ["3.0"]
+
+
+def test_a_resumed_sweep_does_not_count_attempts_lost_to_a_crowded_machine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped right after attempts that failed beside other runs, a sweep resumed
+    with one attempt a point still owes each of them a fair one."""
+    def stop_at_the_first_rerun(line: str) -> None:
+        if "beside other runs" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _crowd_sweep(tmp_path, monkeypatch, CROWD_RUN, "0.0,0.1", jobs=2, max_attempts=1,
+                     max_scale=1.0, report=stop_at_the_first_rerun)
+    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1"], seeds=2)
+    metas = [tmp_path / "out" / "runs" / p.key / "point.json" for p in s.points()]
+    crowded = [m for m in metas
+               if m.exists() and json.loads(m.read_text()).get("crowded_attempts")]
+    assert crowded                                 # the stop came after a crowded attempt
+    for f in (tmp_path / "crowd").iterdir():       # what the stopped fake runs left behind
+        f.unlink()
+    res = sw.run_sweep(s, tmp_path / "out", python=str(tmp_path / "crowd-python"), jobs=1,
+                       max_attempts=1)
+    assert all(r.counts for r in res.points), [(r.point.key, r.verdict) for r in res.points]
 
 
 def test_a_rerun_beside_others_keeps_its_dilation() -> None:

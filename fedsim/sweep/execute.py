@@ -262,7 +262,16 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     points = sweep.points()
     runs = out / "runs"
     results = {p.key: _result(p, runs / p.key) for p in points}
-    todo = [p for p in points if not _done(results[p.key], max_attempts)]
+    # What a point's attempts taught (kept in its point.json, so a resumed sweep
+    # knows it too): attempts that failed while sharing the machine, whether the
+    # last one did, and the dilation an attempt that failed alone asked for.
+    crowded: dict[str, int] = {}   # per point: attempts that failed while sharing the machine
+    crowded_last: set[str] = set()  # points whose last attempt failed while sharing it
+    need: dict[str, float] = {}     # per point: the dilation an attempt that failed alone asked for
+    for p in points:
+        _restore_history(p.key, _read_point(runs / p.key) or {}, crowded, crowded_last, need)
+    todo = [p for p in points
+            if not _done(results[p.key], max_attempts + crowded.get(p.key, 0))]
     kept = len(points) - len(todo)
     say(f"sweep {sweep.name}: {len(points)} points"
         + (f", {kept} already finished" if kept else "") + f"; results in {out}")
@@ -272,9 +281,6 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     t0 = time.monotonic()
     finished = 0
     shared: set[int] = set()       # runs that had company at some moment
-    crowded: dict[str, int] = {}   # per point: attempts that failed while sharing the machine
-    crowded_last: set[str] = set()  # points whose last attempt failed while sharing it
-    need: dict[str, float] = {}     # per point: the dilation an attempt that failed alone asked for
     try:
         while todo or running:
             starting = any(_starting(runs / r.point.key, r.started) for r in running.values())
@@ -286,7 +292,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                 dilation = _dilation_for(prev, bases.get(p.key), scale,
                                          p.key in crowded_last, need.get(p.key))
                 running_proc = _start(p, sweep, runs / p.key, python, dilation, run_plots,
-                                      prev.attempts + 1)
+                                      prev.attempts + 1,
+                                      _history(p.key, crowded, crowded_last, need))
                 if running:            # every run under way now shares the machine
                     shared.update(running)
                     shared.add(running_proc.pid)
@@ -321,6 +328,8 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                 # the machine was crowded: this attempt does not count against the point
                 crowded[p.key] = crowded.get(p.key, 0) + 1
                 crowded_last.add(p.key)
+            meta.update(_history(p.key, crowded, crowded_last, need))
+            _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
             if res.status == "completed" and not _done(res, max_attempts
                                                        + crowded.get(p.key, 0)):
                 todo.insert(0, p)      # an unfaithful run goes again, with more dilation
@@ -345,8 +354,26 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     return SweepResult(out, final, files)
 
 
+def _history(key: str, crowded: dict[str, int], crowded_last: set[str],
+             need: dict[str, float]) -> dict[str, Any]:
+    """What a point's attempts so far taught, as its point.json keeps it."""
+    return {"crowded_attempts": crowded.get(key, 0), "last_crowded": key in crowded_last,
+            "needed_dilation": need.get(key)}
+
+
+def _restore_history(key: str, meta: dict[str, Any], crowded: dict[str, int],
+                     crowded_last: set[str], need: dict[str, float]) -> None:
+    """Read back :func:`_history` from a point's point.json (a sweep that resumes)."""
+    if meta.get("crowded_attempts"):
+        crowded[key] = int(meta["crowded_attempts"])
+    if meta.get("last_crowded"):
+        crowded_last.add(key)
+    if meta.get("needed_dilation"):
+        need[key] = float(meta["needed_dilation"])
+
+
 def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float | None,
-           plots: bool, attempt: int) -> Any:
+           plots: bool, attempt: int, history: dict[str, Any] | None = None) -> Any:
     if run_dir.exists():          # an interrupted or unfaithful attempt: keep its log
         old = run_dir.with_name(f"{run_dir.name}.attempt-{attempt - 1}")
         shutil.rmtree(old, ignore_errors=True)
@@ -359,7 +386,7 @@ def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float |
     if dilation is not None:
         cmd += ["--dilation", str(dilation)]
     meta = {"variant": p.variant, "grid": dict(p.grid), "seed": p.seed, "attempts": attempt,
-            "dilation": dilation, "command": cmd[1:]}
+            "dilation": dilation, "command": cmd[1:], **(history or {})}
     _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
     log = open(run_dir / "output.log", "wb")   # noqa: SIM115 (the child owns it)
     # its set-up in the idle class, beside the runs already going (fedsim.actors.process)

@@ -174,7 +174,8 @@ def _eval_af1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
                           for m in name}, kind="lines", xlabel="suspension probability P"),
                    Panel("emulated s to 90 % of the run's max",
                          {name[m]: [(q, *mean_ci(t90[(m, q)].values())) for q in ps]
-                          for m in name}, kind="lines", xlabel="suspension probability P")])
+                          for m in name}, kind="lines", xlabel="suspension probability P",
+                         bounds=NON_NEGATIVE)])
     return Finding(number, verdict, explain(verdict, summary, reason),
                    md_table(["P", f"{name['asyncfeded']} max accuracy",
                              f"{name['fedasync']} max accuracy", "AsyncFedED to 90 %",
@@ -213,7 +214,7 @@ def _eval_af1_authors(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding
                                for m in ("asyncfeded", "fedasync")]}),
                    Panel("emulated s to 90 % of the run's max",
                          {"": [(variant_label(runs[m]), *mean_ci(t90[m].values()))
-                               for m in ("asyncfeded", "fedasync")]})])
+                               for m in ("asyncfeded", "fedasync")]}, bounds=NON_NEGATIVE)])
     return Finding(number, verdict, explain(verdict, summary, reason),
                    md_table(["variant", "max accuracy", "final accuracy", "to 90 % of max",
                              "updates applied", "staleness (mean)"], rows), chart)
@@ -324,7 +325,7 @@ def _eval_af2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
                                for k in order]}),
                    Panel("accuracy drops of over 2 points",
                          {"": [(variant_label(runs[k]), *mean_ci(drops[k].values()))
-                               for k in order]})])
+                               for k in order]}, bounds=NON_NEGATIVE)])
     return Finding(number, verdict, explain(verdict, summary, reason),
                    md_table(["variant", "accuracy over time", "max accuracy", "drops > 2 points",
                              "median abs(gamma - gamma_bar), 2nd half"], rows), chart)

@@ -101,7 +101,7 @@ def eval_ds1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
                           for o in opts}),
                    Panel("largest gap to the best over the tasks (points)",
                          {"": [(OPTIMIZERS.get(o, o), *scaled(worst[o].values(), 100))
-                               for o in opts]})])
+                               for o in opts]}, bounds=NON_NEGATIVE)])
     return Finding(number, verdict, explain(verdict, summary, reason),
                    md_table(["optimizer", *(f"{names[t]} accuracy (gap)" for t in tasks),
                              "largest gap"], rows), chart)

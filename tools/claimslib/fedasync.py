@@ -105,7 +105,8 @@ def eval_fa1(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
                                                         *mean_ci(lm.values())))
     chart = Chart("FA-1: test-loss instability over each run's second half, by tasks in "
                   "flight c (mean, 95 % CI)",
-                  [Panel("std of the test loss", bars), Panel("mean test loss", bars_loss)])
+                  [Panel("std of the test loss", bars, bounds=NON_NEGATIVE),
+                   Panel("mean test loss", bars_loss, bounds=NON_NEGATIVE)])
     return Finding(number, verdict, explain(verdict, summary, reason),
                    md_table(["variant", "late-loss std", "late-loss mean", "staleness (mean)",
                              "seeds"], rows), chart)
@@ -193,7 +194,7 @@ def eval_fa2(sweep: sw.Sweep, results: list[sw.PointResult]) -> Finding:
                      short_mean(values(runs[k], "staleness_mean").values())])
         bars.append((variant_label(runs[k]) + (" (>=)" if short[k] else ""), m, ci))
     chart = Chart(f"FA-2: gradients applied until {target:.0%} test accuracy (mean, 95 % CI)",
-                  [Panel("gradients applied", {"": bars})])
+                  [Panel("gradients applied", {"": bars}, bounds=NON_NEGATIVE)])
     return Finding(number, verdict, explain(verdict, summary, reason),
                    md_table(["variant", "gradients to target", "reached it", "staleness (mean)"],
                             rows), chart)
