@@ -34,7 +34,7 @@ from fedsim.algorithms._kernels import check_async_update, lerp
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
-from fedsim.schema import NonNeg, Pos
+from fedsim.schema import FiniteNonNeg, FinitePos
 from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
@@ -110,9 +110,9 @@ class FedAsyncConfig(AsyncConfig):
     name: Literal["fedasync"] = "fedasync"
     alpha: Annotated[float, Field(gt=0, le=1)] = 0.6
     staleness: StalenessFn = "const"
-    a: Pos = 0.5
-    b: NonNeg = 4.0
-    rho: NonNeg = 0.0
+    a: FinitePos = 0.5
+    b: FiniteNonNeg = 4.0
+    rho: FiniteNonNeg = 0.0
     staleness_offset: Literal[0, 1] = 0
     alpha_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
     max_staleness: Annotated[int, Field(ge=0)] | None = None

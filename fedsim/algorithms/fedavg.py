@@ -22,7 +22,7 @@ from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.robust import Aggregator
 from fedsim.algorithms.sgdclient import local_sgd_client
-from fedsim.schema import NonNeg
+from fedsim.schema import FiniteNonNeg
 from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class FedAvgConfig(RoundsConfig):
 
     name: Literal["fedavg", "fedprox"] = "fedavg"
     weighting: Literal["samples", "uniform"] = "samples"
-    mu: NonNeg = 0.0
+    mu: FiniteNonNeg = 0.0
     # the round's model: the (weighted) mean of the client models, or a
     # robust coordinate-wise median / trimmed mean (fedsim.algorithms.robust)
     aggregator: Aggregator = "mean"

@@ -59,7 +59,7 @@ from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
 from fedsim.lazy import lazy_module
-from fedsim.schema import NonNeg, Pos, Prob
+from fedsim.schema import FiniteNonNeg, FinitePos, Pos, Prob
 from fedsim.wire.messages import Task, Update
 
 if TYPE_CHECKING:
@@ -363,9 +363,9 @@ class FedSpeedScenarioConfig(RoundsConfig):
     """``[algorithm]`` of FedSpeed: prox-correction + gradient perturbation (Table 7 switches)."""
 
     name: Literal["fedspeed"] = "fedspeed"
-    prox_lambda: Pos = 10.0
+    prox_lambda: FinitePos = 10.0
     perturb_alpha: Prob = 0.9375
-    ascent_rho: NonNeg = 0.1
+    ascent_rho: FiniteNonNeg = 0.1
     ascent_mode: Literal["normalized", "constant"] = "normalized"
     prox: bool = True
     correction: bool = True

@@ -34,7 +34,7 @@ from fedsim.algorithms.base import NonFiniteUpdate
 from fedsim.algorithms.robust import Aggregator, GuardConfig, UpdateGuard, aggregate_models
 from fedsim.algorithms.scheduling import AsyncScheduler, RoundScheduler
 from fedsim.lazy import lazy_module
-from fedsim.schema import FinitePos, NonNeg, Pos
+from fedsim.schema import FiniteNonNeg, FinitePos, Pos
 from fedsim.wire.messages import LocalWork, Task, Update
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class RoundsConfig(AlgorithmConfig):
 
     fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     min_clients: Annotated[int, Field(ge=1)] = 1
-    over_selection: NonNeg = 0.0
+    over_selection: FiniteNonNeg = 0.0
     round_deadline: Pos | None = None
     server_lr: FinitePos = 1.0
     weighting: Literal["samples", "uniform"] = "uniform"

@@ -54,6 +54,30 @@ def test_every_builtin_algorithm_is_registered_with_its_config():
         assert cfg.name == name
 
 
+#: keys where infinity means "never": no timeout, no deadline, no clipping
+MAY_BE_INFINITE = {"task_timeout", "round_deadline", "clip_norm"}
+
+
+def test_every_float_key_of_every_algorithm_refuses_nan_and_all_but_never_refuse_inf():
+    """A scenario that passes `fedsim check` must not fail later in a worker: FedSpeed's
+    prox_lambda = inf passed the scenario and stopped every client at its start."""
+    import math
+
+    from pydantic import ValidationError
+
+    seen = 0
+    for name in sorted(set(algorithm_names())):
+        cfg = get(name).config
+        for key, field in cfg.model_fields.items():
+            if "float" not in str(field.annotation):
+                continue
+            seen += 1
+            for bad in (math.nan, -math.inf, *([] if key in MAY_BE_INFINITE else [math.inf])):
+                with pytest.raises(ValidationError, match=key):
+                    cfg.model_validate({"name": name, key: bad})
+    assert seen > 20
+
+
 def test_fedbuff_discard_for_max_staleness_is_reported_with_a_non_empty_buffer():
     """Bug 4: FedBuff dropped an update for max_staleness without a trace when its
     buffer held other updates."""

@@ -46,7 +46,7 @@ from fedsim.algorithms.dga._core import DGAConfig, DGAProtocolError
 from fedsim.algorithms.dga._reducer import DGAServer
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.lazy import lazy_module
-from fedsim.schema import Pos
+from fedsim.schema import FinitePos
 from fedsim.wire.messages import Task, Update
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class DGAScenarioConfig(AlgorithmConfig):
     mode: Literal["paper", "auto"] = "paper"
     accumulate: Literal["raw", "displacement"] = "raw"
     correction: Literal["full", "none", "none_per_step", "overwrite"] = "full"
-    c_beta: Literal["paper"] | Pos = "paper"
+    c_beta: Literal["paper"] | FinitePos = "paper"
     chunk_steps: Annotated[int, Field(ge=1)] = 1
     max_pending: Annotated[int, Field(ge=1)] | None = None
 
