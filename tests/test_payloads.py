@@ -84,3 +84,35 @@ def test_restamp_forwards_frames_under_a_new_envelope_only() -> None:
         restamp([b"\\x94\\x04\\xa4Nope" + b"\\0" * 19, *frames[1:]], sent_at=0.0, seq=0)
     with pytest.raises(WireError):
         restamp([], sent_at=0.0, seq=0)
+
+
+@pytest.mark.parametrize("window", [WINDOW, 2 * WINDOW])
+def test_the_two_sides_agree_when_old_keys_come_back_out_of_order(window: int) -> None:
+    """Clients behind links of different delays ask for rounds out of order: a slow
+    client's round comes back after newer ones (DGA on wifi-floor: round 50 carried
+    again after 51-58). Whatever the order, a key the sender leaves out is held by the
+    receiver: a key carried again is the receiver's newest, as it is the sender's
+    (it had kept its first place, and left the receiver while the sender counted on it)."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        sent, held = SentVersions(window), HeldVersions(2 * window)
+        top = 0
+        for _ in range(60):
+            top += int(rng.integers(0, 2))
+            key = max(0, top - int(rng.integers(0, 3 * window)))  # mostly recent, some old
+            if sent.needs(key):
+                held.keep(key, Model.from_flat(np.zeros(16, np.float32), SPEC))
+            else:
+                assert held.holds(key), (key, list(sent._sent), list(held._models))
+
+
+def test_dga_round_50_carried_again_after_newer_rounds_stays_held() -> None:
+    """The case a results-table run met: one host, a fast client that advanced with
+    rounds 51-58 while a slow one still needed 50."""
+    sent, held = SentVersions(2 * WINDOW), HeldVersions(4 * WINDOW)
+    zero = Model.from_flat(np.zeros(16, np.float32), SPEC)
+    for r in [50, *range(51, 55), 50, *range(55, 59)]:
+        if sent.needs(r):
+            held.keep(r, zero)
+    for r in list(sent._sent):
+        assert held.holds(r)

@@ -16,12 +16,13 @@ Both sides follow the same rule, in the order of one ordered connection,
 so they agree without a word: the sender remembers the last
 :data:`WINDOW` versions it sent a model for (:class:`SentVersions`), the
 receiver keeps the models of the last ``2 * WINDOW`` versions it received
-one for (:class:`HeldVersions`): twice as many, so that the few tasks in
-flight when a connection starts again (both sides then forget everything,
-each at its own moment) cannot leave the receiver short of a model the
-sender believes it holds. A server's versions only grow, so a sender
-rarely needs an older one again (a round-based algorithm's tasks and its
-averages take turns). A task that was received holds its own
+one for (:class:`HeldVersions`), both in the order of the sends (a version
+sent again is the newest on both sides, whatever its number): twice as
+many, so that the few tasks in flight when a connection starts again (both
+sides then forget everything, each at its own moment) cannot leave the
+receiver short of a model the sender believes it holds. A server's versions
+only grow, but a host's clients ask for them at their own pace: behind a
+slow link a client's round average comes after newer ones. A task that was received holds its own
 model from then on, so a version leaving the window never takes the model
 from a task still waiting in an inbox or on an emulated link. A connection
 that starts again (a restarted server or host) starts both sides empty.
@@ -98,10 +99,14 @@ class HeldVersions:
                                               f"has no model and none is held for {what}"))
 
     def keep(self, key: int, model: Model) -> None:
-        """Hold ``model`` as ``key``'s (the oldest key leaves past the window)."""
-        known = key in self._models
-        self._models[key] = model   # a known key keeps its place
-        if not known and len(self._models) > self.window:
+        """Hold ``model`` as ``key``'s newest (the oldest key leaves past the window).
+
+        A key sent again is the newest, as its sender counts it: keeping its
+        first place let it leave here while the sender still counted on it
+        (clients behind slow links ask for old rounds after newer ones)."""
+        self._models[key] = model
+        self._models.move_to_end(key)
+        if len(self._models) > self.window:
             self._models.popitem(last=False)
 
     def model(self, key: int, what: str = "no model is held for") -> Model:
