@@ -262,16 +262,9 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     points = sweep.points()
     runs = out / "runs"
     results = {p.key: _result(p, runs / p.key) for p in points}
-    # What a point's attempts taught (kept in its point.json, so a resumed sweep
-    # knows it too): attempts that failed while sharing the machine, whether the
-    # last one did, and the dilation an attempt that failed alone asked for.
-    crowded: dict[str, int] = {}   # per point: attempts that failed while sharing the machine
-    crowded_last: set[str] = set()  # points whose last attempt failed while sharing it
-    need: dict[str, float] = {}     # per point: the dilation an attempt that failed alone asked for
-    for p in points:
-        _restore_history(p.key, _read_point(runs / p.key) or {}, crowded, crowded_last, need)
+    history = {p.key: _History.of(_read_point(runs / p.key) or {}) for p in points}
     todo = [p for p in points
-            if not _done(results[p.key], max_attempts + crowded.get(p.key, 0))]
+            if not _done(results[p.key], max_attempts + history[p.key].crowded)]
     kept = len(points) - len(todo)
     say(f"sweep {sweep.name}: {len(points)} points"
         + (f", {kept} already finished" if kept else "") + f"; results in {out}")
@@ -290,10 +283,10 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                 p = todo.pop(0)
                 prev = results[p.key]
                 dilation = _dilation_for(prev, bases.get(p.key), scale,
-                                         p.key in crowded_last, need.get(p.key))
+                                         history[p.key].last_crowded, history[p.key].need)
                 running_proc = _start(p, sweep, runs / p.key, python, dilation, run_plots,
                                       prev.attempts + 1,
-                                      _history(p.key, crowded, crowded_last, need))
+                                      history[p.key].to_json())
                 if running:            # every run under way now shares the machine
                     shared.update(running)
                     shared.add(running_proc.pid)
@@ -321,21 +314,20 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
             was_shared = pid in shared
             sched.finished(cores, res.verdict, shared=was_shared, at=level, scale=scale)
             shared.discard(pid)
-            crowded_last.discard(p.key)
+            h = history[p.key]
+            h.last_crowded = False
             if res.verdict == "fail" and not was_shared and res.status == "completed":
-                need[p.key] = max(need.get(p.key, 0.0), _next_dilation(res))
-            if res.verdict == "fail" and was_shared and crowded.get(p.key, 0) < CROWDED_RETRIES:
+                h.need = max(h.need or 0.0, _next_dilation(res))
+            if res.verdict == "fail" and was_shared and h.crowded < CROWDED_RETRIES:
                 # the machine was crowded: this attempt does not count against the point
-                crowded[p.key] = crowded.get(p.key, 0) + 1
-                crowded_last.add(p.key)
-            meta.update(_history(p.key, crowded, crowded_last, need))
+                h.crowded += 1
+                h.last_crowded = True
+            meta.update(h.to_json())
             _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
-            if res.status == "completed" and not _done(res, max_attempts
-                                                       + crowded.get(p.key, 0)):
+            if res.status == "completed" and not _done(res, max_attempts + h.crowded):
                 todo.insert(0, p)      # an unfaithful run goes again, with more dilation
-                why = " beside other runs" if p.key in crowded_last else ""
-                nxt = _dilation_for(res, bases.get(p.key), sched.scale, p.key in crowded_last,
-                                    need.get(p.key))
+                why = " beside other runs" if h.last_crowded else ""
+                nxt = _dilation_for(res, bases.get(p.key), sched.scale, h.last_crowded, h.need)
                 say(f"  rerun {p.key}: verdict {res.verdict} at dilation {res.dilation}{why}; "
                     f"next {nxt or 'its own'} "
                     f"(concurrency now {sched.allowed()}{_scaled(sched.scale)})")
@@ -354,26 +346,28 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     return SweepResult(out, final, files)
 
 
-def _history(key: str, crowded: dict[str, int], crowded_last: set[str],
-             need: dict[str, float]) -> dict[str, Any]:
-    """What a point's attempts so far taught, as its point.json keeps it."""
-    return {"crowded_attempts": crowded.get(key, 0), "last_crowded": key in crowded_last,
-            "needed_dilation": need.get(key)}
+@dataclass
+class _History:
+    """What a point's attempts so far taught; kept in its point.json, so that a
+    resumed sweep knows it too."""
 
+    crowded: int = 0             # attempts that failed while sharing the machine
+    last_crowded: bool = False   # whether the last one did
+    need: float | None = None    # the dilation an attempt that failed alone asked for
 
-def _restore_history(key: str, meta: dict[str, Any], crowded: dict[str, int],
-                     crowded_last: set[str], need: dict[str, float]) -> None:
-    """Read back :func:`_history` from a point's point.json (a sweep that resumes)."""
-    if meta.get("crowded_attempts"):
-        crowded[key] = int(meta["crowded_attempts"])
-    if meta.get("last_crowded"):
-        crowded_last.add(key)
-    if meta.get("needed_dilation"):
-        need[key] = float(meta["needed_dilation"])
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> _History:
+        need = meta.get("needed_dilation")
+        return cls(int(meta.get("crowded_attempts") or 0), bool(meta.get("last_crowded")),
+                   None if need is None else float(need))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"crowded_attempts": self.crowded, "last_crowded": self.last_crowded,
+                "needed_dilation": self.need}
 
 
 def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float | None,
-           plots: bool, attempt: int, history: dict[str, Any] | None = None) -> Any:
+           plots: bool, attempt: int, history: dict[str, Any]) -> Any:
     if run_dir.exists():          # an interrupted or unfaithful attempt: keep its log
         old = run_dir.with_name(f"{run_dir.name}.attempt-{attempt - 1}")
         shutil.rmtree(old, ignore_errors=True)
@@ -386,7 +380,7 @@ def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float |
     if dilation is not None:
         cmd += ["--dilation", str(dilation)]
     meta = {"variant": p.variant, "grid": dict(p.grid), "seed": p.seed, "attempts": attempt,
-            "dilation": dilation, "command": cmd[1:], **(history or {})}
+            "dilation": dilation, "command": cmd[1:], **history}
     _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
     log = open(run_dir / "output.log", "wb")   # noqa: SIM115 (the child owns it)
     # its set-up in the idle class, beside the runs already going (fedsim.actors.process)
