@@ -112,6 +112,27 @@ def test_points_are_variants_times_grid_times_seeds(tmp_path: Path) -> None:
     s.check()   # every point's scenario is valid
 
 
+def test_a_variant_may_run_on_its_own_seeds(tmp_path: Path) -> None:
+    """An ablation can take fewer seeds than the claim it checks: a variant's
+    ``seeds`` replace the sweep's for it alone, survive sweep.json, and give
+    way to --seeds, which sets every variant's."""
+    text = BASIC.replace('set = { algorithm = { staleness = "poly" } }',
+                         'set = { algorithm = { staleness = "poly" } }\nseeds = [7]')
+    s = sw.load_sweep(_sweep(tmp_path, text))
+    assert [(p.variant, p.seed) for p in s.points()] == [
+        ("const", 1), ("const", 2), ("const", 1), ("const", 2), ("poly", 7), ("poly", 7)]
+    back = sw.Sweep.from_json(s.to_json())
+    assert back.points() == s.points()
+    # a sweep without own seeds writes the sweep.json it wrote before (resumes stay valid)
+    assert "seeds" not in sw.load_sweep(_sweep(tmp_path, BASIC)).to_json()["variants"][0]
+    cli = sw.load_sweep(_sweep(tmp_path, text), seeds=1)
+    assert {p.seed for p in cli.points()} == {1}
+    with pytest.raises(sw.SweepError, match=r"sweep.variant\[0\].seeds: seeds must be at least"):
+        sw.load_sweep(_sweep(tmp_path, BASIC.replace(
+            'set = { "algorithm.staleness" = "const" }',
+            'set = { "algorithm.staleness" = "const" }\nseeds = 0')))
+
+
 def test_command_line_additions_and_grid_values() -> None:
     assert sw.parse_grid("model.hidden=[64],[128, 64]") == ("model.hidden", [[64], [128, 64]])
     assert sw.parse_grid("algorithm.staleness=poly,hinge") == ("algorithm.staleness",

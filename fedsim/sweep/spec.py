@@ -26,10 +26,12 @@ class SweepError(FedsimError, ValueError):
 
 @dataclass(frozen=True)
 class Variant:
-    """A named set of overrides crossed with the grid."""
+    """A named set of overrides crossed with the grid; ``seeds``, when given,
+    replaces the sweep's seeds for this variant (an ablation on fewer seeds)."""
 
     label: str
     set: dict[str, Any]
+    seeds: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class Sweep:
         base = self._base_algorithm()   # read the base file once, not per point
         for var in variants:
             for combo in combos:
-                for seed in self.seeds:
+                for seed in var.seeds or self.seeds:
                     over: dict[str, Any] = dict(self.set)
                     if self.target_accuracy is not None:
                         over["run.target_accuracy"] = self.target_accuracy
@@ -117,8 +119,10 @@ class Sweep:
     def to_json(self) -> dict[str, Any]:
         """The sweep as plain data (what sweep.json holds)."""
         return {"scenario": str(self.scenario), "seeds": self.seeds, "set": self.set,
-                "grid": self.grid, "variants": [{"label": v.label, "set": v.set}
-                                                for v in self.variants],
+                "grid": self.grid,
+                "variants": [{"label": v.label, "set": v.set}
+                             | ({"seeds": v.seeds} if v.seeds is not None else {})
+                             for v in self.variants],
                 "target_accuracy": self.target_accuracy, "plot": self.plot, "name": self.name,
                 "with": self.with_}
 
@@ -127,7 +131,8 @@ class Sweep:
         """Inverse of :meth:`to_json`."""
         return cls(scenario=Path(data["scenario"]), seeds=list(data["seeds"]),
                    set=dict(data.get("set") or {}), grid=dict(data.get("grid") or {}),
-                   variants=[Variant(v["label"], dict(v["set"]))
+                   variants=[Variant(v["label"], dict(v["set"]),
+                                     list(v["seeds"]) if v.get("seeds") is not None else None)
                              for v in data.get("variants") or []],
                    target_accuracy=data.get("target_accuracy"), plot=dict(data.get("plot") or {}),
                    name=data.get("name"), with_=dict(data.get("with") or {}))
@@ -236,6 +241,7 @@ def load_sweep(path: str | Path, *, grid: Iterable[str] = (), sets: Iterable[str
         [[sweep.variant]]              # each crossed with the grid
         label = "FedAvg K=5"
         set = { "algorithm.name" = "fedavg", "algorithm.local_steps" = 5 }
+        seeds = 2                      # optional: this variant's own seeds
         [sweep.plot]                   # optional
         x = "network.delay"            # a grid key or "variant"; default: the first
                                        # numeric grid key, else the first that varies
@@ -283,10 +289,12 @@ def load_sweep(path: str | Path, *, grid: Iterable[str] = (), sets: Iterable[str
         where = f"{p}: sweep.variant[{i}]"
         if not isinstance(v, dict) or not isinstance(v.get("label"), str) or not v["label"]:
             raise SweepError(f"{where}: each variant needs a label = \"...\"")
-        extra = set(v) - {"label", "set"}
+        extra = set(v) - {"label", "set", "seeds"}
         if extra:
-            raise SweepError(f"{where}.{sorted(extra)[0]}: unknown key (allowed: label, set)")
-        variants.append(Variant(v["label"], _table(v.get("set", {}), f"{where}.set")))
+            raise SweepError(f"{where}.{sorted(extra)[0]}: unknown key "
+                             "(allowed: label, set, seeds)")
+        variants.append(Variant(v["label"], _table(v.get("set", {}), f"{where}.set"),
+                                _seeds(v["seeds"], f"{where}.seeds") if "seeds" in v else None))
     labels = [v.label for v in variants]
     if len(set(labels)) != len(labels):
         raise SweepError(f"{p}: two variants share a label ({labels})")
@@ -325,8 +333,9 @@ def _add_cli(sweep: Sweep, grid: Iterable[str], sets: Iterable[str], seeds: int 
         if not sep or not key.strip():
             raise SweepError(f"--set {item!r}: expected dotted.key=value")
         sweep.set[key.strip()] = _coerce(value.strip(), f"--set {item!r}")
-    if seeds is not None:
+    if seeds is not None:        # every variant's, its own included
         sweep.seeds = _seeds(seeds, "--seeds")
+        sweep.variants = [Variant(v.label, v.set) for v in sweep.variants]
     if target is not None:
         sweep.target_accuracy = target
     return sweep
