@@ -475,8 +475,8 @@ def test_crowded_runs_with_room_on_the_cores_go_at_twice_the_dilation() -> None:
         sched.finished(0.2, "pass")          # a fifth of a core: 5 would fit
     assert (sched.allowed(), sched.scale) == (4, 1.0)
     sched.finished(0.2, "fail", at=2)        # yet 2 at once crowd each other
-    assert sched.scale == 2.0                # twice the dilation, 3 (= 2 x 2 - 1) at most
-    assert sched.allowed() == 2
+    assert sched.scale == 2.0                # twice the dilation, 3 (= 2 x 2 - 1) at once:
+    assert sched.allowed() == 3              # 1.5 runs' worth, not 2 at half speed
     assert sched.scale_for(5) == 2.0
     assert sched.scale_for(1) == 1.0         # the last run goes at its own dilation
     sched.finished(0.1, "pass", scale=2.0)   # a run at scale 2 uses half the CPU
@@ -487,9 +487,9 @@ def test_crowded_runs_with_room_on_the_cores_go_at_twice_the_dilation() -> None:
     assert sched.allowed() == 3              # never as much load as where it failed
     sched.finished(0.2, "fail", at=2, scale=1.0)   # started before the doubling: answered
     assert (sched.scale, sched.allowed()) == (2.0, 3)
-    sched.finished(0.1, "fail", at=3, scale=2.0)   # crowded again: 4x, 5 at most
+    sched.finished(0.1, "fail", at=3, scale=2.0)   # crowded again: 4x, 5 at once
     assert sched.scale == 4.0
-    assert sched.allowed() == 3
+    assert sched.allowed() == 5
     for _ in range(5):
         sched.finished(0.05, "pass", scale=4.0)
     assert sched.allowed() == 5

@@ -51,8 +51,9 @@ trainers overran), not that its point needs more dilation: it goes again
 and does not count against the point's ``max_attempts`` (up to four such
 attempts do not). Then, if the cores have room for more runs by the
 measured load, the sweep doubles the dilation of every later run (up to
-``max_scale``, 4 by default) and lets up to twice as many go at once,
-minus one: each run then needs half the CPU per real second and has
+``max_scale``, 4 by default) and lets twice as many go at once, minus
+one, straight away (climbing there again one by one would do less work
+per unit of time, meanwhile, than one run at a time): each run then needs half the CPU per real second and has
 twice the timing margin, so the runs finish sooner together than one at a
 time (at 2 runs crowded, 3 at twice the dilation do 1.5 runs' work per
 unit of time); the last runs of the sweep, once no more are left than went

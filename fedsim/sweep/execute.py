@@ -98,9 +98,10 @@ class _Scheduler:
         the concurrency alone. One that shared it says the runs at once
         crowded each other. If the cores had room for more runs than that,
         the sweep doubles every later run's dilation (up to ``max_scale``)
-        and runs up to twice as many at once, minus one: each then uses
-        half the CPU and has twice the timing margin, so it finishes its
-        work sooner overall than one run at a time. Otherwise it halves the
+        and runs twice as many at once, minus one, from then on: each then
+        uses half the CPU and has twice the timing margin, so it finishes its
+        work sooner overall than one run at a time (a ramp back up from the
+        old count would do less, while it lasted, than one run at a time). Otherwise it halves the
         concurrency, and never again goes as high as where it failed; once
         the runs allowed at once are no more than the multiple of their
         dilation, one run at a time at its own dilation does as much, and the
@@ -118,8 +119,12 @@ class _Scheduler:
                 if self.scale == 1.0:
                     self.cap_at_one = max(1, level - 1)
                 self.scale *= 2
-                self.cap = min(self.max_jobs, 2 * level - 1)
-                self.ceiling = max(1, level)
+                # at once: as many as the doubling was for, not a ramp from ``level``
+                # again: at twice the dilation and no more runs than before, the
+                # sweep would do less work per unit of time than one run at a time
+                # at its own dilation (2026-11-29: FA-1's last runs went 3 at once
+                # at 4x, 110 real s each for 27 emulated s)
+                self.cap = self.ceiling = min(self.max_jobs, 2 * level - 1)
                 return
             self.cap = max(1, min(self.cap, level - 1))
             self.ceiling = max(1, level // 2)
