@@ -53,13 +53,14 @@ attempts do not). Then, if the cores have room for more runs by the
 measured load, the sweep doubles the dilation of every later run (up to
 ``max_scale``, 4 by default) and lets twice as many go at once, minus
 one, straight away (climbing there again one by one would do less work
-per unit of time, meanwhile, than one run at a time): each run then needs half the CPU per real second and has
-twice the timing margin, so the runs finish sooner together than one at a
-time (at 2 runs crowded, 3 at twice the dilation do 1.5 runs' work per
-unit of time); the last runs of the sweep, once no more are left than went
-at once at their own dilation, go at it again. Otherwise the concurrency
-halves, and the sweep never again runs as many at once as when it
-failed. A run that failed alone asks its
+per unit of time, meanwhile, than one run at a time): each run then
+needs half the CPU per real second and has twice the timing margin, so
+the runs finish sooner together than one at a time (at 2 runs crowded, 3
+at twice the dilation do 1.5 runs' work per unit of time); the last runs
+of the sweep, once no more are left than went at once at their own
+dilation, go at it again. Otherwise the concurrency halves, and the sweep
+never again runs as many at once as when it failed. A run that failed
+alone asks its
 point for more dilation. A dilation changes how long a run takes, not
 what it computes: a faithful run's emulated-time results are the same at
 any dilation.
