@@ -479,6 +479,9 @@ def test_crowded_runs_with_room_on_the_cores_go_at_twice_the_dilation() -> None:
     assert sched.allowed() == 3              # 1.5 runs' worth, not 2 at half speed
     assert sched.scale_for(5) == 2.0
     assert sched.scale_for(1) == 1.0         # the last run goes at its own dilation
+    # ... unless it was crowded out last time and others still run
+    assert sched.scale_for(2, crowded=True, alone=False) == 2.0
+    assert sched.scale_for(1, crowded=True, alone=True) == 1.0
     sched.finished(0.1, "pass", scale=2.0)   # a run at scale 2 uses half the CPU
     assert sched.load == pytest.approx(0.2)  # ... measured as at scale 1
     assert sched.allowed() == 3

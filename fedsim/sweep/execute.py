@@ -69,11 +69,16 @@ class _Scheduler:
         #: (known when the sweep first doubled the dilation)
         self.cap_at_one = self.max_jobs
 
-    def scale_for(self, remaining: int) -> float:
+    def scale_for(self, remaining: int, crowded: bool = False, alone: bool = True) -> float:
         """The multiple of its dilation the next run goes at, with ``remaining``
         runs left to finish (this one and those under way included): at the end
         of a sweep, once no more are left than could go at their own dilation,
-        they do (a last long run at 4x its dilation would be the sweep's tail)."""
+        they do (a last long run at 4x its dilation would be the sweep's tail).
+        Not a run whose last attempt was ``crowded`` out, unless it goes
+        ``alone``: beside runs at the sweep's multiple it would crowd out again
+        (FA-2 on 2026-11-29 lost two 127 s attempts of its longest point so)."""
+        if crowded and not alone:
+            return self.scale
         return 1.0 if remaining <= self.cap_at_one else self.scale
 
     def _fit(self, scale: float) -> int:
@@ -284,8 +289,10 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
             starting = any(_starting(runs / r.point.key, r.started) for r in running.values())
             while (todo and len(running) < sched.allowed() and not starting
                    and (not running or _mem_available_gb() > 3.0)):
-                scale = sched.scale_for(len(todo) + len(running))
                 p = todo.pop(0)
+                scale = sched.scale_for(len(todo) + 1 + len(running),
+                                        crowded=history[p.key].last_crowded,
+                                        alone=not running)
                 prev = results[p.key]
                 dilation = _dilation_for(prev, bases.get(p.key), scale,
                                          history[p.key].last_crowded, history[p.key].need)
