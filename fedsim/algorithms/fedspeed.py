@@ -33,10 +33,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from pydantic import model_validator
+from pydantic import StrictBool, model_validator
 
 from fedsim.algorithms._kernels import (
     check_round,
@@ -59,7 +58,7 @@ from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
 from fedsim.algorithms.optim import make_optimizer
 from fedsim.lazy import lazy_module
-from fedsim.schema import FiniteNonNeg, FinitePos, Pos, Prob
+from fedsim.schema import FiniteNonNeg, FinitePos, Pos, Prob, SchemaModel
 from fedsim.wire.messages import Task, Update
 
 if TYPE_CHECKING:
@@ -73,6 +72,7 @@ __all__ = [
     "SPEC",
     "FedSpeedClient",
     "FedSpeedConfig",
+    "FedSpeedKeys",
     "FedSpeedScenarioConfig",
     "FedSpeedServer",
     "ascent_scale",
@@ -83,7 +83,6 @@ __all__ = [
 ]
 
 ASCENT_MODES: tuple[str, ...] = ("normalized", "constant")
-UPLOADS: tuple[str, ...] = ("amended", "local")
 
 
 def _require(ok: bool, name: str, value: object, rule: str) -> None:
@@ -95,9 +94,10 @@ def _allowed(name: str, value: object, allowed: Sequence[str]) -> None:
     _require(value in allowed, name, repr(value), f"allowed: {', '.join(allowed)}")
 
 
-@dataclass(frozen=True, slots=True)
-class FedSpeedConfig:
-    """FedSpeed's client hyperparameters and module switches.
+class FedSpeedKeys(SchemaModel):
+    """FedSpeed's client hyperparameters and module switches, declared once: the
+    ``[algorithm]`` table (:class:`FedSpeedScenarioConfig`) and the client's own
+    config (:class:`FedSpeedConfig`) both take them from here.
 
     Attributes
     ----------
@@ -113,8 +113,6 @@ class FedSpeedConfig:
     ascent_mode : {"normalized", "constant"}
         ``rho0 / (||g1|| + ascent_eps)`` as in the experiments, or Algorithm 1's
         constant ``rho`` (R-FS3).
-    ascent_eps : float
-        Guard in the normalization (> 0; 1e-7 as in the authors' ESAM).
     prox, correction, perturbation : bool
         Table 7 switches: the ``(1/lambda)(x - x^t)`` term; the persistent
         ``ghat_i`` with the amended upload; the ascent step (off means
@@ -122,36 +120,33 @@ class FedSpeedConfig:
     clip_norm : float or None
         ``None`` (paper) or the authors' ``clip_grad_norm_`` bound (10) on the
         descent direction before weight decay (docs/algorithms.md#fedspeed-no-gradient-clipping).
+    """
+
+    prox_lambda: FinitePos = 10.0
+    perturb_alpha: Prob = 0.9375
+    ascent_rho: FiniteNonNeg = 0.1
+    ascent_mode: Literal["normalized", "constant"] = "normalized"
+    prox: StrictBool = True
+    correction: StrictBool = True
+    perturbation: StrictBool = True
+    clip_norm: Pos | None = None
+
+
+class FedSpeedConfig(FedSpeedKeys):
+    """The client's config: :class:`FedSpeedKeys` and what the server rule decides.
+
+    Attributes
+    ----------
+    ascent_eps : float
+        Guard in the ascent's normalization (> 0; 1e-7 as in the authors' ESAM).
     upload : {"amended", "local"}
         Send ``xhat_i`` (paper), or ``x_K`` for a server that keeps
         ``h_i = -lambda ghat_i`` itself (``server_rule = "fl_simulator"``,
         :class:`FedSpeedServer`).
     """
 
-    prox_lambda: float = 10.0
-    perturb_alpha: float = 0.9375
-    ascent_rho: float = 0.1
-    ascent_mode: Literal["normalized", "constant"] = "normalized"
-    ascent_eps: float = 1e-7
-    prox: bool = True
-    correction: bool = True
-    perturbation: bool = True
-    clip_norm: float | None = None
+    ascent_eps: FinitePos = 1e-7
     upload: Literal["amended", "local"] = "amended"
-
-    def __post_init__(self) -> None:
-        lam, alpha, rho = self.prox_lambda, self.perturb_alpha, self.ascent_rho
-        _require(lam > 0 and math.isfinite(lam), "prox_lambda", lam, "must be > 0 and finite")
-        _require(0.0 <= alpha <= 1.0, "perturb_alpha", alpha, "must be in [0, 1]")
-        _require(rho >= 0 and math.isfinite(rho), "ascent_rho", rho, "must be >= 0 and finite")
-        _allowed("ascent_mode", self.ascent_mode, ASCENT_MODES)
-        _require(self.ascent_eps > 0, "ascent_eps", self.ascent_eps, "must be > 0")
-        for name in ("prox", "correction", "perturbation"):
-            flag = getattr(self, name)
-            _require(isinstance(flag, bool), name, repr(flag), "must be a bool")
-        clip = self.clip_norm
-        _require(clip is None or clip > 0, "clip_norm", clip, "must be > 0, or None")
-        _allowed("upload", self.upload, UPLOADS)
 
 
 # Functional core: the update math over lists of tensors and flat vectors.
@@ -359,18 +354,11 @@ def fedspeed_local_train(
 # Server rule.
 
 
-class FedSpeedScenarioConfig(RoundsConfig):
-    """``[algorithm]`` of FedSpeed: prox-correction + gradient perturbation (Table 7 switches)."""
+class FedSpeedScenarioConfig(RoundsConfig, FedSpeedKeys):
+    """``[algorithm]`` of FedSpeed: prox-correction + gradient perturbation (Table 7
+    switches, :class:`FedSpeedKeys`) and the round's keys, and the server rule."""
 
     name: Literal["fedspeed"] = "fedspeed"
-    prox_lambda: FinitePos = 10.0
-    perturb_alpha: Prob = 0.9375
-    ascent_rho: FiniteNonNeg = 0.1
-    ascent_mode: Literal["normalized", "constant"] = "normalized"
-    prox: bool = True
-    correction: bool = True
-    perturbation: bool = True
-    clip_norm: Pos | None = None
     #: the server rule as a whole: ``paper`` (Algorithm 1, line 16: the plain mean of
     #: the round's amended uploads ``xhat_i``) or ``fl_simulator`` (the authors'
     #: code: clients upload ``x_K``, the server keeps ``h_i = -lambda ghat_i`` per
@@ -404,10 +392,7 @@ class FedSpeedScenarioConfig(RoundsConfig):
     def client_config(self) -> FedSpeedConfig:
         """The client's hyperparameters (the authors' rule: upload ``x_K``)."""
         return FedSpeedConfig(
-            prox_lambda=self.prox_lambda, perturb_alpha=self.perturb_alpha,
-            ascent_rho=self.ascent_rho, ascent_mode=self.ascent_mode, prox=self.prox,
-            correction=self.correction, perturbation=self.perturbation,
-            clip_norm=self.clip_norm,
+            **self.model_dump(include=set(FedSpeedKeys.model_fields)),
             upload="local" if self.server_rule == "fl_simulator" else "amended")
 
 
