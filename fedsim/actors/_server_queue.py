@@ -14,7 +14,7 @@ from fedsim.actors._server_tasks import TaskRecord
 from fedsim.wire.messages import Failed, Leave, Ready, Update
 
 __all__ = ["AlgorithmTimer", "ClientMessage", "EvalTimer", "FromClient", "HostExited",
-           "HostJoined", "Item", "StopRun", "Tick"]
+           "HostJoined", "Item", "StopRun", "Tick", "Wake"]
 
 #: what a client sends the server (through its emulated uplink)
 ClientMessage = Update | Ready | Failed | Leave
@@ -41,6 +41,11 @@ class AlgorithmTimer:
     """A deadline the algorithm asked for (``next_timer``) has come."""
 
     at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """The algorithm asked, from another thread, to be looked at (its ``timer``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,5 +85,6 @@ class Tick:
 
 
 #: every item the queue carries
-Item = FromClient | AlgorithmTimer | EvalTimer | StopRun | HostExited | HostJoined | Tick
+Item = (FromClient | AlgorithmTimer | Wake | EvalTimer | StopRun | HostExited | HostJoined
+        | Tick)
 

@@ -510,9 +510,14 @@ class ClientActor:
         the fidelity accounting of the real one; (when it came back, the budget)."""
         host = self.host
         done = host.clock.now()
-        budget = self.device.compute_time(reply.steps, self.device_rng, run_index) \
-            if reply.steps else 0.0
-        if reply.steps:  # one local run (or piece): its real compute, its emulated budget
+        if reply.cpu_s is not None:   # charged by CPU time (a Flower app's handlers)
+            step = host.sc.devices.step_time
+            budget = reply.cpu_s * self.device.mean_step() / step if step > 0 else 0.0
+        else:
+            budget = self.device.compute_time(reply.steps, self.device_rng, run_index) \
+                if reply.steps else 0.0
+        worked = bool(reply.steps) or reply.cpu_s is not None
+        if worked:  # one local run (or piece): its real compute, its emulated budget
             host.phases.add("compute.real", reply.compute_s)
             host.phases.add("compute.budget", budget)
         if budget > 0:
@@ -521,7 +526,7 @@ class ClientActor:
             if done > t0 + budget:
                 self.overruns += 1
                 host.overruns += 1
-        elif reply.steps:
+        elif worked:
             # An instant device's result is due the moment its work began:
             # the real compute, in emulated seconds, is how late it came
             # (judged like a late delivery, not silently taken as time).

@@ -90,7 +90,7 @@ from fedsim.wire.messages import (
     Task,
 )
 from fedsim.wire.payloads import WINDOW, HeldVersions, SentVersions
-from fedsim.wire.tensors import Model, TensorSpec
+from fedsim.wire.tensors import BytesUpTo, Model, TensorSpec
 from fedsim.wire.transport import ClientKeys, Connection, ZmqContext, ipc_address
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
@@ -548,9 +548,12 @@ class ClientHost:
         self.monitor = FidelityMonitor(dilation=start.dilation)
         self.server_id = start.server
         self.model_spec = start.spec
-        self.task_spec = start.spec.repeated(start.task_copies)
+        # a Flower app's tasks are byte payloads of any length up to a limit
+        self.task_spec = (BytesUpTo(start.payload_bytes) if start.payload_bytes
+                          else start.spec.repeated(start.task_copies))
         if self.sc.deploy.max_message_mb is None:
-            self.max_bytes = max_message_bytes(start.spec, max(1, start.task_copies))
+            self.max_bytes = max(max_message_bytes(start.spec, max(1, start.task_copies)),
+                                 max_message_bytes(self.task_spec))
         self.max_header = header_bound(self.task_spec)
         self.started.set()
 
@@ -594,7 +597,7 @@ class ClientHost:
                 if isinstance(msg, Task | Average):
                     self.phases.add("decode.hosts", perf_counter() - t0)
                     want = self.task_spec if isinstance(msg, Task) else self.model_spec
-                    if msg.model is not None and msg.model.spec != want:
+                    if msg.model is not None and not want.accepts(msg.model.spec):
                         raise Refusal("shape_mismatch", f"{meta.kind}: model spec differs")
                     inline = msg.model is not None
                     # a model the host holds came without it: put back, and its link

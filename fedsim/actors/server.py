@@ -60,6 +60,7 @@ from fedsim.actors._server_queue import (
     Item,
     StopRun,
     Tick,
+    Wake,
 )
 from fedsim.actors._server_tasks import TaskBook, TaskRecord
 from fedsim.actors.checkpoint import Checkpointer
@@ -72,14 +73,14 @@ from fedsim.actors.runstate import Evaluator, Progress, RunState
 from fedsim.actors.server_gate import RecordBudget, message_limit
 from fedsim.actors.setup import local_config
 from fedsim.actors.uplinks import Uplinks
-from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step, TaskMaker
+from fedsim.algorithms.api import ServerAlgorithm, ServerContext, Step, TaskMaker, Waker
 from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids
 from fedsim.scenario.network import NetPlan
-from fedsim.wire.codec import encode
+from fedsim.wire.codec import encode, max_message_bytes
 from fedsim.wire.messages import Average, Failed, Leave, Ready, Start, Update
-from fedsim.wire.tensors import TensorSpec, to_model
+from fedsim.wire.tensors import BytesUpTo, TensorSpec, to_model
 from fedsim.wire.transport import Endpoint
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
@@ -134,12 +135,21 @@ class Server:
         self.use_timerfd = use_timerfd
         self.alg = sc.algorithm.spec
         self.model_spec = model_spec
-        self.task_spec = model_spec.repeated(self.alg.task_copies)
-        self.update_spec = model_spec.repeated(self.alg.update_copies)
+        #: 0, or the most bytes of a task's or update's byte payload (a Flower app's)
+        self.payload_bytes = (self.alg.payload_bytes(sc.algorithm)
+                              if self.alg.payload_bytes is not None else 0)
+        if self.payload_bytes:
+            self.task_spec: TensorSpec = BytesUpTo(self.payload_bytes)
+            self.update_spec: TensorSpec = self.task_spec
+        else:
+            self.task_spec = model_spec.repeated(self.alg.task_copies)
+            self.update_spec = model_spec.repeated(self.alg.update_copies)
         #: numbers the algorithm's tasks and wraps their payloads in the task's layout
-        self.make_task = TaskMaker(self.task_spec)
+        self.make_task = TaskMaker(None if self.payload_bytes else self.task_spec)
+        #: lets the algorithm's other thread (a Flower ServerApp's) wake this loop
+        self.waker = Waker()
         ctx = ServerContext(x0=model_x0, num_clients=sc.data.num_clients, seed=sc.seed,
-                            local=local_config(sc), tasks=self.make_task)
+                            local=local_config(sc), tasks=self.make_task, wake=self.waker)
         self.strategy: ServerAlgorithm = self.alg.server(sc.algorithm, ctx)
         self.local = ctx.local
         self.hosts = HostTable(sc.data.num_clients, fedsim_version, scenario_hash, allowed,
@@ -152,6 +162,8 @@ class Server:
         self._failed: set[int] = set()
         self.max_bytes = message_limit(sc, model_spec,
                                        max(self.alg.task_copies, self.alg.update_copies))
+        if self.payload_bytes and sc.deploy.max_message_mb is None:
+            self.max_bytes = max(self.max_bytes, max_message_bytes(self.task_spec))
         self.plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
         self.monitor = FidelityMonitor(dilation=dilation)
         #: the server's side of the clients' links, and its check of claimed send times
@@ -307,6 +319,15 @@ class Server:
                 h.last_seen = self.real_clock()
                 await self.downlinks.to_host(h.peer, start)
         ticker = tg.create_task(self._ticker(), name="server-ticker")
+        loop, queue = asyncio.get_running_loop(), self.queue
+
+        def wake() -> None:          # any thread: look at the algorithm soon
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, Wake())
+            except RuntimeError:     # the loop is closed: the run is over
+                pass
+
+        self.waker.bind(wake)
         try:
             if self.sc.run.time_budget is not None:
                 self.timers.call_at(self.sc.run.time_budget, self.queue.put_nowait,
@@ -322,6 +343,8 @@ class Server:
             self._eval(state.stopped_at, final=True)
             await state.drain_evals()
         finally:
+            self.waker.bind(None)
+            self.strategy.close()
             ticker.cancel()
             if state.stopped_at is None:  # an error ended it: the federation stopped now
                 state.stopped_at = max(0.0, self.clock.now())
@@ -382,6 +405,8 @@ class Server:
                 case AlgorithmTimer(at=at):
                     self._algorithm_timers.discard(at)
                     step = strategy.timer(now)
+                case Wake():
+                    step = strategy.timer(now)
                 case EvalTimer(period=period):
                     self._eval(now)
                     self._arm_eval_timer(period)
@@ -397,11 +422,13 @@ class Server:
                                                         strategy.in_flight()))
                     state.flush()
             if (step is not None and (step.applied or step.rounds_closed)
-                    and isinstance(item, FromClient | AlgorithmTimer | HostExited)):
+                    and isinstance(item, FromClient | AlgorithmTimer | Wake | HostExited)):
                 # the algorithm applied updates or closed a round (aggregation phase)
                 phases.add("aggregation.server", perf_counter() - t0)
             if step is not None:
                 await self._apply(now, step)
+                if step.stop and self.stop_reason is None:
+                    self.stop_reason = step.stop
             ended = state.should_stop()
             if ended and self.stop_reason is None:
                 self.stop_reason = ended
@@ -526,7 +553,7 @@ class Server:
         return encode(Start(epoch=self.clock.epoch, dilation=self.dilation,
                             spec=self.model_spec, task_copies=self.alg.task_copies,
                             host_step_time=self.sc.devices.host_step_time,
-                            server=self.incarnation, t0=t0))
+                            server=self.incarnation, t0=t0, payload_bytes=self.payload_bytes))
 
     def _unreachable(self, cid: int) -> None:
         """No send reaches ``cid`` (its host is gone): it leaves."""

@@ -64,7 +64,7 @@ from fedsim.wire.messages import (
     WorkerReady,
 )
 from fedsim.wire.payloads import WINDOW, HeldVersions
-from fedsim.wire.tensors import TensorSpec, to_model, to_tensor
+from fedsim.wire.tensors import TensorSpec, flat_model, to_model, to_tensor
 
 __all__ = ["InlineWorker", "Worker", "evaluate", "main", "run", "run_seed"]
 
@@ -135,7 +135,8 @@ class Worker:
             shard = data.clients[c]
             self.shards[c] = (torch.as_tensor(shard.x), torch.as_tensor(shard.y))
         self.test = (torch.as_tensor(data.test_x), torch.as_tensor(data.test_y))
-        ctx = ClientContext(model=self.model, local=self.local, seed=sc.seed)
+        ctx = ClientContext(model=self.model, local=self.local, seed=sc.seed,
+                            num_clients=sc.data.num_clients)
         self.client = sc.algorithm.spec.client(sc.algorithm, ctx)
         #: the models of the versions this worker's tasks train from
         self.held = HeldVersions()
@@ -262,19 +263,23 @@ class Worker:
         if out.upload is not None:
             # a run whose model went to NaN or an infinity is that client's failed
             # run (counted with its cause), not a message the server would refuse
-            check_finite(out.upload, f"trained model of client {c}")
-            copies = out.upload.numel() * 4 // self.spec.nbytes
+            if out.upload.dtype == torch.uint8:   # a byte payload (a Flower reply)
+                model = flat_model(out.upload)
+            else:
+                check_finite(out.upload, f"trained model of client {c}")
+                copies = out.upload.numel() * 4 // self.spec.nbytes
+                model = to_model(out.upload, self.spec.repeated(copies))
             r = out.upload_round
             upload = Update(client=c, task_id=task_id,
                             base_version=version if r is None else r,
                             round=round_ if r is None else r, num_samples=len(y),
-                            steps=out.steps, loss=out.loss,
-                            model=to_model(out.upload, self.spec.repeated(copies)))
+                            steps=out.steps, loss=out.loss, model=model)
         self._dirty = True
         self.save_state()
         return Trained(request_id=msg.request_id, client=c, steps=out.steps, loss=out.loss,
                        compute_s=self._compute_s(started), upload=upload is not None,
-                       next=out.next, wait_round=out.wait_round, notes=dict(out.notes)), upload
+                       next=out.next, wait_round=out.wait_round, notes=dict(out.notes),
+                       cpu_s=out.cpu_s), upload
 
 
 class InlineWorker:

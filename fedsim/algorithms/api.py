@@ -68,6 +68,7 @@ __all__ = [
     "ServerContext",
     "Step",
     "TaskMaker",
+    "Waker",
     "algorithm_names",
     "get",
     "register",
@@ -110,6 +111,12 @@ class AlgorithmConfig(SchemaModel):
         """What sets a task's local work, when ``[client]`` ``local_steps`` and
         ``local_epochs`` do not (None: they do). ``fedsim check`` prints it."""
         return None
+
+    def modules(self) -> dict[str, str]:
+        """The ``module:attribute`` references the run imports (a Flower app's), by
+        their key: the scenario loader finds each without importing it, next
+        to the scenario file if need be, so that every process of the run can."""
+        return {}
 
 
 # -- values exchanged with the actors -----------------------------------------------
@@ -180,6 +187,8 @@ class Step:
     discarded: list[Discarded] = field(default_factory=list)
     rounds_closed: int = 0
     guarded: list[Guarded] = field(default_factory=list)
+    #: the algorithm ends the run, for this reason (a Flower ServerApp returned)
+    stop: str | None = None
 
     def then(self, other: Step) -> Step:
         """This step followed by ``other`` (in place; returns self)."""
@@ -189,6 +198,7 @@ class Step:
         self.discarded.extend(other.discarded)
         self.rounds_closed += other.rounds_closed
         self.guarded.extend(other.guarded)
+        self.stop = self.stop or other.stop
         return self
 
 
@@ -200,7 +210,10 @@ class Outcome:
     client keeps stepping: call :meth:`ClientAlgorithm.advance` again) or
     ``"wait"`` (do not advance before the average of ``wait_round`` has
     arrived). ``upload`` is sent as the update of ``upload_round`` (the
-    task's round when None). ``notes`` are numbers for the log.
+    task's round when None). ``notes`` are numbers for the log. ``cpu_s``:
+    the real CPU seconds the work took, for an algorithm whose compute is
+    charged by CPU time (a Flower app's), in place of ``steps`` x the
+    device's step time.
     """
 
     steps: int
@@ -210,6 +223,7 @@ class Outcome:
     next: Literal["done", "more", "wait"] = "done"
     wait_round: int | None = None
     notes: Mapping[str, Any] = field(default_factory=dict)
+    cpu_s: float | None = None
 
 
 class TaskMaker:
@@ -242,12 +256,34 @@ class TaskMaker:
                     work=work, model=last[2])
 
 
+class Waker:
+    """A thread-safe "look at me": how a server side that works beside another
+    thread (a Flower ServerApp's) asks the server's loop to call its
+    :meth:`ServerAlgorithm.timer` soon. The server binds it once its loop runs;
+    before that a call does nothing."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self) -> None:
+        self._target: Callable[[], None] | None = None
+
+    def bind(self, target: Callable[[], None] | None) -> None:
+        """Call ``target`` (thread-safe itself) from now on (None: nothing)."""
+        self._target = target
+
+    def __call__(self) -> None:
+        target = self._target
+        if target is not None:
+            target()
+
+
 @dataclass(frozen=True, slots=True)
 class ServerContext:
     """What a server side is built from.
 
     ``tasks`` makes its tasks (the server passes one that numbers them with
-    its own counter and wraps payloads in the task's wire spec).
+    its own counter and wraps payloads in the task's wire spec); ``wake``
+    asks, from any thread, for a :meth:`ServerAlgorithm.timer` call soon.
     """
 
     x0: torch.Tensor
@@ -255,6 +291,7 @@ class ServerContext:
     seed: int
     local: LocalConfig
     tasks: TaskMaker = field(default_factory=TaskMaker)
+    wake: Waker = field(default_factory=Waker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +301,7 @@ class ClientContext:
     model: nn.Module
     local: LocalConfig
     seed: int
+    num_clients: int = 0
 
 
 # -- the two interfaces ----------------------------------------------------------------
@@ -344,6 +382,10 @@ class ServerAlgorithm(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
 
+    def close(self) -> None:
+        """The run is over (however it ended): release what the server side holds
+        (a Flower ServerApp's thread). Default: nothing."""
+
 
 class ClientAlgorithm(ABC):
     """The client side, in a torch worker: one object serves many clients.
@@ -403,6 +445,10 @@ class AlgorithmSpec:
         Model-sized vectors a task / an update carries.
     optimizers
         Client optimizers it can drive (None: every one).
+    payload_bytes
+        For an algorithm whose tasks and updates are not model copies but
+        byte payloads of varying length (a Flower app's messages): the most
+        bytes one may have, from the validated config (None: model copies).
     """
 
     names: tuple[str, ...]
@@ -413,6 +459,7 @@ class AlgorithmSpec:
     task_copies: int = 1
     update_copies: int = 1
     optimizers: tuple[str, ...] | None = None
+    payload_bytes: Callable[[Any], int] | None = None
 
 
 _REGISTRY: dict[str, AlgorithmSpec] = {}

@@ -114,6 +114,11 @@ def _algorithm(raw: dict[str, Any]) -> tuple[AlgorithmConfig | None, list[Proble
         return None, [Problem(("algorithm",), f"{type(exc).__name__}: {exc}")]
     if own != name:
         cfg = cfg.model_copy(update={"name": name})
+    for key, ref in cfg.modules().items():
+        try:
+            plugins.locate(ref)
+        except ValueError as exc:
+            return None, [Problem(("algorithm", key), str(exc), plugin=True)]
     return cfg.with_spec(spec), []
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import os
 import site
@@ -53,6 +54,7 @@ __all__ = [
     "entry_point_names",
     "import_roots",
     "is_reference",
+    "locate",
     "model",
     "resolve",
     "searching",
@@ -160,6 +162,46 @@ def _import(module: str, name: str) -> ModuleType:
                           f"{type(exc).__name__}: {exc}") from None
     _note_root(module)
     return mod
+
+
+def locate(reference: str) -> None:
+    """Make the module of a ``module:attribute`` reference importable here and in the
+    processes fedsim starts (:func:`child_env`), without importing it.
+
+    A Flower app's module imports torch and Flower, which the processes that
+    read a scenario (a client host's) must not load; the run's own
+    processes import it later. Found as :func:`resolve` finds a plug-in: on
+    ``sys.path``, else next to the scenario file. :class:`PluginError` when
+    it is in neither.
+    """
+    module = reference.partition(":")[0]
+    top = module.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    if found is not None:
+        where = found.origin if found.origin not in (None, "namespace") else next(
+            iter(found.submodule_search_locations or []), None)
+        if where is None:
+            return
+        path = Path(where).resolve()
+        root = path.parent.parent if path.name == "__init__.py" else path.parent
+    else:
+        home = next((d for d in reversed(_search)
+                     if (d / top).is_dir() or (d / f"{top}.py").is_file()), None)
+        if home is None:
+            where_else = f", nor next to the scenario in {_search[-1]}" if _search else ""
+            raise PluginError(
+                f"{reference!r}: no module named {top!r} on the Python path{where_else} "
+                "(install it, put its directory on PYTHONPATH, or place it next to the "
+                "scenario file)")
+        if str(home) not in sys.path:
+            sys.path.append(str(home))
+            importlib.invalidate_caches()
+        root = home
+    if os.path.realpath(root) not in _system_dirs():
+        _roots[str(root)] = None
 
 
 def _system_dirs() -> set[str]:

@@ -1,4 +1,4 @@
-"""fedsim's message schema, version 4: the value types and messages, one class per kind.
+"""fedsim's message schema, version 5: the value types and messages, one class per kind.
 
 This module says *what* travels; :mod:`fedsim.wire.codec` says *how* (frames,
 envelope, size caps). Import each name from the module that defines it: the
@@ -76,7 +76,7 @@ __all__ = [
     "WorkerReady",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Version written in every envelope; :func:`fedsim.wire.codec.decode` rejects any other."""
 
 _R = TypeVar("_R", bound=type[Record])
@@ -268,6 +268,9 @@ class Task(Record):
     and from it to a trainer, once): the receiver puts its copy back
     (:meth:`with_model`) as it decodes the task. The emulated links are
     charged for the full task (:func:`fedsim.wire.codec.model_cost`).
+    ``tag`` is the algorithm's own words about this one task, beside the
+    payload its version shares (a Flower message's metadata:
+    :mod:`fedsim.flower.content`); empty for fedsim's own algorithms.
     """
 
     client: int
@@ -276,6 +279,7 @@ class Task(Record):
     round: int
     work: LocalWork | None
     model: Model | None
+    tag: str = ""
 
     def _validate(self) -> None:
         non_negative(self, "client", "task_id", "version", "round")
@@ -470,6 +474,12 @@ class Start(Record):
     #: the emulated time the host's clients start at: 0, a resumed run's
     #: checkpoint time, or the server's time when a host joins a running federation
     t0: float = 0.0
+    #: 0: a task's and an update's model are copies of ``spec``; N > 0: each is one
+    #: uint8 buffer of at most N bytes (a Flower message: :mod:`fedsim.flower`)
+    payload_bytes: int = 0
+
+    def _validate(self) -> None:
+        non_negative(self, "payload_bytes")
 
 
 @_message
@@ -602,6 +612,9 @@ class Trained(Record):
     next: str
     wait_round: int | None
     notes: dict[str, Any]
+    #: the piece's real CPU seconds, for an algorithm charged by CPU time (a Flower
+    #: app's ``compute = "cpu"``); None: charged by ``steps``
+    cpu_s: float | None = None
 
     def _validate(self) -> None:
         if self.next not in ("done", "more", "wait"):

@@ -61,6 +61,7 @@ __all__ = [
     "MAX_NDIM",
     "MAX_TENSORS",
     "WIRE_DTYPES",
+    "BytesUpTo",
     "Model",
     "TensorSpec",
     "flat_model",
@@ -304,6 +305,10 @@ class TensorSpec:
         """
         self._check_entries([(wire_dtype_name(a.dtype), a.shape) for a in arrays])
 
+    def accepts(self, got: TensorSpec) -> bool:
+        """Whether a received model of spec ``got`` fits this expected one."""
+        return got.entries == self.entries
+
     def check_spec(self, got: TensorSpec) -> None:
         """Raise ``WireError`` unless ``got`` equals this (expected) spec.
 
@@ -332,6 +337,47 @@ class TensorSpec:
                 raise WireError(
                     "dtype_mismatch", f"tensor {i}: dtype {name}, expected {want_name}"
                 )
+
+
+class BytesUpTo(TensorSpec):
+    """An expected payload of any length up to ``limit`` bytes: one uint8 tensor.
+
+    A Flower message's size varies from message to message (a train
+    instruction carries the model, an evaluation reply a few metrics), so a
+    run of a Flower app (:mod:`fedsim.flower`) expects its tasks and updates
+    to be this: a receiver accepts ``[("uint8", (n,))]`` for any
+    ``0 <= n <= limit`` and refuses anything else before reading buffers;
+    :attr:`nbytes` is the limit (what :func:`fedsim.wire.codec.max_message_bytes`
+    allows).
+
+    >>> BytesUpTo(100).accepts(TensorSpec([("uint8", (40,))]))
+    True
+    """
+
+    def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"BytesUpTo: limit must be an int >= 0, got {limit!r}")
+        self._set([("uint8", (limit,))])
+
+    @property
+    def limit(self) -> int:
+        """The most bytes a payload may have."""
+        return self.entries[0][1][0]
+
+    def accepts(self, got: TensorSpec) -> bool:
+        e = got.entries
+        return (len(e) == 1 and e[0][0] == "uint8" and len(e[0][1]) == 1
+                and e[0][1][0] <= self.limit)
+
+    def check_spec(self, got: TensorSpec) -> None:
+        if not self.accepts(got):
+            raise WireError("shape_mismatch", f"expected one uint8 tensor of at most "
+                            f"{self.limit} bytes, got {list(got.entries)[:3]}")
+
+    def repeated(self, copies: int) -> TensorSpec:
+        if copies != 1:
+            raise ValueError("BytesUpTo: a byte payload is not repeated")
+        return self
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""The client side of a Flower app: its ClientApp called in fedsim's trainer, per client.
+
+:class:`FlowerClient` is a :class:`~fedsim.algorithms.api.ClientAlgorithm`
+in a trainer process. A task's payload and tag become the
+:class:`flwr.app.Message` the node receives (:mod:`.content`); the app is
+called as Flower's simulation calls it, ``client_app(message, context)``,
+with the client's own :class:`flwr.app.Context`:
+
+- ``node_id`` is the fedsim client id, ``node_config`` holds Flower's
+  ``partition-id`` (the client id) and ``num-partitions`` (the client count);
+- ``state`` persists per client across messages, in the trainer's saved
+  state (checkpoints and ``fedsim clients --state``);
+- ``run_config`` is the scenario's ``algorithm.run_config``.
+
+While a handler runs, :func:`fedsim.flower.partition` returns that client's
+data as fedsim partitioned it. A handler that raises is answered with
+Flower's ``CLIENT_APP_RAISED_EXCEPTION`` error reply, as Flower's
+simulation answers it; the run goes on.
+
+Compute time: the handler's thread CPU time (``compute = "cpu"``) or the
+count in the reply's metric ``steps_metric`` (``compute = "steps"``), which
+the client actor turns into emulated seconds with the client's device.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from flwr.app import Context, Error, Message, MetricRecord, RecordDict
+from flwr.app.user_config import UserConfig
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # type: ignore[attr-defined]
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedsim.algorithms.api import ClientAlgorithm, ClientContext, Outcome
+from fedsim.algorithms.flower import FlowerConfig
+from fedsim.algorithms.flower.apps import load
+from fedsim.algorithms.flower.content import message_at_client, reply_bytes, to_bytes
+from fedsim.wire.messages import Task
+
+__all__ = ["FlowerClient", "current"]
+
+log = logging.getLogger(__name__)
+
+#: the client whose handler is running in this trainer: (client id, x, y)
+_current: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+
+def current() -> tuple[int, torch.Tensor, torch.Tensor] | None:
+    """The client whose ClientApp handler runs now in this process, with its data."""
+    return _current
+
+
+@contextmanager
+def _serving(client: int, x: torch.Tensor, y: torch.Tensor) -> Iterator[None]:
+    global _current
+    _current = (client, x, y)
+    try:
+        yield
+    finally:
+        _current = None
+
+
+class FlowerClient(ClientAlgorithm):
+    """A Flower ClientApp run for fedsim's clients (see the module docstring)."""
+
+    def __init__(self, cfg: FlowerConfig, ctx: ClientContext) -> None:
+        self.cfg = cfg
+        self.num_clients = ctx.num_clients
+        self._app: ClientApp | None = None
+        #: Context.state per client
+        self.states: dict[int, RecordDict] = {}
+
+    @property
+    def app(self) -> ClientApp:
+        if self._app is None:
+            self._app = load(self.cfg.client_app, ClientApp)
+        return self._app
+
+    def begin(self, task: Task, x: torch.Tensor, y: torch.Tensor,
+              gen: torch.Generator) -> Outcome:
+        if task.model is None:
+            raise ValueError(f"task {task.task_id} carries no message")
+        client = task.client
+        msg = message_at_client(task.tag, to_bytes(task.model), client)
+        context = Context(run_id=msg.metadata.run_id, node_id=client,
+                          node_config=UserConfig({"partition-id": client,
+                                                  "num-partitions": self.num_clients}),
+                          state=self.states.get(client) or RecordDict(),
+                          run_config=UserConfig(self.cfg.run_config))
+        TaskIdentity.run_id = msg.metadata.run_id
+        TaskIdentity.task_id = task.task_id
+        TaskIdentity.node_id = client
+        with _serving(client, x, y):
+            t0 = time.thread_time()
+            try:
+                reply = self.app(msg, context)
+                if not isinstance(reply, Message):
+                    raise TypeError(f"the ClientApp returned a {type(reply).__name__}, "
+                                    "not a flwr Message")
+            except Exception as exc:  # noqa: BLE001 - Flower's own answer to a raising app
+                log.error("client %d: the ClientApp raised %s: %s", client,
+                          type(exc).__name__, exc)
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                      reason=f"{type(exc)}:<'{exc}'>"), reply_to=msg)
+            cpu = time.thread_time() - t0
+        self.states[client] = context.state
+        steps = 0
+        if self.cfg.compute == "steps" and reply.has_content():
+            for record in reply.content.values():
+                if isinstance(record, MetricRecord) and self.cfg.steps_metric in record:
+                    value = record[self.cfg.steps_metric]
+                    if isinstance(value, int | float) and value >= 0:
+                        steps = int(value)
+                    break
+        data = reply_bytes(reply)
+        upload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return Outcome(steps=steps, upload=upload,
+                       cpu_s=cpu if self.cfg.compute == "cpu" else None,
+                       notes={"flower_type": msg.metadata.message_type,
+                              "error": reply.has_error()})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {c: bytes(recorddict_to_proto(s).SerializeToString())
+                for c, s in self.states.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.states = {int(c): recorddict_from_proto(ProtoRecordDict.FromString(bytes(b)))
+                       for c, b in state.items()}

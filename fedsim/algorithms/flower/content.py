@@ -1,0 +1,102 @@
+"""How a Flower message crosses fedsim's wire: Flower's own protobuf, as one byte buffer.
+
+One encoding, documented in docs/flower.md: a message's records
+(:class:`flwr.app.RecordDict`: its ``ArrayRecord``, ``MetricRecord`` and
+``ConfigRecord``) are serialized with Flower's own protobuf serializer
+(``flwr.common.serde``), the bytes Flower's transport carries for them, and
+travel as the task's or update's model: a single ``uint8`` buffer, sent as
+a raw ZeroMQ frame like any model. The emulated links are charged for those
+bytes plus fedsim's envelope, so a model of N float32 parameters costs
+about 4 N bytes, as it would in Flower.
+
+Downlink (server to client): the content alone is the task's payload, so
+one content sent to many clients (a strategy's round: one ``RecordDict``,
+a ``Message`` per node) is one payload, which crosses to each client host
+and trainer once, as a native algorithm's model version does; the
+message's own metadata (id, type, group, TTL) rides in the task's ``tag``
+as a small JSON object. Uplink (client to server): the whole reply message
+(metadata and content, or an error) is the update's payload.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+from flwr.app import Message, Metadata, RecordDict
+from flwr.common.serde import (
+    message_from_proto,
+    message_to_proto,
+    recorddict_from_proto,
+    recorddict_to_proto,
+)
+from flwr.proto.message_pb2 import Message as ProtoMessage  # type: ignore[attr-defined]
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # type: ignore[attr-defined]
+
+from fedsim.wire.tensors import Model, TensorSpec
+
+__all__ = ["SERVER_NODE_ID", "content_bytes", "header", "message_at_client", "reply_bytes",
+           "reply_of", "to_bytes", "to_model"]
+
+#: the node id the ServerApp's messages come from (Flower's SuperLink's)
+SERVER_NODE_ID = 1
+
+
+def content_bytes(content: RecordDict) -> bytes:
+    """A message's records, serialized as Flower serializes them."""
+    return bytes(recorddict_to_proto(content).SerializeToString())
+
+
+def reply_bytes(reply: Message) -> bytes:
+    """A whole reply message (metadata and content, or its error)."""
+    return bytes(message_to_proto(reply).SerializeToString())
+
+
+def reply_of(data: bytes | memoryview) -> Message:
+    """The reply message back from :func:`reply_bytes`."""
+    return message_from_proto(ProtoMessage.FromString(bytes(data)))
+
+
+def to_model(data: bytes) -> Model:
+    """Bytes as a wire model: one uint8 tensor, without a copy."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    return Model.from_flat(arr, TensorSpec([("uint8", (arr.size,))]))
+
+
+def to_bytes(model: Model) -> memoryview:
+    """A received model's bytes (no copy)."""
+    return memoryview(model.flat()).cast("B")
+
+
+def header(msg: Message) -> str:
+    """The metadata a task carries beside its content (JSON)."""
+    md = msg.metadata
+    return json.dumps({"id": md.message_id, "type": md.message_type, "group": md.group_id,
+                       "ttl": md.ttl, "created": md.created_at, "run": md.run_id},
+                      separators=(",", ":"))
+
+
+def message_at_client(tag: str, content: bytes | memoryview, node_id: int) -> Message:
+    """The message a ClientApp receives: the task's content and its tag's metadata.
+
+    Raises ValueError for a tag or content that is not what the server sends."""
+    try:
+        h = json.loads(tag)
+    except ValueError:
+        raise ValueError("the task's tag is not a Flower message header") from None
+    if not isinstance(h, dict):
+        raise ValueError("the task's tag is not a Flower message header")
+    want = {"id": str, "type": str, "group": str, "ttl": (int, float),
+            "created": (int, float), "run": int}
+    for key, kind in want.items():
+        if not isinstance(h.get(key), kind) or isinstance(h.get(key), bool):
+            raise ValueError(f"the Flower message header's {key!r} is missing or malformed")
+    if not (math.isfinite(h["ttl"]) and h["ttl"] > 0):
+        raise ValueError("the Flower message header's 'ttl' must be a positive number")
+    records = recorddict_from_proto(ProtoRecordDict.FromString(bytes(content)))
+    metadata = Metadata(run_id=h["run"], message_id=h["id"], src_node_id=SERVER_NODE_ID,
+                        dst_node_id=node_id, reply_to_message_id="", group_id=h["group"],
+                        created_at=float(h["created"]), ttl=float(h["ttl"]),
+                        message_type=h["type"])
+    return Message(content=records, metadata=metadata)

@@ -1,0 +1,92 @@
+"""What a Flower app imports from fedsim: each client's data, as fedsim partitions it.
+
+A Flower ``ClientApp`` finds its data from its node config
+(``partition-id``, ``num-partitions``). Under fedsim
+(``[algorithm] name = "flower"``, docs/flower.md) :func:`partition` returns
+the partition fedsim built for that client from the scenario's ``[data]``
+(the trainer already holds it: nothing is read again, nothing downloaded).
+The same app run by Flower's own simulation, or anywhere else, names the
+scenario in its run config (``fedsim-scenario = "path/to/scenario.toml"``)
+and gets the same partition, built the same way::
+
+    from fedsim.flower import partition, test_set
+
+    @app.train()
+    def train(msg, context):
+        x, y = partition(context)
+        ...
+
+Everything here needs torch; none of it needs Flower.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["SCENARIO_KEY", "partition", "scenario_data", "test_set"]
+
+#: the run-config key that names the scenario outside fedsim
+SCENARIO_KEY = "fedsim-scenario"
+
+
+def _ids(context: Any) -> tuple[int, int]:
+    cfg = context.node_config
+    try:
+        pid, n = int(cfg["partition-id"]), int(cfg["num-partitions"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("the Context's node_config has no partition-id and num-partitions "
+                         "(Flower's simulation and fedsim both set them)") from None
+    return pid, n
+
+
+@lru_cache(maxsize=2)
+def scenario_data(path: str) -> Any:
+    """The scenario at ``path`` and its data, built as a fedsim run builds them."""
+    from fedsim.data import build_data  # lazy: torch and the datasets only when asked
+    from fedsim.scenario import load
+
+    sc = load(path)
+    return sc, build_data(sc)
+
+
+def _outside(context: Any) -> Any:
+    path = context.run_config.get(SCENARIO_KEY)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"outside a fedsim run, name the scenario whose data to use in the "
+                         f"app's run config: {SCENARIO_KEY} = \"path/to/scenario.toml\"")
+    return scenario_data(path)
+
+
+def partition(context: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """This node's training data ``(x, y)`` as tensors (see the module docstring).
+
+    ValueError when the node config has no partition, or when, outside
+    fedsim, the run config names no scenario or the partition count differs
+    from its ``data.num_clients``."""
+    import torch  # lazy: fedsim's client hosts import this package without torch
+
+    from fedsim.algorithms.flower.client import current  # lazy: needs Flower
+
+    pid, n = _ids(context)
+    now = current()
+    if now is not None and now[0] == pid:
+        return now[1], now[2]
+    sc, data = _outside(context)
+    if n != sc.data.num_clients:
+        raise ValueError(f"num-partitions is {n}, the scenario has {sc.data.num_clients} "
+                         "clients: run the app with as many nodes")
+    shard = data.clients[pid]
+    return torch.as_tensor(shard.x), torch.as_tensor(shard.y)
+
+
+def test_set(context: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scenario's test set ``(x, y)`` (the scenario the run config names), for an
+    app's centralized evaluation."""
+    import torch  # lazy: as in partition
+
+    _, data = _outside(context)
+    return torch.as_tensor(data.test_x), torch.as_tensor(data.test_y)
