@@ -361,11 +361,11 @@ def test_wire_layout() -> None:
         model=Model.from_arrays(_arrays()[:3]),
     )
     frames = encode(msg, sent_at=1.5, seq=3)
-    assert frames[0] == b"\x94\x04\xa4Task" + struct.pack(">BdBQ", 0xCB, 1.5, 0xCF, 3)
-    assert msgpack.unpackb(frames[0]) == [4, "Task", 1.5, 3]
+    assert frames[0] == b"\x94\x05\xa4Task" + struct.pack(">BdBQ", 0xCB, 1.5, 0xCF, 3)
+    assert msgpack.unpackb(frames[0]) == [5, "Task", 1.5, 3]
     assert msgpack.unpackb(frames[1]) == [
         1, 4, 2, 3, [2, None],
-        [["float32", [3, 4]], ["float32", [4]], ["int64", []]],
+        [["float32", [3, 4]], ["float32", [4]], ["int64", []]], "",
     ]
     assert len(frames) == 4  # float32 buffer, int64 buffer
 
@@ -609,9 +609,10 @@ ENVELOPE_CASES = [
     ("float seq", {"3": 1.0}, "bad_envelope", "seq"),
 ]
 
-# (id, header edits, reason, text). Task header: client, task_id, version, round, work, spec.
+# (id, header edits, reason, text). Task header: client, task_id, version, round, work, spec,
+# tag.
 HEADER_CASES = [
-    ("missing field", {"3": DELETE}, "bad_field", "Task: 5 field values, Task has 6"),
+    ("missing field", {"3": DELETE}, "bad_field", "Task: 6 field values, Task has 7"),
     ("str for int", {"3": "3"}, "bad_field", "Task.round must be an int, got str '3'"),
     ("float for int", {"3": 3.0}, "bad_field", "Task.round"),
     ("bool for int", {"0": True}, "bad_field", "Task.client"),
@@ -754,7 +755,7 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
     ),
     (
         "bad spec field",
-        lambda f: [_envelope("Start"), msgpack.packb([0.0, 1.0, [["float32"]], 1, None, "", 0.0])],
+        lambda f: [_envelope("Start"), msgpack.packb([0.0, 1.0, [["float32"]], 1, None, "", 0.0, 0])],
         "bad_field",
         "Start.spec: tensor 0",
     ),
@@ -1416,3 +1417,30 @@ def test_fuzz_decode_raises_only_wire_error() -> None:
             outcomes["ok"] = outcomes.get("ok", 0) + 1
     # The loop reaches most checks, not just the first one.
     assert len(outcomes) >= 10, outcomes
+
+
+def test_a_byte_payload_of_any_length_up_to_its_limit() -> None:
+    """A Flower app's messages vary in size: a receiver expecting BytesUpTo(n) takes
+    one uint8 buffer of at most n bytes, and refuses a longer one or another layout
+    before reading its buffers."""
+    from fedsim.wire.tensors import BytesUpTo
+
+    limit = BytesUpTo(64)
+    assert limit.nbytes == 64 and limit.repeated(1) is limit
+    for n in (0, 1, 64):
+        data = np.arange(n, dtype=np.uint8)
+        msg = Task(client=1, task_id=2, version=3, round=0, work=None, tag='{"id":"x"}',
+                   model=Model.from_flat(data, TensorSpec([("uint8", (n,))])))
+        got, _ = decode(encode(msg), spec=limit, max_bytes=codec.max_message_bytes(limit))
+        assert bytes(got.model.flat()) == bytes(data) and got.tag == '{"id":"x"}'
+    for bad in (TensorSpec([("uint8", (65,))]), TensorSpec([("float32", (4,))]),
+                TensorSpec([("uint8", (2,)), ("uint8", (2,))])):
+        msg = Task(client=1, task_id=2, version=3, round=0, work=None,
+                   model=Model.from_flat(np.zeros(bad.counts[0], bad.dtypes[0]), bad)
+                   if len(bad.entries) == 1 else Model.from_arrays(
+                       [np.zeros(2, np.uint8), np.zeros(2, np.uint8)]))
+        with pytest.raises(WireError, match="at most 64 bytes") as info:
+            decode(encode(msg), spec=limit)
+        assert info.value.reason == "shape_mismatch"
+    with pytest.raises(ValueError, match="not repeated"):
+        limit.repeated(2)

@@ -9,7 +9,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp import strategy as strategies
 
 DIM = 4
 
@@ -53,8 +53,9 @@ RESULT: dict[str, object] = {}
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=1.0,
-                      min_train_nodes=2, min_evaluate_nodes=2, min_available_nodes=2)
+    kind = getattr(strategies, str(context.run_config.get("strategy", "FedAvg")))
+    strategy = kind(fraction_train=1.0, fraction_evaluate=1.0,
+                    min_train_nodes=2, min_evaluate_nodes=2, min_available_nodes=2)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord([np.zeros(DIM, np.float32)]),
                             num_rounds=int(context.run_config.get("num-server-rounds", 3)),
                             train_config=ConfigRecord({"lr": 0.05}))
