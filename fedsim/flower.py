@@ -4,10 +4,11 @@ A Flower ``ClientApp`` finds its data from its node config
 (``partition-id``, ``num-partitions``). Under fedsim
 (``[algorithm] name = "flower"``, docs/flower.md) :func:`partition` returns
 the partition fedsim built for that client from the scenario's ``[data]``
-(the trainer already holds it: nothing is read again, nothing downloaded).
-The same app run by Flower's own simulation, or anywhere else, names the
-scenario in its run config (``fedsim-scenario = "path/to/scenario.toml"``)
-and gets the same partition, built the same way::
+(the trainer already holds it: nothing is read again, nothing downloaded),
+and :func:`test_set` the scenario's test set. The same app run by Flower's
+own simulation, or anywhere else, names the scenario in its run config
+(``fedsim-scenario = "path/to/scenario.toml"``) and gets the same data,
+built the same way::
 
     from fedsim.flower import partition, test_set
 
@@ -23,6 +24,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
+
+from fedsim.algorithms.flower import running
+from fedsim.scenario import load
 
 if TYPE_CHECKING:
     import torch
@@ -46,14 +50,26 @@ def _ids(context: Any) -> tuple[int, int]:
 @lru_cache(maxsize=2)
 def scenario_data(path: str) -> Any:
     """The scenario at ``path`` and its data, built as a fedsim run builds them."""
+    return _built(load(path))
+
+
+_data: dict[int, Any] = {}
+
+
+def _built(sc: Any) -> Any:
     from fedsim.data import build_data  # lazy: torch and the datasets only when asked
-    from fedsim.scenario import load
 
-    sc = load(path)
-    return sc, build_data(sc)
+    key = id(sc)
+    if key not in _data:
+        _data.clear()
+        _data[key] = (sc, build_data(sc))
+    return _data[key]
 
 
-def _outside(context: Any) -> Any:
+def _scenario_and_data(context: Any) -> Any:
+    sc = running.scenario()
+    if sc is not None:
+        return _built(sc)
     path = context.run_config.get(SCENARIO_KEY)
     if not isinstance(path, str) or not path:
         raise ValueError(f"outside a fedsim run, name the scenario whose data to use in the "
@@ -67,15 +83,13 @@ def partition(context: Any) -> tuple[torch.Tensor, torch.Tensor]:
     ValueError when the node config has no partition, or when, outside
     fedsim, the run config names no scenario or the partition count differs
     from its ``data.num_clients``."""
-    import torch  # lazy: fedsim's client hosts import this package without torch
-
-    from fedsim.algorithms.flower.client import current  # lazy: needs Flower
+    import torch  # lazy: fedsim's client hosts import fedsim without torch
 
     pid, n = _ids(context)
-    now = current()
+    now = running.current()
     if now is not None and now[0] == pid:
         return now[1], now[2]
-    sc, data = _outside(context)
+    sc, data = _scenario_and_data(context)
     if n != sc.data.num_clients:
         raise ValueError(f"num-partitions is {n}, the scenario has {sc.data.num_clients} "
                          "clients: run the app with as many nodes")
@@ -84,9 +98,8 @@ def partition(context: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_set(context: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The scenario's test set ``(x, y)`` (the scenario the run config names), for an
-    app's centralized evaluation."""
+    """The scenario's test set ``(x, y)``, for an app's centralized evaluation."""
     import torch  # lazy: as in partition
 
-    _, data = _outside(context)
+    _, data = _scenario_and_data(context)
     return torch.as_tensor(data.test_x), torch.as_tensor(data.test_y)

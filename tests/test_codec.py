@@ -755,7 +755,8 @@ FRAME_CASES: list[tuple[str, Callable[[list[Any]], list[Any]], str, str]] = [
     ),
     (
         "bad spec field",
-        lambda f: [_envelope("Start"), msgpack.packb([0.0, 1.0, [["float32"]], 1, None, "", 0.0, 0])],
+        lambda f: [_envelope("Start"),
+                   msgpack.packb([0.0, 1.0, [["float32"]], 1, None, "", 0.0, 0])],
         "bad_field",
         "Start.spec: tensor 0",
     ),
@@ -1426,13 +1427,15 @@ def test_a_byte_payload_of_any_length_up_to_its_limit() -> None:
     from fedsim.wire.tensors import BytesUpTo
 
     limit = BytesUpTo(64)
-    assert limit.nbytes == 64 and limit.repeated(1) is limit
+    assert limit.nbytes == 64
+    assert limit.repeated(1) is limit
     for n in (0, 1, 64):
         data = np.arange(n, dtype=np.uint8)
         msg = Task(client=1, task_id=2, version=3, round=0, work=None, tag='{"id":"x"}',
                    model=Model.from_flat(data, TensorSpec([("uint8", (n,))])))
         got, _ = decode(encode(msg), spec=limit, max_bytes=codec.max_message_bytes(limit))
-        assert bytes(got.model.flat()) == bytes(data) and got.tag == '{"id":"x"}'
+        assert bytes(got.model.flat()) == bytes(data)
+        assert got.tag == '{"id":"x"}'
     for bad in (TensorSpec([("uint8", (65,))]), TensorSpec([("float32", (4,))]),
                 TensorSpec([("uint8", (2,)), ("uint8", (2,))])):
         msg = Task(client=1, task_id=2, version=3, round=0, work=None,

@@ -38,6 +38,7 @@ private attributes. What the queue carries is in :mod:`._server_queue`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -149,7 +150,8 @@ class Server:
         #: lets the algorithm's other thread (a Flower ServerApp's) wake this loop
         self.waker = Waker()
         ctx = ServerContext(x0=model_x0, num_clients=sc.data.num_clients, seed=sc.seed,
-                            local=local_config(sc), tasks=self.make_task, wake=self.waker)
+                            local=local_config(sc), tasks=self.make_task, wake=self.waker,
+                            scenario=sc)
         self.strategy: ServerAlgorithm = self.alg.server(sc.algorithm, ctx)
         self.local = ctx.local
         self.hosts = HostTable(sc.data.num_clients, fedsim_version, scenario_hash, allowed,
@@ -322,10 +324,8 @@ class Server:
         loop, queue = asyncio.get_running_loop(), self.queue
 
         def wake() -> None:          # any thread: look at the algorithm soon
-            try:
+            with contextlib.suppress(RuntimeError):   # a closed loop: the run is over
                 loop.call_soon_threadsafe(queue.put_nowait, Wake())
-            except RuntimeError:     # the loop is closed: the run is over
-                pass
 
         self.waker.bind(wake)
         try:

@@ -136,7 +136,7 @@ class Worker:
             self.shards[c] = (torch.as_tensor(shard.x), torch.as_tensor(shard.y))
         self.test = (torch.as_tensor(data.test_x), torch.as_tensor(data.test_y))
         ctx = ClientContext(model=self.model, local=self.local, seed=sc.seed,
-                            num_clients=sc.data.num_clients)
+                            num_clients=sc.data.num_clients, scenario=sc)
         self.client = sc.algorithm.spec.client(sc.algorithm, ctx)
         #: the models of the versions this worker's tasks train from
         self.held = HeldVersions()

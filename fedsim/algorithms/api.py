@@ -292,6 +292,8 @@ class ServerContext:
     local: LocalConfig
     tasks: TaskMaker = field(default_factory=TaskMaker)
     wake: Waker = field(default_factory=Waker)
+    #: the run's resolved Scenario (what a Flower app's helpers read), if any
+    scenario: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +304,8 @@ class ClientContext:
     local: LocalConfig
     seed: int
     num_clients: int = 0
+    #: the run's resolved Scenario (what a Flower app's helpers read), if any
+    scenario: Any = None
 
 
 # -- the two interfaces ----------------------------------------------------------------
@@ -382,7 +386,7 @@ class ServerAlgorithm(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a hook with nothing to do by default
         """The run is over (however it ended): release what the server side holds
         (a Flower ServerApp's thread). Default: nothing."""
 

@@ -83,7 +83,9 @@ def test_fedavg_rounds_cross_the_bridge_and_state_persists(
     d.server.close()
     assert d.stop == "server_app_finished"
     w = tiny_app.RESULT["arrays"]
-    assert w is not None and np.all(np.isfinite(w)) and np.linalg.norm(w) > 0.5
+    assert w is not None
+    assert np.all(np.isfinite(w))
+    assert np.linalg.norm(w) > 0.5
     assert len(d.applied) == 9                       # 3 rounds x 3 train replies
     assert {a.staleness for a in d.applied} == {(0,)}
     # Context.state persisted per client across rounds (and into the state file)
@@ -142,6 +144,8 @@ def test_flowers_strategies_run_over_send_and_receive(
     d.server.close()
     assert d.stop == "server_app_finished"
     w = tiny_app.RESULT["arrays"]
-    assert w is not None and np.all(np.isfinite(w)) and np.any(w != 0)
+    assert w is not None
+    assert np.all(np.isfinite(w))
+    assert np.any(w != 0)
     assert len(weights) == 10
     assert all(n == 7 + node for node, n in weights)

@@ -1,4 +1,4 @@
-"""A Flower app, unchanged, as a fedsim algorithm: its ServerApp and ClientApp over fedsim's network.
+"""A Flower app, unchanged, as a fedsim algorithm: its ServerApp and ClientApp on fedsim's network.
 
 ``[algorithm] name = "flower"`` names a Flower Message-API app (Flower 1.21
 and later): a ``flwr.serverapp.ServerApp`` and a ``flwr.clientapp.ClientApp``
@@ -26,89 +26,20 @@ is refused with the extra's name when its run is built.
 
 from __future__ import annotations
 
-import importlib.util
-import math
-import re
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, field_validator
-
-from fedsim.algorithms.api import AlgorithmConfig, AlgorithmSpec, register
-from fedsim.schema import FinitePos
+from fedsim.algorithms.api import AlgorithmSpec, register
+from fedsim.algorithms.flower.config import (
+    FLOWER_VERSIONS,
+    FlowerConfig,
+    FlowerMissing,
+    require_flower,
+)
 
 if TYPE_CHECKING:
     from fedsim.algorithms.api import ClientAlgorithm, ClientContext, ServerAlgorithm, ServerContext
 
 __all__ = ["FLOWER_VERSIONS", "SPEC", "FlowerConfig", "FlowerMissing", "require_flower"]
-
-#: the Flower versions fedsim is tested with (constraints.txt pins the newest)
-FLOWER_VERSIONS = ">=1.21,<2"
-
-_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-
-#: a run-config value: what Flower's UserConfig holds
-ConfigValue = bool | int | float | str
-
-
-class FlowerMissing(ImportError):
-    """A scenario names a Flower app and Flower is not installed."""
-
-
-def require_flower() -> None:
-    """Raise :class:`FlowerMissing` naming the extra when ``flwr`` cannot be imported."""
-    if importlib.util.find_spec("flwr") is None:
-        raise FlowerMissing(
-            "this scenario runs a Flower app (algorithm.name = \"flower\"), and Flower is not "
-            "installed: pip install \"fedsim[flower]\"")
-
-
-class FlowerConfig(AlgorithmConfig):
-    """``[algorithm]`` of a Flower app (``name = "flower"``).
-
-    ``compute`` sets a ClientApp call's emulated compute time: ``"cpu"``
-    (default) its thread's real CPU time, scaled by the client's device
-    (``[devices]``: its mean step time over the scenario's ``step_time``);
-    ``"steps"``: the number the reply's metric ``steps_metric`` holds,
-    times the device's step time, as fedsim's own clients are charged.
-    ``max_message_mb`` bounds a message either way (the wire refuses a larger
-    one before reading it).
-    """
-
-    name: Literal["flower"] = "flower"
-    server_app: str
-    client_app: str
-    run_config: dict[str, ConfigValue] = Field(default_factory=dict)
-    compute: Literal["cpu", "steps"] = "cpu"
-    steps_metric: str = "num-steps"
-    max_message_mb: FinitePos = 256.0
-
-    @field_validator("server_app", "client_app")
-    @classmethod
-    def _reference(cls, v: str) -> str:
-        if not _REFERENCE.match(v):
-            raise ValueError(f"{v!r} is not a 'module:attribute' reference "
-                             "(e.g. 'mylab.app:server_app')")
-        return v
-
-    @field_validator("run_config")
-    @classmethod
-    def _finite(cls, v: dict[str, ConfigValue]) -> dict[str, ConfigValue]:
-        for key, value in v.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"run_config.{key}: {value!r} is not a finite number")
-        return v
-
-    def local_work(self) -> str:
-        return (f"the ClientApp's handlers ({self.client_app}); compute time: "
-                + ("their CPU time x the device's speed" if self.compute == "cpu"
-                   else f"metric {self.steps_metric!r} x the device's step time"))
-
-    def modules(self) -> dict[str, str]:
-        return {"server_app": self.server_app, "client_app": self.client_app}
-
-    def payload_bytes(self) -> int:
-        """The most bytes a message may have."""
-        return int(self.max_message_mb * 1e6)
 
 
 def _server(cfg: FlowerConfig, ctx: ServerContext) -> ServerAlgorithm:

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -40,33 +38,15 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # type: ign
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim.algorithms.api import ClientAlgorithm, ClientContext, Outcome
-from fedsim.algorithms.flower import FlowerConfig
 from fedsim.algorithms.flower.apps import load
+from fedsim.algorithms.flower.config import FlowerConfig
 from fedsim.algorithms.flower.content import message_at_client, reply_bytes, to_bytes
+from fedsim.algorithms.flower.running import serving, set_scenario
 from fedsim.wire.messages import Task
 
-__all__ = ["FlowerClient", "current"]
+__all__ = ["FlowerClient"]
 
 log = logging.getLogger(__name__)
-
-#: the client whose handler is running in this trainer: (client id, x, y)
-_current: tuple[int, torch.Tensor, torch.Tensor] | None = None
-
-
-def current() -> tuple[int, torch.Tensor, torch.Tensor] | None:
-    """The client whose ClientApp handler runs now in this process, with its data."""
-    return _current
-
-
-@contextmanager
-def _serving(client: int, x: torch.Tensor, y: torch.Tensor) -> Iterator[None]:
-    global _current
-    _current = (client, x, y)
-    try:
-        yield
-    finally:
-        _current = None
-
 
 class FlowerClient(ClientAlgorithm):
     """A Flower ClientApp run for fedsim's clients (see the module docstring)."""
@@ -74,6 +54,8 @@ class FlowerClient(ClientAlgorithm):
     def __init__(self, cfg: FlowerConfig, ctx: ClientContext) -> None:
         self.cfg = cfg
         self.num_clients = ctx.num_clients
+        if ctx.scenario is not None:
+            set_scenario(ctx.scenario)
         self._app: ClientApp | None = None
         #: Context.state per client
         self.states: dict[int, RecordDict] = {}
@@ -98,14 +80,14 @@ class FlowerClient(ClientAlgorithm):
         TaskIdentity.run_id = msg.metadata.run_id
         TaskIdentity.task_id = task.task_id
         TaskIdentity.node_id = client
-        with _serving(client, x, y):
+        with serving(client, x, y):
             t0 = time.thread_time()
             try:
                 reply = self.app(msg, context)
                 if not isinstance(reply, Message):
                     raise TypeError(f"the ClientApp returned a {type(reply).__name__}, "
                                     "not a flwr Message")
-            except Exception as exc:  # noqa: BLE001 - Flower's own answer to a raising app
+            except Exception as exc:
                 log.error("client %d: the ClientApp raised %s: %s", client,
                           type(exc).__name__, exc)
                 reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,

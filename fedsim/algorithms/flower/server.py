@@ -54,8 +54,8 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim.algorithms.api import Applied, Discarded, ServerAlgorithm, ServerContext, Step
-from fedsim.algorithms.flower import FlowerConfig
 from fedsim.algorithms.flower.apps import load
+from fedsim.algorithms.flower.config import FlowerConfig
 from fedsim.algorithms.flower.content import content_bytes, header, reply_of, to_bytes, to_model
 from fedsim.algorithms.flower.grid import (
     Exchange,
@@ -65,6 +65,7 @@ from fedsim.algorithms.flower.grid import (
     node_unavailable,
     reply_unavailable,
 )
+from fedsim.algorithms.flower.running import set_scenario
 from fedsim.wire.messages import Task, Update
 from fedsim.wire.tensors import Model
 
@@ -95,6 +96,8 @@ class FlowerServer(ServerAlgorithm):
 
     def __init__(self, cfg: FlowerConfig, ctx: ServerContext) -> None:
         self.cfg, self.ctx = cfg, ctx
+        if ctx.scenario is not None:
+            set_scenario(ctx.scenario)
         self.version = 0
         self.round = 0
         self.exchange = Exchange(wake=ctx.wake)
@@ -115,7 +118,7 @@ class FlowerServer(ServerAlgorithm):
     def _serve(self, app: ServerApp, grid: FedsimGrid, context: Context) -> None:
         try:
             app(grid=grid, context=context)
-        except BaseException as exc:  # noqa: BLE001 - reported as the run's end
+        except BaseException as exc:
             if not self.exchange.closed:
                 self._error = exc
                 log.error("the ServerApp raised %s: %s", type(exc).__name__, exc)
@@ -235,7 +238,7 @@ class FlowerServer(ServerAlgorithm):
             reply = reply_of(to_bytes(upload.model))
             if reply.metadata.reply_to_message_id != s.message.metadata.message_id:
                 raise ValueError("it answers another message")
-        except Exception as exc:  # noqa: BLE001 - a hostile or broken reply: refused, logged
+        except Exception as exc:
             if not s.expired:
                 self.exchange.deliver(error_reply(
                     s.message, ErrorCode.UNKNOWN,
