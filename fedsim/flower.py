@@ -6,15 +6,17 @@ A Flower ``ClientApp`` finds its data from its node config
 the partition fedsim built for that client from the scenario's ``[data]``
 (the trainer already holds it: nothing is read again, nothing downloaded),
 and :func:`test_set` the scenario's test set. The same app run by Flower's
-own simulation, or anywhere else, names the scenario in its run config
-(``fedsim-scenario = "path/to/scenario.toml"``) and gets the same data,
-built the same way::
+own simulation, or anywhere else, gets the same data, built the same way,
+from the scenario its run config names (``fedsim-scenario =
+"path/to/scenario.toml"``) or, failing that, the one it passes::
 
     from fedsim.flower import partition, test_set
 
+    SCENARIO = Path(__file__).with_name("lan.toml")   # used outside fedsim
+
     @app.train()
     def train(msg, context):
-        x, y = partition(context)
+        x, y = partition(context, SCENARIO)
         ...
 
 Everything here needs torch; none of it needs Flower.
@@ -23,6 +25,7 @@ Everything here needs torch; none of it needs Flower.
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim.algorithms.flower import running
@@ -66,30 +69,33 @@ def _built(sc: Any) -> Any:
     return _data[key]
 
 
-def _scenario_and_data(context: Any) -> Any:
+def _scenario_and_data(context: Any, scenario: str | Path | None) -> Any:
     sc = running.scenario()
     if sc is not None:
         return _built(sc)
-    path = context.run_config.get(SCENARIO_KEY)
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"outside a fedsim run, name the scenario whose data to use in the "
-                         f"app's run config: {SCENARIO_KEY} = \"path/to/scenario.toml\"")
-    return scenario_data(path)
+    path = context.run_config.get(SCENARIO_KEY) or scenario
+    if not isinstance(path, str | Path) or not str(path):
+        raise ValueError(f"outside a fedsim run, name the scenario whose data to use: in the "
+                         f"app's run config ({SCENARIO_KEY} = \"path/to/scenario.toml\") or "
+                         "as the helper's scenario argument")
+    return scenario_data(str(Path(path).resolve()))
 
 
-def partition(context: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def partition(context: Any, scenario: str | Path | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """This node's training data ``(x, y)`` as tensors (see the module docstring).
 
-    ValueError when the node config has no partition, or when, outside
-    fedsim, the run config names no scenario or the partition count differs
-    from its ``data.num_clients``."""
+    ``scenario``: the scenario file to use outside a fedsim run when the run
+    config names none (under fedsim, the run's own). ValueError when the
+    node config has no partition, or when, outside fedsim, no scenario is
+    named or the partition count differs from its ``data.num_clients``."""
     import torch  # lazy: fedsim's client hosts import fedsim without torch
 
     pid, n = _ids(context)
     now = running.current()
     if now is not None and now[0] == pid:
         return now[1], now[2]
-    sc, data = _scenario_and_data(context)
+    sc, data = _scenario_and_data(context, scenario)
     if n != sc.data.num_clients:
         raise ValueError(f"num-partitions is {n}, the scenario has {sc.data.num_clients} "
                          "clients: run the app with as many nodes")
@@ -97,9 +103,11 @@ def partition(context: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.as_tensor(shard.x), torch.as_tensor(shard.y)
 
 
-def test_set(context: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The scenario's test set ``(x, y)``, for an app's centralized evaluation."""
+def test_set(context: Any, scenario: str | Path | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scenario's test set ``(x, y)``, for an app's centralized evaluation
+    (``scenario`` as for :func:`partition`)."""
     import torch  # lazy: as in partition
 
-    _, data = _scenario_and_data(context)
+    _, data = _scenario_and_data(context, scenario)
     return torch.as_tensor(data.test_x), torch.as_tensor(data.test_y)

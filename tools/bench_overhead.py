@@ -79,6 +79,7 @@ naming that checkout: every process it launches imports fedsim from there.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -121,11 +122,11 @@ step_time = 0.0
 
 # The plain loop and Flower's client share this model and local epoch.
 COMMON = r'''
-import time, sys, json
+import time, sys, json, os
 import numpy as np
 import torch
 torch.set_num_threads(1)
-D = np.load(sys.argv[1])
+D = np.load(os.environ.get("BENCH_DATA") or sys.argv[1])
 NC = int(D["num_clients"])
 SHARDS = [(torch.as_tensor(D[f"x{c}"]), torch.as_tensor(D[f"y{c}"])) for c in range(NC)]
 TEST = (torch.as_tensor(D["test_x"]), torch.as_tensor(D["test_y"]))
@@ -143,7 +144,7 @@ def put(m, ws):
         for p, w in zip(m.parameters(), ws):
             p.copy_(torch.as_tensor(w))
 
-LEAN = len(sys.argv) > 3 and sys.argv[3] == "lean"
+LEAN = os.environ.get("BENCH_DATA") is None and len(sys.argv) > 3 and sys.argv[3] == "lean"
 
 def local_epoch(m, c, gen):
     x, y = SHARDS[c]
@@ -197,49 +198,81 @@ for r in range(rounds):
 print(json.dumps({"ends": ends, "samples": samples}))
 '''
 
-FLOWER = COMMON + r'''
-import logging
-import flwr as fl
-from flwr.common import ndarrays_to_parameters
-rounds = int(sys.argv[2])
+# Flower's Message API (flwr >= 1.21): the same FedAvg as a ServerApp and a ClientApp.
+# Flower's simulation runs it (FLOWER), and so does fedsim (``fedsim-flower``: the
+# scenario FLOWER_SCENARIO names this module), the same app in both.
+FLOWER_APP = COMMON + r'''
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "10"))
 ends, samples = [], []
+client_app = ClientApp()
 
-class Client(fl.client.NumPyClient):
-    def __init__(self, cid):
-        self.cid = cid
-    def fit(self, parameters, config):
-        m = model()
-        put(m, parameters)
-        n = local_epoch(m, self.cid, torch.Generator().manual_seed(self.cid))
-        return get(m), n, {}
 
-def client_fn(context):
-    return Client(int(context.node_config["partition-id"])).to_client()
-
-def evaluate_fn(rnd, parameters, config):
+@client_app.train()
+def train(msg, context):
+    cid = int(context.node_config["partition-id"])
     m = model()
-    put(m, parameters)
-    acc = evaluate(m)
-    if rnd > 0:
-        ends.append(time.time())
-    return 0.0, {"accuracy": acc}
+    put(m, msg.content["arrays"].to_numpy_ndarrays())
+    n = local_epoch(m, cid, torch.Generator().manual_seed(cid))
+    return Message(RecordDict({"arrays": ArrayRecord(get(m)),
+                               "metrics": MetricRecord({"num-examples": n})}), reply_to=msg)
 
-class Strategy(fl.server.strategy.FedAvg):
-    def aggregate_fit(self, rnd, results, failures):
-        samples.append(sum(r.num_examples for _, r in results))
-        return super().aggregate_fit(rnd, results, failures)
 
-strategy = Strategy(fraction_fit=0.1, fraction_evaluate=0.0,
-                                     min_fit_clients=10, min_available_clients=NC,
-                                     evaluate_fn=evaluate_fn,
-                                     initial_parameters=ndarrays_to_parameters(get(model())))
-fl.simulation.start_simulation(
-    client_fn=client_fn, num_clients=NC, config=fl.server.ServerConfig(num_rounds=rounds),
-    strategy=strategy, client_resources={"num_cpus": 1, "num_gpus": 0.0},
-    ray_init_args={"include_dashboard": False, "num_cpus": os.cpu_count(),
-                   "log_to_driver": False})
-print(json.dumps({"ends": ends, "samples": samples}))
-'''.replace("import logging", "import logging, os")
+class Counting(FedAvg):
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        samples.append(sum(int(r.content["metrics"]["num-examples"])
+                           for r in replies if r.has_content()))
+        return super().aggregate_train(server_round, replies)
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid, context):
+    def central(rnd, arrays):
+        m = model()
+        put(m, arrays.to_numpy_ndarrays())
+        acc = evaluate(m)
+        if rnd > 0:
+            ends.append(time.time())
+        return MetricRecord({"accuracy": acc})
+
+    Counting(fraction_train=0.1, fraction_evaluate=0.0, min_train_nodes=10,
+             min_available_nodes=NC).start(grid=grid, initial_arrays=ArrayRecord(get(model())),
+                                           num_rounds=ROUNDS, evaluate_fn=central)
+'''
+
+FLOWER = r'''
+import json, os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ["BENCH_DATA"] = os.path.abspath(sys.argv[1])
+os.environ["BENCH_ROUNDS"] = sys.argv[2]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [os.path.dirname(os.path.abspath(__file__)), *filter(None, [os.environ.get("PYTHONPATH")])])
+import bench_flower_app as app
+from flwr.simulation import run_simulation
+run_simulation(server_app=app.server_app, client_app=app.client_app, num_supernodes=app.NC,
+               backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                               "init_args": {"include_dashboard": False,
+                                             "num_cpus": os.cpu_count(),
+                                             "log_to_driver": False}})
+print(json.dumps({"ends": app.ends, "samples": app.samples}))
+'''
+
+#: the same Flower app under fedsim: the overhead scenario with ``[algorithm]`` swapped
+FLOWER_SCENARIO = """\
+[algorithm]
+name = "flower"
+server_app = "bench_flower_app:server_app"
+client_app = "bench_flower_app:client_app"
+compute = "cpu"
+"""
 
 
 #: the names fedsim's torch worker processes give themselves (everything else of
@@ -255,11 +288,12 @@ class Launched:
         self.t0, self.out, self.sampler, self.cpu, self.cpu_s = t0, out, sampler, cpu, cpu_s
 
 
-def _launch(cmd: list[str], sample: bool) -> Launched:
+def _launch(cmd: list[str], sample: bool, env: dict[str, str] | None = None) -> Launched:
     """Run ``cmd``; its process tree's CPU every 50 ms and, with ``sample``, its memory."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
     cpu = CpuWatch(proc.pid)
     cpu.start()
     sampler = Sampler(proc.pid) if sample else None
@@ -326,10 +360,13 @@ def run_script(python: str, script: Path, data: Path, rounds: int,
 
 
 def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float,
-               spawn: bool = False, pin: bool = False, sample: bool = False) -> dict[str, float]:
+               spawn: bool = False, pin: bool = False, sample: bool = False,
+               scenario: str = "overhead.toml", rounds: int = 0) -> dict[str, float]:
+    """``fedsim run`` of the overhead scenario (or, with ``scenario``, of the Flower
+    app's: its ``rounds`` and data reach the app through the environment)."""
     out_dir = work / f"run-{hosts}-{time.monotonic_ns()}"
     fedsim = str(Path(sys.executable).with_name("fedsim"))
-    cmd = [fedsim, "run", str(work / "overhead.toml"), "--out", str(out_dir), "--no-plots",
+    cmd = [fedsim, "run", str(work / scenario), "--out", str(out_dir), "--no-plots",
            "--dilation", "1"]
     if hosts:
         cmd += ["--set", f"deploy.hosts={hosts}"]
@@ -337,10 +374,20 @@ def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float,
         cmd += ["--set", "deploy.workers=spawn"]
     if pin:
         cmd += ["--set", "deploy.pin_trainers=true"]
-    run = _launch(cmd, sample)
+    env = None
+    if rounds:
+        env = {**os.environ, "BENCH_DATA": str(work / "data.npz"), "BENCH_ROUNDS": str(rounds)}
+    run = _launch(cmd, sample, env)
     events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()]
     wall0 = next(e["wall"] for e in events if e["ev"] == "start")
     aggs = sorted((e for e in events if e["ev"] == "aggregate"), key=lambda e: e["real"])
+    if rounds:    # a Flower app's: an event per train reply; a round ends with its last
+        by_round: dict[int, dict[str, Any]] = {}
+        for e in aggs:
+            last = by_round.setdefault(e["round"], {**e, "clients": []})
+            last["clients"] = [*last["clients"], *e["clients"]]
+            last["real"] = e["real"]
+        aggs = [by_round[r] for r in sorted(by_round)]
     ends = [wall0 + e["real"] for e in aggs]
     fig = _figures(run, ends, [sum(sizes[c] for c in e["clients"]) for e in aggs], per_round)
     summary = json.loads((out_dir / "summary.json").read_text())
@@ -384,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     flower = args.flower_python
     if args.install_flower:
         flower = install_flower(Path(args.install_flower))
+    if flower is None and importlib.util.find_spec("flwr") is not None:
+        flower = sys.executable           # fedsim[flower]'s (the test extra's) Flower
     work = Path(tempfile.mkdtemp(prefix="fedsim-bench-overhead-"))
     try:
         (work / "overhead.toml").write_text(SCENARIO.format(rounds=args.rounds))
@@ -391,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
         per_round = 10 * statistics.mean(sizes)   # examples in an average round
         (work / "plain.py").write_text(PLAIN)
         (work / "flower.py").write_text(FLOWER)
+        (work / "bench_flower_app.py").write_text(FLOWER_APP)
+        base = SCENARIO.format(rounds=args.rounds)
+        head, _, rest = base.partition("[algorithm]")
+        (work / "overhead-flower.toml").write_text(
+            head + FLOWER_SCENARIO + rest[rest.index("[client]"):])
         runs: dict[str, list[dict[str, float]]] = {}
         memory: dict[str, dict[str, float]] = {}
         # Pass 0 measures memory, the others time: a sample of a 5-process
@@ -398,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         # 12 % of a core every 50 ms, and it holds each process's mmap lock.
         for rep in range(args.reps + 1):
             order = ["plain", "plain-lean", "fedsim-1host", "fedsim-1host-pin", "fedsim",
-                     "fedsim-spawn", *(["flower"] if flower else [])]
+                     "fedsim-spawn", *(["flower", "fedsim-flower"] if flower else [])]
             for name in order if rep % 2 == 0 else order[::-1]:
                 sample = rep == 0
                 if name in ("plain", "plain-lean"):
@@ -409,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
                     assert flower is not None
                     fig = run_script(flower, work / "flower.py", work / "data.npz",
                                      args.rounds, per_round, sample=sample)
+                elif name == "fedsim-flower":
+                    fig = run_fedsim(work, 0, sizes, per_round, sample=sample,
+                                     scenario="overhead-flower.toml", rounds=args.rounds)
                 else:
                     fig = run_fedsim(work, 1 if name.startswith("fedsim-1host") else 0,
                                      sizes, per_round, spawn=name == "fedsim-spawn",
@@ -462,6 +519,11 @@ def main(argv: list[str] | None = None) -> int:
     sp = med["fedsim-spawn"]
     print(f"  start-up (launch to t = 0): forked workers {f['startup_s']:.2f} s, spawned "
           f"{sp['startup_s']:.2f} s; summed PSS {f['pss_gb']:.2f} / {sp['pss_gb']:.2f} GB")
+    if "fedsim-flower" in med:
+        ff = med["fedsim-flower"]
+        print(f"  the Flower app under fedsim / fedsim's fedavg: first round "
+              f"{ff['first_round_s'] / f['first_round_s']:.2f}, s/round "
+              f"{ff['s_per_round'] / f['s_per_round']:.2f}  [s/round <= 1.2]")
     if "flower" in med:
         fl = med["flower"]
         print(f"  Flower s/round / fedsim's             {fl['s_per_round'] / f['s_per_round']:.2f}"

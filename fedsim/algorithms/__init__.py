@@ -31,6 +31,7 @@ from fedsim.algorithms import (
     fedbuff,
     fedopt,
     fedspeed,
+    flower,
     scaffold,
 )
 from fedsim.algorithms._kernels import (
@@ -67,7 +68,7 @@ from fedsim.algorithms.scheduling import (
 )
 
 #: The built-in homes; importing each registers its algorithm.
-BUILTIN = (fedavg, fedasync, asyncfeded, fedbuff, fedspeed, scaffold, dga, fedopt)
+BUILTIN = (fedavg, fedasync, asyncfeded, fedbuff, fedspeed, scaffold, dga, fedopt, flower)
 
 __all__ = [
     "BUILTIN",

@@ -149,3 +149,57 @@ def test_flowers_strategies_run_over_send_and_receive(
     assert np.any(w != 0)
     assert len(weights) == 10
     assert all(n == 7 + node for node, n in weights)
+
+
+def test_push_and_pull_in_arrival_order_and_staleness_emerges(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An asynchronous Flower strategy written with push_messages / pull_messages:
+    replies reach it in their arrival order, and a reply to a model that was
+    replaced meanwhile counts as stale (here: by the replies that came first)."""
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    import push_pull_app
+
+    push_pull_app.ORDER.clear()
+    cfg = FlowerConfig(server_app="push_pull_app:server_app",
+                       client_app="tiny_app:client_app", run_config={"updates": 7})
+    d = _Driver(cfg, [0, 1, 2])
+    d.run()
+    d.server.close()
+    assert d.stop == "server_app_finished"
+    assert push_pull_app.ORDER[:3] == [0, 1, 2]          # the driver's arrival order
+    assert len(d.applied) == 7
+    stale = [a.staleness[0] for a in d.applied]
+    assert stale[:3] == [0, 1, 2] and max(stale) == 2    # each of the first 3 saw the others
+
+
+def test_a_timeout_and_a_ttl_run_in_emulated_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that never answers: send_and_receive returns at its timeout, counted
+    from the send on fedsim's clock; the message's TTL, also emulated, then gives
+    the strategy Flower's REPLY_MESSAGE_UNAVAILABLE for it."""
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    import timeout_app
+
+    d = _Driver(FlowerConfig(server_app="timeout_app:server_app",
+                             client_app="tiny_app:client_app"), [0, 1])
+    step = None
+    assert d.woken.wait(10)
+    d.woken.clear()
+    step = d.server.timer(0.0)
+    (t0, t1) = step.tasks
+    assert d.server.next_timer() == pytest.approx(5.0)    # send_and_receive(timeout=5)
+    out = d.client.begin(t0, torch.zeros(1), torch.zeros(1), torch.Generator())
+    d.server.update(Update.of(client=0, task_id=t0.task_id, base_version=t0.version,
+                              round=0, num_samples=3, params=out.upload), 1.0)
+    assert not d.woken.wait(0.2)                          # one reply of two: it waits
+    d.server.timer(5.0)                                   # emulated t = 5: the timeout
+    assert d.woken.wait(10)                               # ... returns one reply; then
+    d.woken.clear()                                       # it pulls node 1's, later
+    assert timeout_app.GOT == [[0]]
+    assert d.server.next_timer() == pytest.approx(20.0)   # the message's ttl = 20
+    d.server.timer(20.0)
+    assert d.woken.wait(10)
+    d.woken.clear()
+    step = d.server.timer(20.0)
+    d.server.close()
+    assert timeout_app.LATE == [ErrorCode.REPLY_MESSAGE_UNAVAILABLE]
+    assert step.stop == "server_app_finished"

@@ -21,8 +21,9 @@ Rules (docs/flower.md):
   has not come by then is answered ``REPLY_MESSAGE_UNAVAILABLE`` (the late
   one, when it comes, is discarded and counted). ``send_and_receive``'s
   timeout runs from the moment its messages leave, also emulated.
-- Each content object the app pushes is one payload version: a strategy's
-  round (one ``RecordDict``, a message per node) crosses to each host once.
+- Each distinct content the app pushes (by object, or by its serialized
+  bytes) is one payload version: a strategy's round (one ``RecordDict``, a
+  message per node) crosses to each host once.
   A train reply is an update, its staleness the payload versions pushed
   between its message and its arrival.
 - A reply's ``MetricRecord`` key ``num-examples`` is replaced by the
@@ -37,6 +38,7 @@ Rules (docs/flower.md):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections import deque
@@ -106,7 +108,8 @@ class FlowerServer(ServerAlgorithm):
         self.busy: dict[int, int] = {}                     # client -> task id it works on
         self.waiting: dict[int, deque[Pushed]] = {}        # client -> messages for later
         self.sent: dict[int, _Sent] = {}                   # task id -> the message
-        self._contents: deque[tuple[RecordDict, int, Model]] = deque(maxlen=_CONTENTS)
+        #: recent contents: the object, its version, its payload, its bytes' digest
+        self._contents: deque[tuple[RecordDict, int, Model, bytes]] = deque(maxlen=_CONTENTS)
         self._x = ctx.x0.detach().clone()
         self._thread: threading.Thread | None = None
         self._finished = False
@@ -188,14 +191,21 @@ class FlowerServer(ServerAlgorithm):
                                round=self.round, work=None, model=model, tag=header(msg)))
 
     def _payload(self, msg: Message) -> tuple[int, Model]:
-        """The payload version of ``msg``'s content (a new one for a new content)."""
+        """The payload version of ``msg``'s content: a recent one's when the content is
+        the same object or serializes to the same bytes, else a new one."""
         content = msg.content
-        for held, version, model in self._contents:
+        for held, version, model, _ in self._contents:
             if held is content:
                 return version, model
+        data = content_bytes(content)
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        for _, version, model, seen in self._contents:
+            if seen == digest:
+                self._contents.append((content, version, model, digest))
+                return version, model
         self.version += 1
-        model = to_model(content_bytes(content))
-        self._contents.append((content, self.version, model))
+        model = to_model(data)
+        self._contents.append((content, self.version, model, digest))
         if msg.metadata.message_type.split(".")[0] == "train":
             self.round += 1
             self._take_model(content)
