@@ -29,8 +29,10 @@ Rules (docs/flower.md):
 - A reply's ``MetricRecord`` key ``num-examples`` is replaced by the
   server's record of the client's partition size (as native algorithms
   weigh by it): a client cannot claim more weight than its data.
-- The global model fedsim evaluates (``[eval]``) is the newest train
-  message's first ``ArrayRecord``, when its size is the scenario model's.
+- The global model fedsim evaluates (``[eval]``) is the newest message's
+  first ``ArrayRecord`` whose size is the scenario model's: a round's train
+  messages carry the model it starts from, its evaluate messages (federated
+  evaluation) the aggregate it ended with.
 - The run ends when the ServerApp returns (``stop_reason``
   ``"server_app_finished"``), raises (``"failed: ..."``), or at the
   scenario's own limits; then the grid refuses further sends.
@@ -208,7 +210,7 @@ class FlowerServer(ServerAlgorithm):
         self._contents.append((content, self.version, model, digest))
         if msg.metadata.message_type.split(".")[0] == "train":
             self.round += 1
-            self._take_model(content)
+        self._take_model(content)
         return self.version, model
 
     def _take_model(self, content: RecordDict) -> None:

@@ -1,0 +1,137 @@
+"""Flower apps under fedsim through the real path: processes, ZeroMQ, netem, trainers.
+
+The thin real-run tier of the bridge: a Flower FedAvg app equals fedsim's own
+fedavg on the same task; a Flower strategy's round time grows with latency as
+the link model says; a missing extra is named; the run directory is a native
+run's."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+pytestmark = pytest.mark.flower
+
+from fedsim import api  # noqa: E402
+from fedsim.algorithms.flower.config import FlowerMissing  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+BASE = """\
+name = "{name}"
+seed = 3
+[data]
+dataset = "synthetic"
+num_clients = 4
+partition = "iid"
+[model]
+name = "mlp"
+hidden = [16]
+[run]
+time_budget = 300.0
+dilation = 2.0
+{rounds}
+[eval]
+every_rounds = 1
+[network.up]
+delay = {delay}
+[network.down]
+delay = {delay}
+[devices]
+step_time = {step}
+"""
+
+FLOWER = """\
+[algorithm]
+name = "flower"
+server_app = "parity_app:server_app"
+client_app = "parity_app:client_app"
+compute = "steps"
+[algorithm.run_config]
+rounds = {rounds}
+lr = 0.2
+steps = 5
+final-path = "{final}"
+"""
+
+NATIVE = """\
+[algorithm]
+name = "fedavg"
+fraction = 1.0
+[client]
+optimizer = "sgd"
+lr = 0.2
+batch_size = 100000
+local_steps = 5
+"""
+
+
+def _scenario(tmp: Path, name: str, algorithm: str, *, delay: float = 0.0,
+              step: float = 0.01, rounds: int = 3) -> Path:
+    body = BASE.format(name=name, delay=delay, step=step,
+                       rounds=f"max_rounds = {rounds}" if "fedavg" in algorithm else "")
+    path = tmp / f"{name}.toml"
+    path.write_text(body + algorithm)
+    (tmp / "parity_app.py").write_text((HERE / "parity_app.py").read_text())
+    return path
+
+
+def test_flowers_fedavg_equals_fedsims_fedavg(tmp_path: Path) -> None:
+    """Flower's FedAvg strategy with a torch ClientApp, every client every round,
+    gives fedsim's fedavg's global model to float32 tolerance (its evaluation:
+    the same loss), and the run directory is a native run's."""
+    final = tmp_path / "flower-final.npy"
+    fl = api.run(_scenario(tmp_path, "fl", FLOWER.format(rounds=3, final=final)),
+                 out=tmp_path / "fl-run", plots=True)
+    nat = api.run(_scenario(tmp_path, "nat", NATIVE, rounds=3), out=tmp_path / "nat-run",
+                  plots=False)
+    fs, ns = fl.summary, nat.summary
+    assert fs["stop_reason"] == "server_app_finished"
+    assert fs["fidelity"]["verdict"] == "pass", fs["fidelity"]["reasons"]
+    assert fs["updates"] == ns["updates"] == 12
+    assert math.isclose(fs["final_loss"], ns["final_loss"], rel_tol=1e-4)
+    assert np.all(np.isfinite(np.load(final)))
+    for f in ("events.jsonl", "metrics.csv", "summary.json", "timeline.png"):
+        assert (tmp_path / "fl-run" / f).exists(), f
+
+
+def test_round_time_grows_with_latency_as_the_links_say(tmp_path: Path) -> None:
+    """Two one-way delays, the same app: a round of the synchronous strategy is
+    a downlink, the clients' compute and an uplink, so each round takes
+    2 x (the extra delay) longer; the first round also pays the model's
+    TCP slow start, the same at both delays to within its RTT share."""
+    times = []
+    for d in (0.01, 0.21):
+        r = api.run(_scenario(tmp_path, f"lat{int(d * 1000)}",
+                              FLOWER.format(rounds=4, final=tmp_path / "f.npy"), delay=d),
+                    out=tmp_path / f"run-{d}", plots=False)
+        ends = {}
+        for e in r.events("aggregate"):
+            ends[e["round"]] = e["t"]
+        rounds = [ends[k] for k in sorted(ends)]
+        times.append(np.diff(rounds).mean())
+    extra = times[1] - times[0]
+    assert extra == pytest.approx(2 * 0.2, rel=0.15), times
+
+
+def test_without_flower_a_flower_scenario_names_the_extra(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from fedsim.algorithms.flower import config
+
+    path = _scenario(tmp_path, "nofl", FLOWER.format(rounds=1, final=tmp_path / "f.npy"))
+    sc = api.load(path)                         # reading the scenario needs no Flower
+    real = importlib.util.find_spec
+    monkeypatch.setattr(config.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "flwr" else real(name, *a))
+    with pytest.raises((FlowerMissing, api.RunFailed)) as info:
+        api.run(sc, out=tmp_path / "run", plots=False)
+    assert 'pip install "fedsim[flower]"' in str(info.value) + str(info.value.__cause__)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] if (
+        tmp_path / "run" / "summary.json").exists() else True
