@@ -5,12 +5,12 @@ A Flower ``ClientApp`` finds its data from its node config
 (``[algorithm] name = "flower"``, docs/flower.md) :func:`partition` returns
 the partition fedsim built for that client from the scenario's ``[data]``
 (the trainer already holds it: nothing is read again, nothing downloaded),
-and :func:`test_set` the scenario's test set. The same app run by Flower's
+and :func:`eval_set` the scenario's test set. The same app run by Flower's
 own simulation, or anywhere else, gets the same data, built the same way,
 from the scenario its run config names (``fedsim-scenario =
 "path/to/scenario.toml"``) or, failing that, the one it passes::
 
-    from fedsim.flower import partition, test_set
+    from fedsim.flower import partition, eval_set
 
     SCENARIO = Path(__file__).with_name("lan.toml")   # used outside fedsim
 
@@ -34,7 +34,7 @@ from fedsim.scenario import load
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SCENARIO_KEY", "partition", "scenario_data", "test_set"]
+__all__ = ["SCENARIO_KEY", "partition", "scenario_data", "eval_set"]
 
 #: the run-config key that names the scenario outside fedsim
 SCENARIO_KEY = "fedsim-scenario"
@@ -103,7 +103,7 @@ def partition(context: Any, scenario: str | Path | None = None,
     return torch.as_tensor(shard.x), torch.as_tensor(shard.y)
 
 
-def test_set(context: Any, scenario: str | Path | None = None,
+def eval_set(context: Any, scenario: str | Path | None = None,
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """The scenario's test set ``(x, y)``, for an app's centralized evaluation
     (``scenario`` as for :func:`partition`)."""

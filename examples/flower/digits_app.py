@@ -3,7 +3,7 @@
 Nothing here is written for fedsim but where the data come from:
 ``fedsim.flower.partition`` gives each node its partition (its
 ``partition-id`` of ``num-partitions``) of the scenario's dataset, under
-fedsim or under Flower's own simulation alike, and ``test_set`` the
+fedsim or under Flower's own simulation alike, and ``eval_set`` the
 scenario's test set for the strategy's centralized evaluation. Run it with
 Flower (``python examples/flower/run_flower.py``) or with fedsim
 (``fedsim run examples/flower/lan.toml``); docs/flower.md compares them.
@@ -20,7 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
-from fedsim.flower import partition, test_set
+from fedsim.flower import partition, eval_set
 
 #: the scenario whose data the app trains on outside fedsim (Flower's own simulation);
 #: under fedsim, the run's own scenario
@@ -106,7 +106,7 @@ server_app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     cfg = config(context)
     torch.manual_seed(1)
-    x_test, y_test = test_set(context, SCENARIO)
+    x_test, y_test = eval_set(context, SCENARIO)
 
     def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         net = Net()

@@ -39,7 +39,7 @@ def _model(context: Context) -> torch.nn.Module:
 def train(msg: Message, context: Context) -> Message:
     torch.set_num_threads(1)
     net = _model(context)
-    params = [p for p in net.parameters()]
+    params = list(net.parameters())
     for p, a in zip(params, msg.content["arrays"].to_numpy_ndarrays(), strict=True):
         p.data.copy_(torch.as_tensor(a))
     x, y = partition(context)
@@ -58,7 +58,7 @@ def train(msg: Message, context: Context) -> Message:
 
 @client_app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    x, y = partition(context)
+    _, y = partition(context)
     return Message(RecordDict({"metrics": MetricRecord({"num-examples": len(y)})}),
                    reply_to=msg)
 

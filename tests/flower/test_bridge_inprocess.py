@@ -184,7 +184,8 @@ def test_push_and_pull_in_arrival_order_and_staleness_emerges(
     # the first three replies answer the first model; later replies find up to
     # two newer models pushed meanwhile (one per reply before them)
     stale = [a.staleness[0] for a in d.applied]
-    assert stale[:3] == [0, 0, 0] and 1 <= max(stale) <= 2, stale
+    assert stale[:3] == [0, 0, 0], stale
+    assert 1 <= max(stale) <= 2, stale
 
 
 def test_a_timeout_and_a_ttl_run_in_emulated_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,7 +201,7 @@ def test_a_timeout_and_a_ttl_run_in_emulated_seconds(monkeypatch: pytest.MonkeyP
     assert d.woken.wait(10)
     d.woken.clear()
     step = d.server.timer(0.0)
-    (t0, t1) = step.tasks
+    (t0, _) = step.tasks
     assert d.server.next_timer() == pytest.approx(5.0)    # send_and_receive(timeout=5)
     out = d.client.begin(t0, torch.zeros(1), torch.zeros(1), torch.Generator())
     d.server.update(Update.of(client=0, task_id=t0.task_id, base_version=t0.version,
