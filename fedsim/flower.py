@@ -34,7 +34,7 @@ from fedsim.scenario import load
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SCENARIO_KEY", "partition", "scenario_data", "eval_set"]
+__all__ = ["SCENARIO_KEY", "eval_set", "partition", "scenario_data"]
 
 #: the run-config key that names the scenario outside fedsim
 SCENARIO_KEY = "fedsim-scenario"

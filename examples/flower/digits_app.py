@@ -20,7 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
-from fedsim.flower import partition, eval_set
+from fedsim.flower import eval_set, partition
 
 #: the scenario whose data the app trains on outside fedsim (Flower's own simulation);
 #: under fedsim, the run's own scenario
