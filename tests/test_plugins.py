@@ -267,3 +267,30 @@ def test_the_example_runs_through_fedsim_run_with_its_workers_importing_it(
     assert all(e["dropped"] == 1 for e in aggregates)
     assert result.summary.final_accuracy is not None
     assert 'name = "mylab.nets:TinyMLP"' in (out / "scenario.toml").read_text()
+
+
+def test_a_flower_apps_module_is_located_next_to_its_scenario_without_importing_it(
+        clean_plugins: None, tmp_path: Path) -> None:
+    """A Flower app's module imports torch and Flower: reading its scenario (as a
+    client host does) finds it and passes its directory on, but never imports it;
+    a module found nowhere is named with the key that refers to it."""
+    app = tmp_path / "lab"
+    app.mkdir()
+    (app / "myflowerapp.py").write_text("raise RuntimeError('imported')\n")
+    scenario = app / "s.toml"
+    scenario.write_text('[algorithm]\nname = "flower"\nserver_app = "myflowerapp:server_app"\n'
+                        'client_app = "myflowerapp:client_app"\n')
+    sc = fedsim.load(scenario)
+    assert "myflowerapp" not in sys.modules
+    assert sc.algorithm.modules() == {"server_app": "myflowerapp:server_app",
+                                      "client_app": "myflowerapp:client_app"}
+    assert plugins.import_roots() == (str(app),)
+    scenario.write_text(scenario.read_text().replace('client_app = "myflowerapp:',
+                                                     'client_app = "nowhere_app:'))
+    with pytest.raises(ScenarioError, match=r"algorithm\.client_app.*no module named "
+                                            r"'nowhere_app'"):
+        fedsim.load(scenario)
+    scenario.write_text(scenario.read_text().replace('"nowhere_app:client_app"',
+                                                     '"not a reference"'))
+    with pytest.raises(ScenarioError, match="not a 'module:attribute' reference"):
+        fedsim.load(scenario)

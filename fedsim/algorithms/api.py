@@ -112,6 +112,11 @@ class AlgorithmConfig(SchemaModel):
         ``local_epochs`` do not (None: they do). ``fedsim check`` prints it."""
         return None
 
+    def client_table(self) -> str | None:
+        """Why no ``[client]`` key is read, when the algorithm's clients train with
+        their own code (a Flower app's); None: ``[client]`` configures them."""
+        return None
+
     def modules(self) -> dict[str, str]:
         """The ``module:attribute`` references the run imports (a Flower app's), by
         their key: the scenario loader finds each without importing it, next

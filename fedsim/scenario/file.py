@@ -275,6 +275,13 @@ def unused_keys(scenario: Scenario) -> dict[str, str]:
         if key not in reads and getattr(scenario.client, key) is not None:
             out[f"client.{key}"] = (f"not used by optimizer {opt} (it reads "
                                     f"{', '.join(reads)})")
+    own = scenario.algorithm.client_table()
+    if own is not None:
+        for key in sorted(type(scenario.client).model_fields):
+            out[f"client.{key}"] = f"not used by {scenario.algorithm.name}: {own}"
+        out.update(unread_task_keys(scenario.data.dataset, scenario.data.partition,
+                                    scenario.model.name))
+        return out
     work = scenario.algorithm.local_work()
     if work is not None:
         why = f"not used by {scenario.algorithm.name}: {work}"

@@ -76,6 +76,9 @@ class FlowerConfig(AlgorithmConfig):
                 + ("their CPU time x the device's speed" if self.compute == "cpu"
                    else f"metric {self.steps_metric!r} x the device's step time"))
 
+    def client_table(self) -> str:
+        return f"the ClientApp ({self.client_app}) trains with its own optimizer and steps"
+
     def modules(self) -> dict[str, str]:
         return {"server_app": self.server_app, "client_app": self.client_app}
 
