@@ -8,6 +8,8 @@ initial model, with federated evaluation; it saves the final arrays
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -19,6 +21,15 @@ from fedsim.algorithms.flower import running
 from fedsim.flower import partition
 
 client_app = ClientApp()
+#: outside fedsim (Flower's own simulation passes no run config): the run config and
+#: the scenario whose data the nodes train on come from the environment
+DEFAULTS = {"rounds": 3, "lr": 0.2, "steps": 5,
+            "final-path": os.environ.get("PARITY_FINAL", ""),
+            "fedsim-scenario": os.environ.get("PARITY_SCENARIO", "")}
+
+
+def _cfg(context: Context) -> dict[str, object]:
+    return {**DEFAULTS, **context.run_config}
 
 
 def _model(context: Context) -> torch.nn.Module:
@@ -27,7 +38,7 @@ def _model(context: Context) -> torch.nn.Module:
 
     sc = running.scenario()
     if sc is None:
-        sc, data = scenario_data(str(context.run_config["fedsim-scenario"]))
+        sc, data = scenario_data(str(_cfg(context)["fedsim-scenario"]))
     else:
         from fedsim.flower import _built
 
@@ -42,7 +53,7 @@ def train(msg: Message, context: Context) -> Message:
     params = list(net.parameters())
     for p, a in zip(params, msg.content["arrays"].to_numpy_ndarrays(), strict=True):
         p.data.copy_(torch.as_tensor(a))
-    x, y = partition(context)
+    x, y = partition(context, str(_cfg(context)["fedsim-scenario"]) or None)
     lr, steps = float(msg.content["config"]["lr"]), int(msg.content["config"]["steps"])
     for _ in range(steps):
         for p in params:
@@ -58,7 +69,7 @@ def train(msg: Message, context: Context) -> Message:
 
 @client_app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    _, y = partition(context)
+    _, y = partition(context, str(_cfg(context)["fedsim-scenario"]) or None)
     return Message(RecordDict({"metrics": MetricRecord({"num-examples": len(y)})}),
                    reply_to=msg)
 
@@ -68,7 +79,7 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = context.run_config
+    cfg = _cfg(context)
     net = _model(context)
     nodes = len(list(grid.get_node_ids()))
     # federated evaluation carries each round's aggregate to the nodes (and so past
