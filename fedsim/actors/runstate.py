@@ -41,7 +41,10 @@ from netem.clock import Clock
 __all__ = ["STOP_REASONS", "Evaluator", "Progress", "RunState"]
 
 #: Reasons a run ends normally.
-STOP_REASONS = ("time_budget", "max_updates", "max_rounds", "target_accuracy")
+#: the ends of a run that completed it (``server_app_finished``: a Flower app's
+#: ServerApp returned)
+STOP_REASONS = ("time_budget", "max_updates", "max_rounds", "target_accuracy",
+                "server_app_finished")
 #: Real seconds between rewrites of summary.json after evaluations while a run
 #: goes on (the final one is always written, and flush() rewrites it every 10 s).
 SUMMARY_EVERY = 1.0

@@ -375,7 +375,10 @@ class Server:
             state.event(t0, "missing", clients=missing)
         state.samples.update(registered)
         step = self.strategy.start(sorted(registered), t0)
-        if not step.tasks and self.strategy.in_flight() == 0:
+        if step.stop:
+            self.stop_reason = step.stop
+            return
+        if not step.tasks and self.strategy.in_flight() == 0 and not self.strategy.waiting():
             self.stop_reason = (f"failed: no round could start ({len(registered)} of "
                                 f"{self.sc.data.num_clients} clients registered)")
             return

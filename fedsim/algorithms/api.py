@@ -391,6 +391,11 @@ class ServerAlgorithm(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
 
+    def waiting(self) -> bool:
+        """Whether tasks are still to come from elsewhere (a Flower ServerApp's thread,
+        which has not pushed yet): a start without tasks is then no failure."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - a hook with nothing to do by default
         """The run is over (however it ended): release what the server side holds
         (a Flower ServerApp's thread). Default: nothing."""

@@ -296,6 +296,9 @@ class FlowerServer(ServerAlgorithm):
     def in_flight(self) -> int:
         return len(self.busy)
 
+    def waiting(self) -> bool:
+        return not self._finished
+
     def model(self) -> torch.Tensor:
         return self._x
 
