@@ -33,6 +33,8 @@ Rules (docs/flower.md):
   first ``ArrayRecord`` whose size is the scenario model's: a round's train
   messages carry the model it starts from, its evaluate messages (federated
   evaluation) the aggregate it ended with.
+- A round is the app's: it starts with each new train content; a run's
+  ``rounds`` count them (and ``run.max_rounds`` can end it early).
 - The run ends when the ServerApp returns (``stop_reason``
   ``"server_app_finished"``), raises (``"failed: ..."``), or at the
   scenario's own limits; then the grid refuses further sends.
@@ -167,6 +169,7 @@ class FlowerServer(ServerAlgorithm):
         self._expire(now, step)
         if self._finished and not self._stopped:
             self._stopped = True
+            step.rounds_closed += 1 if self.round else 0     # the app's last round
             err = self._error
             step.stop = ("server_app_finished" if err is None else
                          f"failed: the ServerApp raised {type(err).__name__}: {err}"[:300])
@@ -191,7 +194,10 @@ class FlowerServer(ServerAlgorithm):
 
     def _send(self, p: Pushed, now: float, step: Step) -> None:
         msg = p.message
+        round_ = self.round
         version, model = self._payload(msg)
+        if self.round > round_ > 0:   # a new train content: the app's previous round is over
+            step.rounds_closed += 1
         tasks = self.ctx.tasks
         task_id, tasks.next_id = tasks.next_id, tasks.next_id + 1
         client = msg.metadata.dst_node_id
