@@ -117,8 +117,8 @@ class HostServices(Protocol):
         """Run a client's work as a task of the host's (its failure is the host's)."""
         ...
 
-    def expected_steps(self, task: Task, num_samples: int) -> int:
-        """Local steps ``task`` will take."""
+    def expected_steps(self, task: Task, num_samples: int) -> int | None:
+        """Local steps ``task`` will take (None: known only when done)."""
         ...
 
     def advance(self, client: int, averages: Mapping[int, Model], due: float,
@@ -194,6 +194,8 @@ class ClientActor:
         self.rejected = 0
         self.overruns = 0
         self.runs = 0
+        #: the emulated compute of the client's last piece of work
+        self.last_budget = 0.0
         self.stopped = False
         self.away = False
         self.generation = 0
@@ -442,14 +444,18 @@ class ClientActor:
         host.emit("train_start", client=self.cid, version=task.version,
                   task_id=task.task_id, round=task.round)
         susp = None
+        expected = host.expected_steps(task, self.num_samples)
         if self.suspension is not None:
-            t_run = self.device.compute_time(host.expected_steps(task, self.num_samples),
-                                             self.device_rng, run_index)
+            # a run of unknown length (a Flower app's handler) is expected to take
+            # what the client's previous one did
+            t_run = (self.device.compute_time(expected, self.device_rng, run_index)
+                     if expected is not None else self.last_budget)
             susp = self.suspension.draw_run(t_run, self.suspension_rng)
         if susp is not None and susp.discard_update:
             await self._wasted(task, t0 + susp.unavailable_for, gen)
             return
-        due = t0 + self.device.mean_step() * host.expected_steps(task, self.num_samples)
+        due = t0 + (self.device.mean_step() * expected if expected is not None
+                    else self.last_budget)
         rid = host.trainer.next_id()
         reply = await host.trainer.train(host.task_frames(rec, due, rid))
         while True:
@@ -458,6 +464,7 @@ class ClientActor:
                 await self._failed(task, reply)
                 return
             done, budget = self._account(reply, t0, run_index)
+            self.last_budget = budget
             deadline = t0 + budget
             if reply.next != "done":  # a pipelined session: time away does not compute
                 await self._compute(t0, away0, budget)
@@ -505,14 +512,23 @@ class ClientActor:
         await host.send(Failed(client=self.cid, cause=cause,
                                reason=f"training failed: {reason}"))
 
+    def _cpu_speed(self) -> float:
+        """How much slower than this machine the client's device computes: its speed
+        factor (``devices.model = "speed_factor"``), else its mean step time over the
+        scenario's ``devices.step_time`` (1 when that is 0: CPU time as measured)."""
+        factor = getattr(self.device, "factor", None)
+        if isinstance(factor, float | int):
+            return float(factor)
+        step = self.host.sc.devices.step_time
+        return float(self.device.mean_step()) / step if step > 0 else 1.0
+
     def _account(self, reply: Trained, t0: float, run_index: int) -> tuple[float, float]:
         """A piece's compute: its device time (its budget, due at ``t0`` + budget) and
         the fidelity accounting of the real one; (when it came back, the budget)."""
         host = self.host
         done = host.clock.now()
         if reply.cpu_s is not None:   # charged by CPU time (a Flower app's handlers)
-            step = host.sc.devices.step_time
-            budget = reply.cpu_s * self.device.mean_step() / step if step > 0 else 0.0
+            budget = reply.cpu_s * self._cpu_speed()
         else:
             budget = self.device.compute_time(reply.steps, self.device_rng, run_index) \
                 if reply.steps else 0.0

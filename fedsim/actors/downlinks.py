@@ -50,7 +50,7 @@ class Downlinks:
                  links: ClientLinks, tasks: TaskBook, plan: NetPlan, records: RecordBudget,
                  phases: PhaseStats, local: LocalConfig, partition: tuple[int, ...],
                  task_spec: TensorSpec, real_clock: Callable[[], float],
-                 unreachable: Callable[[int], None]) -> None:
+                 unreachable: Callable[[int], None], steps_known: bool = True) -> None:
         self.run = run
         self.endpoint = endpoint
         self.hosts = hosts
@@ -62,6 +62,8 @@ class Downlinks:
         self.local = local
         self.partition = partition
         self.task_spec = task_spec
+        #: whether a task's steps follow from [client] (no: a Flower app's clients)
+        self.steps_known = steps_known
         self.real_clock = real_clock
         #: told of a client whose host cannot be reached (the server lets it go)
         self.unreachable = unreachable
@@ -102,14 +104,16 @@ class Downlinks:
         cid = task.client
         model = task.model
         assert model is not None
-        if model.spec != self.task_spec:  # a view, not a copy, in the wire's layout
+        if not self.task_spec.accepts(model.spec):  # a view, not a copy, in the wire's layout
             model = Model.from_flat(model.flat(), self.task_spec)
             task = task.with_model(model)
         fields = {"kind": "task", "version": task.version, "task_id": task.task_id,
                   "round": task.round}
         # the steps its client takes (as the client host counts them): its budget
-        # on the client's partition
-        steps = self.local.with_work(task.work).num_steps(self.partition[cid])
+        # on the client's partition; 0 where the algorithm's clients train with
+        # code of their own (a Flower app's), whose steps are known only afterwards
+        steps = (self.local.with_work(task.work).num_steps(self.partition[cid])
+                 if self.steps_known else 0)
         egress = self.links.egress
         if egress is not None:
             # A shared downlink bottleneck at the server: the message really

@@ -239,8 +239,12 @@ class ClientHost:
         return Advance(request_id=request_id, client=client, rounds=carried, model=model,
                        due=due, held=tuple(r for r in rounds if r not in carried))
 
-    def expected_steps(self, task: Task, num_samples: int) -> int:
-        """Local steps ``task`` will take on ``num_samples`` samples (its own budget first)."""
+    def expected_steps(self, task: Task, num_samples: int) -> int | None:
+        """Local steps ``task`` will take on ``num_samples`` samples (its own budget first);
+        None when the algorithm's clients train with code of their own (a Flower
+        app's), whose work is known only when it is done."""
+        if task.work is None and self.sc.algorithm.client_table() is not None:
+            return None
         local = self.local
         if task.work is not None and task.work.steps is not None:
             return task.work.steps

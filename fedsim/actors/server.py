@@ -137,7 +137,7 @@ class Server:
         self.alg = sc.algorithm.spec
         self.model_spec = model_spec
         #: 0, or the most bytes of a task's or update's byte payload (a Flower app's)
-        self.payload_bytes = (self.alg.payload_bytes(sc.algorithm)
+        self.payload_bytes = (self.alg.payload_bytes(sc.algorithm, model_spec)
                               if self.alg.payload_bytes is not None else 0)
         if self.payload_bytes:
             self.task_spec: TensorSpec = BytesUpTo(self.payload_bytes)
@@ -203,7 +203,8 @@ class Server:
                                    tasks=self.tasks, plan=self.plan, records=records,
                                    phases=self.phases, local=self.local,
                                    partition=self.partition, task_spec=self.task_spec,
-                                   real_clock=real_clock, unreachable=self._unreachable)
+                                   real_clock=real_clock, unreachable=self._unreachable,
+                                   steps_known=sc.algorithm.client_table() is None)
         #: registration, the reader and its checks, the hosts' silence and goodbyes
         self.sessions = HostSessions(sc, self, self.queue, endpoint=endpoint, hosts=self.hosts,
                                      links=self.client_links, uplinks=self.uplinks,

@@ -462,7 +462,8 @@ class AlgorithmSpec:
     payload_bytes
         For an algorithm whose tasks and updates are not model copies but
         byte payloads of varying length (a Flower app's messages): the most
-        bytes one may have, from the validated config (None: model copies).
+        bytes one may have, from the validated config and the scenario
+        model's spec (None: model copies).
     """
 
     names: tuple[str, ...]
@@ -473,7 +474,7 @@ class AlgorithmSpec:
     task_copies: int = 1
     update_copies: int = 1
     optimizers: tuple[str, ...] | None = None
-    payload_bytes: Callable[[Any], int] | None = None
+    payload_bytes: Callable[[Any, TensorSpec], int] | None = None
 
 
 _REGISTRY: dict[str, AlgorithmSpec] = {}

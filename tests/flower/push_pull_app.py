@@ -39,7 +39,7 @@ def main(grid: Grid, context: Context) -> None:
             continue
         for r in replies:
             waiting.discard(r.metadata.reply_to_message_id)
-            ORDER.append(r.metadata.src_node_id)
+            ORDER.append(r.metadata.src_node_id - 1000)
             if r.has_error():
                 continue
             x = (1 - alpha) * x + alpha * r.content["arrays"].to_numpy_ndarrays()[0]

@@ -103,7 +103,6 @@ def test_fedavg_rounds_cross_the_bridge_and_state_persists(
                                                local=LocalConfig(), seed=1))
     state.load_state_dict(d.client.state_dict())
     assert {c: int(s["calls"]["n"]) for c, s in state.states.items()} == {0: 3, 1: 3, 2: 3}
-    # the server's record of each client's data replaced the claimed num-examples
 
 
 def test_a_lost_node_is_answered_node_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,16 +111,18 @@ def test_a_lost_node_is_answered_node_unavailable(monkeypatch: pytest.MonkeyPatc
     seen: list[int] = []
     real = d.server.exchange.deliver
 
-    def spy(reply):  # type: ignore[no-untyped-def]
+    def spy(reply, *more):  # type: ignore[no-untyped-def]
         if reply.has_error():
             seen.append(reply.error.code)
-        real(reply)
+        return real(reply, *more)
 
     d.server.exchange.deliver = spy  # type: ignore[method-assign]
     d.run(drop={2})
     d.server.close()
     assert ErrorCode.NODE_UNAVAILABLE in seen
-    assert d.stop == "server_app_finished"
+    assert d.stop == "server_app_finished"           # the rounds went on without it
+    assert {a.clients[0] for a in d.applied} == {0, 1}
+    assert len(d.applied) == 4                       # 2 rounds x the 2 nodes left
 
 
 STRATEGIES = ["FedAvg", "FedProx", "FedAdam", "FedYogi", "FedAdagrad", "FedAvgM",
@@ -143,11 +144,11 @@ def test_flowers_strategies_run_over_send_and_receive(
     weights: list[tuple[int, int]] = []
     real = d.server.exchange.deliver
 
-    def spy(reply):  # type: ignore[no-untyped-def]
+    def spy(reply, *more):  # type: ignore[no-untyped-def]
         if reply.has_content() and "calls" in reply.content["metrics"]:
-            weights.append((reply.metadata.src_node_id,
+            weights.append((reply.metadata.src_node_id - 1000,
                             int(reply.content["metrics"]["num-examples"])))
-        real(reply)
+        return real(reply, *more)
 
     d.server.exchange.deliver = spy  # type: ignore[method-assign]
     d.run()

@@ -17,9 +17,9 @@ LATE: list[int] = []
 def main(grid: Grid, context: Context) -> None:
     content = RecordDict({"arrays": ArrayRecord([np.zeros(4, np.float32)]),
                           "config": ConfigRecord({"lr": 0.05, "server-round": 1})})
-    msgs = [Message(content, n, "train", ttl=20.0) for n in (0, 1)]
+    msgs = [Message(content, n, "train", ttl=20.0) for n in sorted(grid.get_node_ids())]
     replies = list(grid.send_and_receive(msgs, timeout=5.0))
-    GOT.append(sorted(r.metadata.src_node_id for r in replies))
+    GOT.append(sorted(r.metadata.src_node_id - 1000 for r in replies))
     missing = msgs[1].metadata.message_id
     while True:
         late = list(grid.pull_messages([missing]))

@@ -35,6 +35,7 @@ from fedsim.algorithms.flower.config import (
     FlowerMissing,
     require_flower,
 )
+from fedsim.wire.tensors import TensorSpec
 
 if TYPE_CHECKING:
     from fedsim.algorithms.api import ClientAlgorithm, ClientContext, ServerAlgorithm, ServerContext
@@ -56,8 +57,8 @@ def _client(cfg: FlowerConfig, ctx: ClientContext) -> ClientAlgorithm:
     return FlowerClient(cfg, ctx)
 
 
-def _payload_bytes(cfg: Any) -> int:
-    return int(cfg.payload_bytes())
+def _payload_bytes(cfg: Any, model: TensorSpec) -> int:
+    return int(cfg.payload_bytes(model.nbytes))
 
 
 SPEC = register(AlgorithmSpec(

@@ -54,6 +54,9 @@ class FlowerClient(ClientAlgorithm):
     def __init__(self, cfg: FlowerConfig, ctx: ClientContext) -> None:
         self.cfg = cfg
         self.num_clients = ctx.num_clients
+        #: the most bytes a reply may have (the run's payload limit, less its envelope)
+        self.limit = cfg.payload_bytes(
+            sum(int(p.numel()) * 4 for p in ctx.model.parameters() if p.requires_grad)) - 4096
         if ctx.scenario is not None:
             set_scenario(ctx.scenario)
         self._app: ClientApp | None = None
@@ -103,6 +106,13 @@ class FlowerClient(ClientAlgorithm):
                         steps = int(value)
                     break
         data = reply_bytes(reply)
+        if len(data) > self.limit:
+            log.error("client %d: a reply of %d bytes, over the run's %d", client, len(data),
+                      self.limit)
+            data = reply_bytes(Message(Error(
+                code=ErrorCode.UNKNOWN,
+                reason=f"the reply has {len(data)} bytes, more than the run takes "
+                       f"({self.limit}: algorithm.max_message_mb)"), reply_to=msg))
         upload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return Outcome(steps=steps, upload=upload,
                        cpu_s=cpu if self.cfg.compute == "cpu" else None,

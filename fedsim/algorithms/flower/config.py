@@ -44,7 +44,8 @@ class FlowerConfig(AlgorithmConfig):
     ``"steps"``: the number the reply's metric ``steps_metric`` holds,
     times the device's step time, as fedsim's own clients are charged.
     ``max_message_mb`` bounds a message either way (the wire refuses a larger
-    one before reading it).
+    one before reading it); by default three times the scenario model's size
+    plus 1 MB, at least 16 MB.
     """
 
     name: Literal["flower"] = "flower"
@@ -53,7 +54,7 @@ class FlowerConfig(AlgorithmConfig):
     run_config: dict[str, ConfigValue] = Field(default_factory=dict)
     compute: Literal["cpu", "steps"] = "cpu"
     steps_metric: str = "num-steps"
-    max_message_mb: FinitePos = 256.0
+    max_message_mb: FinitePos | None = None
 
     @field_validator("server_app", "client_app")
     @classmethod
@@ -82,6 +83,8 @@ class FlowerConfig(AlgorithmConfig):
     def modules(self) -> dict[str, str]:
         return {"server_app": self.server_app, "client_app": self.client_app}
 
-    def payload_bytes(self) -> int:
-        """The most bytes a message may have."""
-        return int(self.max_message_mb * 1e6)
+    def payload_bytes(self, model_bytes: int) -> int:
+        """The most bytes a message may have, for a scenario model of ``model_bytes``."""
+        if self.max_message_mb is not None:
+            return int(self.max_message_mb * 1e6)
+        return max(16_000_000, 3 * model_bytes + 1_000_000)

@@ -69,10 +69,11 @@ def to_bytes(model: Model) -> memoryview:
     return memoryview(model.flat()).cast("B")
 
 
-def header(msg: Message) -> str:
-    """The metadata a task carries beside its content (JSON)."""
+def header(msg: Message, message_id: str) -> str:
+    """The metadata a task carries beside its content (JSON), with the id the
+    message was pushed under."""
     md = msg.metadata
-    return json.dumps({"id": md.message_id, "type": md.message_type, "group": md.group_id,
+    return json.dumps({"id": message_id, "type": md.message_type, "group": md.group_id,
                        "ttl": md.ttl, "created": md.created_at, "run": md.run_id},
                       separators=(",", ":"))
 

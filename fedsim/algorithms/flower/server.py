@@ -3,9 +3,9 @@
 :class:`FlowerServer` is an ordinary sans-I/O
 :class:`~fedsim.algorithms.api.ServerAlgorithm`. At the start it runs the
 app's ``ServerApp`` in a thread of the server process (as Flower's own
-simulation does) with a :class:`~.grid.FedsimGrid` whose node ids are the
-federation's client ids. The app's blocking calls never touch the server's
-event loop: a push lands in the :class:`~.grid.Exchange` and wakes the loop
+simulation does) with a :class:`~.grid.FedsimGrid`. The app's blocking calls
+never touch the server's event loop: a push lands in the
+:class:`~.grid.Exchange` and wakes the loop
 (:class:`~fedsim.algorithms.api.Waker`), which calls :meth:`timer`; there
 each message becomes a :class:`~fedsim.wire.messages.Task` to its node, and
 each update that comes back becomes the reply the app waits for.
@@ -13,22 +13,26 @@ each update that comes back becomes the reply the app waits for.
 Rules (docs/flower.md):
 
 - A node works on one message at a time; more messages to a busy node wait
-  in order. A message to a node that is away, gone or unknown is answered
-  at once with Flower's ``NODE_UNAVAILABLE`` error; a message whose node
-  goes away while it works on it gets the same answer when the server
-  learns of it (the node is back, or lost).
-- A message's TTL counts in emulated seconds from its send: a reply that
+  in order. A message to a node that is gone or unknown is answered at once
+  with Flower's ``NODE_UNAVAILABLE`` error; a message whose node went away
+  while it had it gets the same answer when the server learns of it (the
+  node is back, or lost).
+- A message's TTL counts in emulated seconds from its push: a reply that
   has not come by then is answered ``REPLY_MESSAGE_UNAVAILABLE`` (the late
-  one, when it comes, is discarded and counted). ``send_and_receive``'s
-  timeout runs from the moment its messages leave, also emulated.
-- Each distinct content the app pushes (by object, or by its serialized
-  bytes) is one payload version: a strategy's round (one ``RecordDict``, a
-  message per node) crosses to each host once.
-  A train reply is an update, its staleness the payload versions pushed
-  between its message and its arrival.
-- A reply's ``MetricRecord`` key ``num-examples`` is replaced by the
-  server's record of the client's partition size (as native algorithms
-  weigh by it): a client cannot claim more weight than its data.
+  one, when it comes, is discarded and counted), and a message still
+  waiting for its busy node is answered so and never sent.
+  ``send_and_receive``'s timeout runs from the moment its messages leave.
+- Each distinct content the app pushes (by its serialized bytes, taken at
+  the push) is one payload version: a strategy's round (one ``RecordDict``,
+  a message per node) crosses to each host once. A train reply the strategy
+  takes is an update, its staleness the payload versions sent between its
+  message and its arrival (a reply that came after its ``send_and_receive``
+  timed out is kept for a later ``pull_messages``, as in Flower, until its
+  TTL).
+- A reply's metadata is the server's: only its content (or error) comes
+  from the client. In a train reply, every ``MetricRecord``'s
+  ``num-examples`` is replaced by the server's record of the client's
+  partition size (as native algorithms weigh by it).
 - The global model fedsim evaluates (``[eval]``) is the newest message's
   first ``ArrayRecord`` whose size is the scenario model's: a round's train
   messages carry the model it starts from, its evaluate messages (federated
@@ -37,12 +41,11 @@ Rules (docs/flower.md):
   ``rounds`` count them (and ``run.max_rounds`` can end it early).
 - The run ends when the ServerApp returns (``stop_reason``
   ``"server_app_finished"``), raises (``"failed: ..."``), or at the
-  scenario's own limits; then the grid refuses further sends.
+  scenario's own limits; then the grid refuses further calls.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import sys
 import threading
@@ -63,12 +66,15 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedsim.algorithms.api import Applied, Discarded, ServerAlgorithm, ServerContext, Step
 from fedsim.algorithms.flower.apps import load
 from fedsim.algorithms.flower.config import FlowerConfig
-from fedsim.algorithms.flower.content import content_bytes, header, reply_of, to_bytes, to_model
+from fedsim.algorithms.flower.content import header, reply_of, to_bytes, to_model
 from fedsim.algorithms.flower.grid import (
     Exchange,
     FedsimGrid,
     Pushed,
+    answer,
+    client_of,
     error_reply,
+    node_of,
     node_unavailable,
     reply_unavailable,
 )
@@ -80,7 +86,7 @@ __all__ = ["FlowerServer"]
 
 log = logging.getLogger(__name__)
 
-#: how many recent content objects keep their payload (a round's messages share one)
+#: how many recent payloads stay known by their digest (a round's messages share one)
 _CONTENTS = 8
 #: the GIL's switch interval while a ServerApp's thread runs beside the loop (s)
 SWITCH_INTERVAL = 0.0005
@@ -88,14 +94,27 @@ SWITCH_INTERVAL = 0.0005
 
 @dataclass
 class _Sent:
-    """A message out as task ``task_id``: what answers it, when it expires."""
+    """A message out as a task: what answers it, when it expires."""
 
     message: Message
+    message_id: str
     client: int
     version: int
     expires: float
     train: bool
     expired: bool = False
+
+
+@dataclass
+class _Queued:
+    """A message waiting for its busy node, and when its TTL runs out."""
+
+    pushed: Pushed
+    expires: float
+
+
+def _kind(msg: Message) -> str:
+    return msg.metadata.message_type.split(".")[0]
 
 
 class FlowerServer(ServerAlgorithm):
@@ -109,20 +128,21 @@ class FlowerServer(ServerAlgorithm):
             set_scenario(ctx.scenario)
         self.version = 0
         self.round = 0
-        self.exchange = Exchange(wake=ctx.wake)
+        self.exchange = Exchange(wake=ctx.wake,
+                                 limit=cfg.payload_bytes(int(ctx.x0.numel()) * 4) - 4096)
         self.available: set[int] = set()
-        self.nodes: list[int] = []
         self.busy: dict[int, int] = {}                     # client -> task id it works on
-        self.waiting: dict[int, deque[Pushed]] = {}        # client -> messages for later
+        self.queued: dict[int, deque[_Queued]] = {}        # client -> messages for later
         self.sent: dict[int, _Sent] = {}                   # task id -> the message
-        #: recent contents: the object, its version, its payload, its bytes' digest
-        self._contents: deque[tuple[RecordDict, int, Model, bytes]] = deque(maxlen=_CONTENTS)
+        #: recent payloads: digest -> (version, wire model)
+        self._payloads: dict[bytes, tuple[int, Model]] = {}
         self._x = ctx.x0.detach().clone()
         self._thread: threading.Thread | None = None
         self._finished = False
         self._error: BaseException | None = None
         self._stopped = False
         self._interval = sys.getswitchinterval()
+        #: replies after their message's TTL
         self.late_replies = 0
 
     # -- the ServerApp's thread -----------------------------------------------------------
@@ -143,13 +163,13 @@ class FlowerServer(ServerAlgorithm):
         TaskIdentity.task_id = 1
         TaskIdentity.node_id = SUPERLINK_NODE_ID
         self.available = set(clients)
-        self.nodes = sorted(clients)
+        self.exchange.set_nodes(node_of(c) for c in self.available)
         app = load(self.cfg.server_app, ServerApp)
         run = Run.create_empty(run_id)
         run.override_config = UserConfig(self.cfg.run_config)
         context = Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config=UserConfig(),
                           state=RecordDict(), run_config=UserConfig(self.cfg.run_config))
-        grid = FedsimGrid(self.exchange, self.nodes, run)
+        grid = FedsimGrid(self.exchange, run)
         # The ServerApp's Python code and the server's event loop share the GIL:
         # a thread computing keeps it up to the switch interval (5 ms by default)
         # before a due timer's callback can run. 0.5 ms bounds that wait below the
@@ -165,8 +185,15 @@ class FlowerServer(ServerAlgorithm):
     def timer(self, now: float) -> Step:
         step = Step()
         for p in self.exchange.drain():
-            self._route(p, now, step)
-        self._expire(now, step)
+            try:
+                self._route(p, now, step)
+            except Exception as exc:
+                log.error("a Flower message could not be sent: %s: %s", type(exc).__name__, exc)
+                self.exchange.deliver(error_reply(
+                    p.message, ErrorCode.UNKNOWN,
+                    f"fedsim could not send the message: {type(exc).__name__}: {exc}"[:300],
+                    p.message_id))
+        self._expire(now)
         if self._finished and not self._stopped:
             self._stopped = True
             step.rounds_closed += 1 if self.round else 0     # the app's last round
@@ -177,83 +204,89 @@ class FlowerServer(ServerAlgorithm):
 
     def next_timer(self) -> float | None:
         times = [s.expires for s in self.sent.values() if not s.expired]
+        lapse = self.exchange.next_lapse()
+        if lapse is not None:
+            times.append(lapse)
+        times += [q.expires for queue in self.queued.values() for q in queue]
         deadline = self.exchange.next_deadline()
         if deadline is not None:
             times.append(deadline)
         return min(times) if times else None
 
     def _route(self, p: Pushed, now: float, step: Step) -> None:
-        dst = p.message.metadata.dst_node_id
-        if dst not in self.available:
-            self.exchange.deliver(node_unavailable(p.message))
+        client = client_of(p.message.metadata.dst_node_id)
+        if client is None or client not in self.available:
+            self.exchange.deliver(node_unavailable(p.message, p.message_id))
             return
-        if dst in self.busy:
-            self.waiting.setdefault(dst, deque()).append(p)
+        if client in self.busy:
+            self.queued.setdefault(client, deque()).append(
+                _Queued(p, now + p.message.metadata.ttl))
             return
-        self._send(p, now, step)
+        self._send(p, client, now, now + p.message.metadata.ttl, step)
 
-    def _send(self, p: Pushed, now: float, step: Step) -> None:
+    def _send(self, p: Pushed, client: int, now: float, expires: float, step: Step) -> None:
         msg = p.message
-        round_ = self.round
-        version, model = self._payload(msg)
-        if self.round > round_ > 0:   # a new train content: the app's previous round is over
-            step.rounds_closed += 1
+        version, model = self._payload(p)
         tasks = self.ctx.tasks
         task_id, tasks.next_id = tasks.next_id, tasks.next_id + 1
-        client = msg.metadata.dst_node_id
-        train = msg.metadata.message_type.split(".")[0] == "train"
-        self.sent[task_id] = _Sent(msg, client, version, now + msg.metadata.ttl, train)
+        self.sent[task_id] = _Sent(msg, p.message_id, client, version, expires,
+                                   _kind(msg) == "train")
         self.busy[client] = task_id
         self.exchange.sent(p.batch, now)
         step.tasks.append(Task(client=client, task_id=task_id, version=version,
-                               round=self.round, work=None, model=model, tag=header(msg)))
+                               round=self.round, work=None, model=model,
+                               tag=header(msg, p.message_id)))
 
-    def _payload(self, msg: Message) -> tuple[int, Model]:
-        """The payload version of ``msg``'s content: a recent one's when the content is
-        the same object or serializes to the same bytes, else a new one."""
-        content = msg.content
-        for held, version, model, _ in self._contents:
-            if held is content:
-                return version, model
-        data = content_bytes(content)
-        digest = hashlib.blake2b(data, digest_size=16).digest()
-        for _, version, model, seen in self._contents:
-            if seen == digest:
-                self._contents.append((content, version, model, digest))
-                return version, model
+    def _payload(self, p: Pushed) -> tuple[int, Model]:
+        """The payload version of a pushed content: a recent one's for the same
+        bytes, else a new one (a new train content opens a round)."""
+        held = self._payloads.get(p.digest)
+        if held is not None:
+            return held
         self.version += 1
-        model = to_model(data)
-        self._contents.append((content, self.version, model, digest))
-        if msg.metadata.message_type.split(".")[0] == "train":
+        held = self._payloads[p.digest] = (self.version, to_model(p.data))
+        while len(self._payloads) > _CONTENTS:
+            del self._payloads[next(iter(self._payloads))]
+        if _kind(p.message) == "train":
             self.round += 1
-        self._take_model(content)
-        return self.version, model
+        self._take_model(p.message.content)
+        return held
 
     def _take_model(self, content: RecordDict) -> None:
         """The global model fedsim evaluates: the content's first ArrayRecord, when it
-        is the scenario model's size."""
+        is the scenario model's size and numeric."""
         arrays = next((r for r in content.values() if isinstance(r, ArrayRecord)), None)
         if arrays is None:
             return
-        parts = [np.asarray(a, dtype=np.float32).reshape(-1)
-                 for a in arrays.to_numpy_ndarrays()]
-        n = sum(p.size for p in parts)
-        if n == self._x.numel():
-            self._x = torch.from_numpy(np.concatenate(parts)) if parts else self._x
+        try:
+            parts = [np.asarray(a, dtype=np.float32).reshape(-1)
+                     for a in arrays.to_numpy_ndarrays()]
+        except (TypeError, ValueError):
+            return
+        if parts and sum(p.size for p in parts) == self._x.numel():
+            self._x = torch.from_numpy(np.concatenate(parts))
 
-    def _expire(self, now: float, step: Step) -> None:
+    def _expire(self, now: float) -> None:
         for s in self.sent.values():
             if not s.expired and s.expires <= now:
                 s.expired = True
-                self.exchange.deliver(reply_unavailable(s.message))
+                self.exchange.deliver(reply_unavailable(s.message, s.message_id))
+        for queue in self.queued.values():
+            while queue and queue[0].expires <= now:
+                q = queue.popleft().pushed
+                self.exchange.deliver(reply_unavailable(q.message, q.message_id))
         self.exchange.expire(now)
 
     def _free(self, client: int, now: float, step: Step) -> None:
         """``client`` answered (or its work ended): send its next waiting message."""
         self.busy.pop(client, None)
-        queue = self.waiting.get(client)
+        queue = self.queued.get(client)
         while queue and client not in self.busy:
-            self._send(queue.popleft(), now, step)
+            q = queue.popleft()
+            if q.expires <= now:
+                self.exchange.deliver(reply_unavailable(q.pushed.message, q.pushed.message_id))
+                continue
+            self._send(q.pushed, client, now, q.expires, step)
 
     def update(self, upload: Update, now: float) -> Step:
         step = Step()
@@ -263,25 +296,32 @@ class FlowerServer(ServerAlgorithm):
             return step
         self._free(s.client, now, step)
         try:
-            reply = reply_of(to_bytes(upload.model))
-            if reply.metadata.reply_to_message_id != s.message.metadata.message_id:
+            theirs = reply_of(to_bytes(upload.model))
+            if theirs.metadata.reply_to_message_id != s.message_id:
                 raise ValueError("it answers another message")
+            # the reply's metadata is the server's: only its content or error is the client's
+            reply = answer(s.message, s.message_id,
+                           theirs.error if theirs.has_error() else theirs.content)
         except Exception as exc:
             if not s.expired:
                 self.exchange.deliver(error_reply(
                     s.message, ErrorCode.UNKNOWN,
-                    f"fedsim refused the reply of node {s.client}: {exc}"[:300]))
+                    f"fedsim refused the reply of node {node_of(s.client)}: {exc}"[:300],
+                    s.message_id))
             step.discarded.append(Discarded(upload.client, f"malformed Flower reply: {exc}"[:200]))
             return step
         if s.expired:
             self.late_replies += 1
             step.discarded.append(Discarded(upload.client, "reply after its message's TTL"))
             return step
-        if reply.has_content():
+        if s.train and reply.has_content():
             for record in reply.content.values():
                 if isinstance(record, MetricRecord) and "num-examples" in record:
                     record["num-examples"] = upload.num_samples
-        self.exchange.deliver(reply)
+        if not self.exchange.deliver(reply, (s.expires, reply_unavailable(s.message,
+                                                                           s.message_id))):
+            step.discarded.append(Discarded(upload.client, "a second reply to its message"))
+            return step
         if s.train and not reply.has_error():
             step.applied.append(Applied(version=self.version, clients=(upload.client,),
                                         staleness=(self.version - s.version,),
@@ -293,27 +333,32 @@ class FlowerServer(ServerAlgorithm):
         task_id = self.busy.pop(client, None)
         s = self.sent.pop(task_id, None) if task_id is not None else None
         if s is not None and not s.expired:
-            self.exchange.deliver(node_unavailable(s.message))
+            self.exchange.deliver(node_unavailable(s.message, s.message_id))
 
     def rejoin(self, client: int, now: float, reset: bool) -> Step:
         step = Step()
         self._abandon(client)
         self.available.add(client)
+        self.exchange.set_nodes(node_of(c) for c in self.available)
         self._free(client, now, step)
         return step
 
     def lost(self, client: int, now: float) -> Step:
         self._abandon(client)
         self.available.discard(client)
-        for p in self.waiting.pop(client, deque()):
-            self.exchange.deliver(node_unavailable(p.message))
+        self.exchange.set_nodes(node_of(c) for c in self.available)
+        for q in self.queued.pop(client, deque()):
+            self.exchange.deliver(node_unavailable(q.pushed.message, q.pushed.message_id))
         return Step()
+
+    def least_steps(self, task_steps: int, upload_round: int) -> int:
+        return 0      # a ClientApp's work is known only when it is done
 
     def in_flight(self) -> int:
         return len(self.busy)
 
     def waiting(self) -> bool:
-        return not self._finished
+        return not self._stopped
 
     def model(self) -> torch.Tensor:
         return self._x
