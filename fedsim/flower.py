@@ -60,7 +60,7 @@ _data: dict[int, Any] = {}
 
 
 def _built(sc: Any) -> Any:
-    from fedsim.data import build_data  # lazy: torch and the datasets only when asked
+    from fedsim.actors.setup import build_data  # lazy: torch and the datasets only when asked
 
     key = id(sc)
     if key not in _data:

@@ -174,8 +174,9 @@ class ClientActor:
     """
 
     __slots__ = ("_back", "_down", "_rngs", "_task", "_waiter", "availability", "away",
-                 "away_since", "cid", "generation", "held", "host", "inbox", "num_samples",
-                 "overruns", "rejected", "runs", "stopped", "suspension", "time_away")
+                 "away_since", "cid", "generation", "held", "host", "inbox", "last_budget",
+                 "num_samples", "overruns", "rejected", "runs", "stopped", "suspension",
+                 "time_away")
 
     def __init__(self, cid: int, host: HostServices, num_samples: int) -> None:
         self.cid = cid

@@ -200,10 +200,22 @@ async def serve(sc: Scenario, run_dir: Path, dilation: float, data: dict[str, An
     del model
     evaluator = WorkerHandle(zmq_ctx, ipc_address(run_id, "eval"), scenario_file, "evaluator",
                              zygote=None if zygote is None else zygote.name)
-    server = Server(sc, run_dir, endpoint=endpoint, evaluator=evaluator,
-                    dilation=dilation, fedsim_version=fedsim_version(),
-                    scenario_hash=scenario_hash(data), model_x0=x0, model_spec=spec,
-                    partition=partition, allowed=allowed, resume=ckpt)
+    try:
+        server = Server(sc, run_dir, endpoint=endpoint, evaluator=evaluator,
+                        dilation=dilation, fedsim_version=fedsim_version(),
+                        scenario_hash=scenario_hash(data), model_x0=x0, model_spec=spec,
+                        partition=partition, allowed=allowed, resume=ckpt)
+    except BaseException:  # the algorithm cannot be built (a missing extra, a plug-in's
+        # error): the hosts started for the run go, and its sockets close
+        for p in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            await p.wait()
+        with contextlib.suppress(Exception):
+            await evaluator.close()
+        endpoint.close()
+        zmq_ctx.close(linger_ms=0)
+        raise
     server.on_progress = on_progress
 
     async def watch(name: str, proc: HostProcess) -> None:

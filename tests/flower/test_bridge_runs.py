@@ -26,7 +26,7 @@ BASE = """\
 name = "{name}"
 seed = 3
 [data]
-dataset = "synthetic"
+dataset = "digits"
 num_clients = 4
 partition = "iid"
 [model]
@@ -71,7 +71,7 @@ local_steps = 5
 """
 
 
-def _scenario(tmp: Path, name: str, algorithm: str, *, delay: float = 0.0,
+def _scenario(tmp: Path, name: str, algorithm: str, *, delay: float = 0.05,
               step: float = 0.01, rounds: int = 3) -> Path:
     body = BASE.format(name=name, delay=delay, step=step,
                        rounds=f"max_rounds = {rounds}" if "fedavg" in algorithm else "")
@@ -94,6 +94,7 @@ def test_flowers_fedavg_equals_fedsims_fedavg(tmp_path: Path) -> None:
     assert fs["stop_reason"] == "server_app_finished"
     assert fs["fidelity"]["verdict"] == "pass", fs["fidelity"]["reasons"]
     assert fs["updates"] == ns["updates"] == 12
+    assert fs["rounds"] == ns["rounds"] == 3
     assert math.isclose(fs["final_loss"], ns["final_loss"], rel_tol=1e-4)
     assert np.all(np.isfinite(np.load(final)))
     for f in ("events.jsonl", "metrics.csv", "summary.json", "timeline.png"):
@@ -149,7 +150,7 @@ def test_the_same_app_gives_the_same_model_as_flowers_own_simulation(
     from flwr.simulation import run_simulation
 
     final_fedsim, final_flower = tmp_path / "fedsim.npy", tmp_path / "flower.npy"
-    path = _scenario(tmp_path, "zero", FLOWER.format(rounds=3, final=final_fedsim))
+    path = _scenario(tmp_path, "zero", FLOWER.format(rounds=3, final=final_fedsim), delay=0.0)
     api.run(path, out=tmp_path / "run", plots=False)
     monkeypatch.setenv("PARITY_SCENARIO", str(path))
     monkeypatch.setenv("PARITY_FINAL", str(final_flower))

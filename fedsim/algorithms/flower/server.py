@@ -226,7 +226,10 @@ class FlowerServer(ServerAlgorithm):
 
     def _send(self, p: Pushed, client: int, now: float, expires: float, step: Step) -> None:
         msg = p.message
+        round_ = self.round
         version, model = self._payload(p)
+        if self.round > round_ > 0:   # a new train content: the app's previous round is over
+            step.rounds_closed += 1
         tasks = self.ctx.tasks
         task_id, tasks.next_id = tasks.next_id, tasks.next_id + 1
         self.sent[task_id] = _Sent(msg, p.message_id, client, version, expires,
