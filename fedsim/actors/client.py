@@ -447,7 +447,7 @@ class ClientActor:
         susp = None
         expected = host.expected_steps(task, self.num_samples)
         if self.suspension is not None:
-            # a run of unknown length (a Flower app's handler) is expected to take
+            # a run of unknown length (its client's own code) is expected to take
             # what the client's previous one did
             t_run = (self.device.compute_time(expected, self.device_rng, run_index)
                      if expected is not None else self.last_budget)
@@ -528,7 +528,7 @@ class ClientActor:
         the fidelity accounting of the real one; (when it came back, the budget)."""
         host = self.host
         done = host.clock.now()
-        if reply.cpu_s is not None:   # charged by CPU time (a Flower app's handlers)
+        if reply.cpu_s is not None:   # charged by the CPU time of the client's own code
             budget = reply.cpu_s * self._cpu_speed()
         else:
             budget = self.device.compute_time(reply.steps, self.device_rng, run_index) \

@@ -62,7 +62,7 @@ class Downlinks:
         self.local = local
         self.partition = partition
         self.task_spec = task_spec
-        #: whether a task's steps follow from [client] (no: a Flower app's clients)
+        #: whether a task's steps follow from [client] (no: clients with their own code)
         self.steps_known = steps_known
         self.real_clock = real_clock
         #: told of a client whose host cannot be reached (the server lets it go)
@@ -111,7 +111,7 @@ class Downlinks:
                   "round": task.round}
         # the steps its client takes (as the client host counts them): its budget
         # on the client's partition; 0 where the algorithm's clients train with
-        # code of their own (a Flower app's), whose steps are known only afterwards
+        # code of their own, whose steps are known only afterwards
         steps = (self.local.with_work(task.work).num_steps(self.partition[cid])
                  if self.steps_known else 0)
         egress = self.links.egress

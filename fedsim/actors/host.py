@@ -241,8 +241,8 @@ class ClientHost:
 
     def expected_steps(self, task: Task, num_samples: int) -> int | None:
         """Local steps ``task`` will take on ``num_samples`` samples (its own budget first);
-        None when the algorithm's clients train with code of their own (a Flower
-        app's), whose work is known only when it is done."""
+        None when the algorithm's clients train with code of their own, whose
+        work is known only when it is done."""
         if task.work is None and self.sc.algorithm.client_table() is not None:
             return None
         local = self.local
@@ -552,7 +552,7 @@ class ClientHost:
         self.monitor = FidelityMonitor(dilation=start.dilation)
         self.server_id = start.server
         self.model_spec = start.spec
-        # a Flower app's tasks are byte payloads of any length up to a limit
+        # byte payloads of any length up to a limit, or model copies
         self.task_spec = (BytesUpTo(start.payload_bytes) if start.payload_bytes
                           else start.spec.repeated(start.task_copies))
         if self.sc.deploy.max_message_mb is None:

@@ -41,8 +41,8 @@ from netem.clock import Clock
 __all__ = ["STOP_REASONS", "Evaluator", "Progress", "RunState"]
 
 #: Reasons a run ends normally.
-#: the ends of a run that completed it (``server_app_finished``: a Flower app's
-#: ServerApp returned)
+#: the ends of a run that completed it (``server_app_finished``: the algorithm's
+#: own end, ``Step.stop``)
 STOP_REASONS = ("time_budget", "max_updates", "max_rounds", "target_accuracy",
                 "server_app_finished")
 #: Real seconds between rewrites of summary.json after evaluations while a run

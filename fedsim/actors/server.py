@@ -136,7 +136,7 @@ class Server:
         self.use_timerfd = use_timerfd
         self.alg = sc.algorithm.spec
         self.model_spec = model_spec
-        #: 0, or the most bytes of a task's or update's byte payload (a Flower app's)
+        #: 0, or the most bytes of a task's or update's byte payload
         self.payload_bytes = (self.alg.payload_bytes(sc.algorithm, model_spec)
                               if self.alg.payload_bytes is not None else 0)
         if self.payload_bytes:
@@ -147,7 +147,7 @@ class Server:
             self.update_spec = model_spec.repeated(self.alg.update_copies)
         #: numbers the algorithm's tasks and wraps their payloads in the task's layout
         self.make_task = TaskMaker(None if self.payload_bytes else self.task_spec)
-        #: lets the algorithm's other thread (a Flower ServerApp's) wake this loop
+        #: lets the algorithm's other thread wake this loop
         self.waker = Waker()
         ctx = ServerContext(x0=model_x0, num_clients=sc.data.num_clients, seed=sc.seed,
                             local=local_config(sc), tasks=self.make_task, wake=self.waker,

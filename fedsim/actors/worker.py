@@ -263,7 +263,7 @@ class Worker:
         if out.upload is not None:
             # a run whose model went to NaN or an infinity is that client's failed
             # run (counted with its cause), not a message the server would refuse
-            if out.upload.dtype == torch.uint8:   # a byte payload (a Flower reply)
+            if out.upload.dtype == torch.uint8:   # a byte payload, not a model
                 model = flat_model(out.upload)
             else:
                 check_finite(out.upload, f"trained model of client {c}")
