@@ -31,7 +31,6 @@ from fedsim.algorithms import (
     fedbuff,
     fedopt,
     fedspeed,
-    flower,
     scaffold,
 )
 from fedsim.algorithms._kernels import (
@@ -50,6 +49,7 @@ from fedsim.algorithms.api import (
     algorithm_names,
     get,
     register,
+    register_elsewhere,
 )
 from fedsim.algorithms.base import (
     LocalRunFailed,
@@ -68,7 +68,9 @@ from fedsim.algorithms.scheduling import (
 )
 
 #: The built-in homes; importing each registers its algorithm.
-BUILTIN = (fedavg, fedasync, asyncfeded, fedbuff, fedspeed, scaffold, dga, fedopt, flower)
+BUILTIN = (fedavg, fedasync, asyncfeded, fedbuff, fedspeed, scaffold, dga, fedopt)
+# a Flower app (fedsim.flower): a built-in whose home is outside this sans-I/O package
+register_elsewhere("flower", "fedsim.flower.spec:SPEC")
 
 __all__ = [
     "BUILTIN",

@@ -38,6 +38,7 @@ Rules
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ __all__ = [
     "algorithm_names",
     "get",
     "register",
+    "register_elsewhere",
 ]
 
 Number = float | int | bool | None
@@ -478,6 +480,10 @@ class AlgorithmSpec:
 
 
 _REGISTRY: dict[str, AlgorithmSpec] = {}
+#: built-in names whose home lives outside this package, as ``module:attribute``
+#: references to their spec, imported on first use (a Flower app's: its server
+#: side runs a thread, which this sans-I/O package does not allow)
+_ELSEWHERE: dict[str, str] = {}
 
 
 def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
@@ -495,8 +501,18 @@ def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
     return spec
 
 
+def register_elsewhere(name: str, reference: str) -> None:
+    """Make ``name`` a built-in whose spec is ``reference`` (``module:attribute``),
+    imported, and so registered, the first time :func:`get` is asked for it."""
+    _ELSEWHERE[name] = reference
+
+
 def get(name: str) -> AlgorithmSpec:
     """The spec registered under ``name`` (a plug-in's: ``config.spec``)."""
+    if name not in _REGISTRY and name in _ELSEWHERE:
+        module, _, attr = _ELSEWHERE[name].partition(":")
+        spec = getattr(importlib.import_module(module), attr)
+        _REGISTRY.setdefault(name, spec)
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -506,5 +522,5 @@ def get(name: str) -> AlgorithmSpec:
 
 
 def algorithm_names() -> tuple[str, ...]:
-    """Every registered name, in registration order."""
-    return tuple(_REGISTRY)
+    """Every registered name, in registration order (then those imported on first use)."""
+    return (*_REGISTRY, *(n for n in _ELSEWHERE if n not in _REGISTRY))

@@ -270,7 +270,7 @@ class Task(Record):
     charged for the full task (:func:`fedsim.wire.codec.model_cost`).
     ``tag`` is the algorithm's own words about this one task, beside the
     payload its version shares (a Flower message's metadata:
-    :mod:`fedsim.algorithms.flower.content`); empty for fedsim's own algorithms.
+    :mod:`fedsim.flower.content`); empty for fedsim's own algorithms.
     """
 
     client: int
@@ -475,7 +475,7 @@ class Start(Record):
     #: checkpoint time, or the server's time when a host joins a running federation
     t0: float = 0.0
     #: 0: a task's and an update's model are copies of ``spec``; N > 0: each is one
-    #: uint8 buffer of at most N bytes (a Flower message: :mod:`fedsim.algorithms.flower`)
+    #: uint8 buffer of at most N bytes (a Flower message: :mod:`fedsim.flower`)
     payload_bytes: int = 0
 
     def _validate(self) -> None:

@@ -344,7 +344,7 @@ class BytesUpTo(TensorSpec):
 
     A Flower message's size varies from message to message (a train
     instruction carries the model, an evaluation reply a few metrics), so a
-    run of a Flower app (:mod:`fedsim.algorithms.flower`) expects its tasks and updates
+    run of a Flower app (:mod:`fedsim.flower`) expects its tasks and updates
     to be this: a receiver accepts ``[("uint8", (n,))]`` for any
     ``0 <= n <= limit`` and refuses anything else before reading buffers;
     :attr:`nbytes` is the limit (what :func:`fedsim.wire.codec.max_message_bytes`

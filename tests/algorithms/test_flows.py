@@ -47,10 +47,12 @@ def test_every_builtin_algorithm_is_registered_with_its_config():
     names = set(algorithm_names())
     assert {"fedavg", "fedprox", "fedasync", "asyncfeded", "fedbuff", "fedspeed", "scaffold",
             "dga"} <= names
+    assert "flower" in names           # a built-in whose home is fedsim.flower
+    required = {"flower": {"server_app": "app:server_app", "client_app": "app:client_app"}}
     for name in names:
         spec = get(name)
         assert name in spec.names
-        cfg = spec.config.model_validate({"name": name})
+        cfg = spec.config.model_validate({"name": name, **required.get(name, {})})
         assert cfg.name == name
 
 

@@ -17,8 +17,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from fedsim.algorithms.flower import running
-from fedsim.flower import partition
+from fedsim.flower import partition, running
 
 client_app = ClientApp()
 #: outside fedsim (Flower's own simulation passes no run config): the run config and
@@ -40,7 +39,7 @@ def _model(context: Context) -> torch.nn.Module:
     if sc is None:
         sc, data = scenario_data(str(_cfg(context)["fedsim-scenario"]))
     else:
-        from fedsim.flower import _built
+        from fedsim.flower.data import _built
 
         _, data = _built(sc)
     return build_model(sc, tuple(data.input_shape), int(data.num_classes))

@@ -16,10 +16,10 @@ pytestmark = pytest.mark.flower
 from flwr.common.constant import ErrorCode  # noqa: E402
 
 from fedsim.algorithms.api import ClientContext, ServerContext, Waker  # noqa: E402
-from fedsim.algorithms.flower import FlowerConfig  # noqa: E402
-from fedsim.algorithms.flower.client import FlowerClient  # noqa: E402
-from fedsim.algorithms.flower.server import FlowerServer  # noqa: E402
 from fedsim.algorithms.local import LocalConfig  # noqa: E402
+from fedsim.flower.client import FlowerClient  # noqa: E402
+from fedsim.flower.config import FlowerConfig  # noqa: E402
+from fedsim.flower.server import FlowerServer  # noqa: E402
 from fedsim.wire.messages import Update  # noqa: E402
 
 

@@ -18,7 +18,7 @@ pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
 from fedsim import api  # noqa: E402
-from fedsim.algorithms.flower.config import FlowerMissing  # noqa: E402
+from fedsim.flower.config import FlowerMissing  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -124,7 +124,7 @@ def test_without_flower_a_flower_scenario_names_the_extra(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from fedsim.algorithms.flower import config
+    from fedsim.flower import config
 
     path = _scenario(tmp_path, "nofl", FLOWER.format(rounds=1, final=tmp_path / "f.npy"))
     sc = api.load(path)                         # reading the scenario needs no Flower

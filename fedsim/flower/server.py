@@ -64,10 +64,10 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim.algorithms.api import Applied, Discarded, ServerAlgorithm, ServerContext, Step
-from fedsim.algorithms.flower.apps import load
-from fedsim.algorithms.flower.config import FlowerConfig
-from fedsim.algorithms.flower.content import header, reply_of, to_bytes, to_model
-from fedsim.algorithms.flower.grid import (
+from fedsim.flower.apps import load
+from fedsim.flower.config import FlowerConfig
+from fedsim.flower.content import header, reply_of, to_bytes, to_model
+from fedsim.flower.grid import (
     Exchange,
     FedsimGrid,
     Pushed,
@@ -78,7 +78,7 @@ from fedsim.algorithms.flower.grid import (
     node_unavailable,
     reply_unavailable,
 )
-from fedsim.algorithms.flower.running import set_scenario
+from fedsim.flower.running import set_scenario
 from fedsim.wire.messages import Task, Update
 from fedsim.wire.tensors import Model
 

@@ -8,7 +8,7 @@ public :class:`flwr.serverapp.Grid`. The grid never touches a socket or a
 clock: it serializes each pushed message's content (in the app's thread, at
 the moment of the push: a strategy may change its records afterwards) and
 hands it to an :class:`Exchange`, then waits on it; the server's event loop
-(:class:`fedsim.algorithms.flower.server.FlowerServer`, an ordinary
+(:class:`fedsim.flower.server.FlowerServer`, an ordinary
 sans-I/O :class:`~fedsim.algorithms.api.ServerAlgorithm`) takes the messages
 out, sends each as a task over the emulated network, and puts the replies
 back as they arrive. So every wait of the strategy is a wait in emulated
@@ -45,7 +45,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
-from fedsim.algorithms.flower.content import content_bytes
+from fedsim.flower.content import content_bytes
 
 __all__ = ["NODE_BASE", "Exchange", "FedsimGrid", "Pushed", "answer", "client_of", "error_reply",
            "node_of", "node_unavailable", "reply_unavailable"]

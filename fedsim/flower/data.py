@@ -28,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsim.algorithms.flower import running
+from fedsim.flower.running import current
 from fedsim.scenario import load
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def _built(sc: Any) -> Any:
 
 
 def _scenario_and_data(context: Any, scenario: str | Path | None) -> Any:
-    sc = running.scenario()
+    sc = scenario()
     if sc is not None:
         return _built(sc)
     path = context.run_config.get(SCENARIO_KEY) or scenario
@@ -92,7 +92,7 @@ def partition(context: Any, scenario: str | Path | None = None,
     import torch  # lazy: fedsim's client hosts import fedsim without torch
 
     pid, n = _ids(context)
-    now = running.current()
+    now = current()
     if now is not None and now[0] == pid:
         return now[1], now[2]
     sc, data = _scenario_and_data(context, scenario)

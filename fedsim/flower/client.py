@@ -38,10 +38,10 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # type: ign
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim.algorithms.api import ClientAlgorithm, ClientContext, Outcome
-from fedsim.algorithms.flower.apps import load
-from fedsim.algorithms.flower.config import FlowerConfig
-from fedsim.algorithms.flower.content import message_at_client, reply_bytes, to_bytes
-from fedsim.algorithms.flower.running import serving, set_scenario
+from fedsim.flower.apps import load
+from fedsim.flower.config import FlowerConfig
+from fedsim.flower.content import message_at_client, reply_bytes, to_bytes
+from fedsim.flower.running import serving, set_scenario
 from fedsim.wire.messages import Task
 
 __all__ = ["FlowerClient"]
