@@ -34,7 +34,7 @@ from flwr.app.user_config import UserConfig
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
-from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # type: ignore[attr-defined]
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsim.algorithms.api import ClientAlgorithm, ClientContext, Outcome
@@ -120,9 +120,10 @@ class FlowerClient(ClientAlgorithm):
                               "error": reply.has_error()})
 
     def state_dict(self) -> dict[str, Any]:
-        return {c: bytes(recorddict_to_proto(s).SerializeToString())
-                for c, s in self.states.items()}
+        """Each client's Context.state, as Flower serializes a RecordDict."""
+        return {"context_state": {c: bytes(recorddict_to_proto(s).SerializeToString())
+                                  for c, s in sorted(self.states.items())}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.states = {int(c): recorddict_from_proto(ProtoRecordDict.FromString(bytes(b)))
-                       for c, b in state.items()}
+                       for c, b in state["context_state"].items()}

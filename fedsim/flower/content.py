@@ -25,14 +25,15 @@ import math
 
 import numpy as np
 from flwr.app import Message, Metadata, RecordDict
+from flwr.app.message import make_message
 from flwr.common.serde import (
     message_from_proto,
     message_to_proto,
     recorddict_from_proto,
     recorddict_to_proto,
 )
-from flwr.proto.message_pb2 import Message as ProtoMessage  # type: ignore[attr-defined]
-from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # type: ignore[attr-defined]
+from flwr.proto.message_pb2 import Message as ProtoMessage
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from fedsim.wire.tensors import Model, TensorSpec
 
@@ -66,7 +67,7 @@ def to_model(data: bytes) -> Model:
 
 def to_bytes(model: Model) -> memoryview:
     """A received model's bytes (no copy)."""
-    return memoryview(model.flat()).cast("B")
+    return model.flat().data
 
 
 def header(msg: Message, message_id: str) -> str:
@@ -88,8 +89,9 @@ def message_at_client(tag: str, content: bytes | memoryview, node_id: int) -> Me
         raise ValueError("the task's tag is not a Flower message header") from None
     if not isinstance(h, dict):
         raise ValueError("the task's tag is not a Flower message header")
-    want = {"id": str, "type": str, "group": str, "ttl": (int, float),
-            "created": (int, float), "run": int}
+    want: dict[str, type | tuple[type, ...]] = {
+        "id": str, "type": str, "group": str, "ttl": (int, float), "created": (int, float),
+        "run": int}
     for key, kind in want.items():
         if not isinstance(h.get(key), kind) or isinstance(h.get(key), bool):
             raise ValueError(f"the Flower message header's {key!r} is missing or malformed")
@@ -100,4 +102,4 @@ def message_at_client(tag: str, content: bytes | memoryview, node_id: int) -> Me
                         dst_node_id=node_id, reply_to_message_id="", group_id=h["group"],
                         created_at=float(h["created"]), ttl=float(h["ttl"]),
                         message_type=h["type"])
-    return Message(content=records, metadata=metadata)
+    return make_message(metadata=metadata, content=records)

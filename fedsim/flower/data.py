@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedsim.flower import running
 from fedsim.flower.running import current
 from fedsim.scenario import load
 
@@ -70,7 +71,7 @@ def _built(sc: Any) -> Any:
 
 
 def _scenario_and_data(context: Any, scenario: str | Path | None) -> Any:
-    sc = scenario()
+    sc = running.scenario()
     if sc is not None:
         return _built(sc)
     path = context.run_config.get(SCENARIO_KEY) or scenario
