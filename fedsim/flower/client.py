@@ -48,6 +48,16 @@ __all__ = ["FlowerClient"]
 
 log = logging.getLogger(__name__)
 
+def _warm_torch_optim() -> None:
+    """Take one torch.optim step on a throw-away parameter: its first step imports
+    torch._dynamo (0.7 s here), which a ClientApp's first call would otherwise pay
+    inside its compute budget (fedsim's own clients step without torch.optim)."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    p.grad = torch.ones(1)
+    opt.step()
+
+
 class FlowerClient(ClientAlgorithm):
     """A Flower ClientApp run for fedsim's clients (see the module docstring)."""
 
@@ -59,7 +69,10 @@ class FlowerClient(ClientAlgorithm):
             sum(int(p.numel()) * 4 for p in ctx.model.parameters() if p.requires_grad)) - 4096
         if ctx.scenario is not None:
             set_scenario(ctx.scenario)
-        self._app: ClientApp | None = None
+        # imported now, while the trainer starts: a first call that imported it
+        # (torch, Flower, the app's own module) would overrun its compute budget
+        self._app: ClientApp | None = load(cfg.client_app, ClientApp)
+        _warm_torch_optim()
         #: Context.state per client
         self.states: dict[int, RecordDict] = {}
 

@@ -142,6 +142,8 @@ class FlowerServer(ServerAlgorithm):
         self._error: BaseException | None = None
         self._stopped = False
         self._interval = sys.getswitchinterval()
+        #: imported before the clock starts (its module may import torch and data)
+        self._app = load(cfg.server_app, ServerApp)
         #: replies after their message's TTL
         self.late_replies = 0
 
@@ -164,7 +166,7 @@ class FlowerServer(ServerAlgorithm):
         TaskIdentity.node_id = SUPERLINK_NODE_ID
         self.available = set(clients)
         self.exchange.set_nodes(node_of(c) for c in self.available)
-        app = load(self.cfg.server_app, ServerApp)
+        app = self._app
         run = Run.create_empty(run_id)
         run.override_config = UserConfig(self.cfg.run_config)
         context = Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config=UserConfig(),
