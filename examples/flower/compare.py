@@ -48,7 +48,7 @@ def main() -> int:
     ax.set_ylabel("test accuracy")
     ax.set_title("The same Flower app (FedAvg, 10 of 20 clients a round, 30 rounds)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

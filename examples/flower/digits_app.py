@@ -59,7 +59,7 @@ def train(net: Net, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float,
             loss = nn.functional.cross_entropy(net(x[idx]), y[idx])
             loss.backward()
             opt.step()
-            total, steps = total + float(loss), steps + 1
+            total, steps = total + loss.item(), steps + 1
     return total / max(steps, 1), steps
 
 
