@@ -167,3 +167,21 @@ def test_the_same_app_gives_the_same_model_as_flowers_own_simulation(
     ours, theirs = np.load(final_fedsim), np.load(final_flower)
     assert ours.shape == theirs.shape
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_suspended_clients_reach_the_strategy_as_flowers_error_replies(tmp_path: Path) -> None:
+    """A client suspended with its message (AsyncFedED's suspension model) comes
+    back having dropped the work: the strategy gets Flower's NODE_UNAVAILABLE
+    for it and goes on with the replies it has."""
+    path = _scenario(tmp_path, "susp", FLOWER.format(rounds=4, final=tmp_path / "f.npy")
+                     + '[availability]\nmodel = "suspension"\np = 0.3\nhang_factor = 3.0\n'
+                       'discard_update = true\n')
+    import parity_app  # noqa: F401 - imported by the run from tmp_path (the same file)
+
+    r = api.run(path, out=tmp_path / "run", plots=False)
+    s = r.summary
+    assert s["stop_reason"] == "server_app_finished"
+    assert s["fidelity"]["verdict"] == "pass", s["fidelity"]["reasons"]
+    assert 0 < s["updates"] < 16                  # some of the 4 x 4 train replies lost
+    suspended = [e for e in r.events() if e["ev"] in ("suspend", "away", "wasted")]
+    assert suspended, sorted({e["ev"] for e in r.events()})
