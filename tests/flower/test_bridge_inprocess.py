@@ -82,6 +82,16 @@ class _Driver:
             self.tasks += step.tasks
         raise AssertionError("the run did not end")
 
+    def final(self, result: dict[str, object]) -> np.ndarray:
+        """Run to the end; the ServerApp's final model (finite, as ``result`` holds it)."""
+        self.run()
+        self.server.close()
+        assert self.stop == "server_app_finished"
+        w = result["arrays"]
+        assert isinstance(w, np.ndarray)
+        assert np.all(np.isfinite(w))
+        return w
+
 
 def test_fedavg_rounds_cross_the_bridge_and_state_persists(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,12 +99,7 @@ def test_fedavg_rounds_cross_the_bridge_and_state_persists(
     import tiny_app
 
     d = _Driver(_cfg(run_config={"num-server-rounds": 3}), [0, 1, 2])
-    d.run()
-    d.server.close()
-    assert d.stop == "server_app_finished"
-    w = tiny_app.RESULT["arrays"]
-    assert w is not None
-    assert np.all(np.isfinite(w))
+    w = d.final(tiny_app.RESULT)
     assert np.linalg.norm(w) > 0.5
     assert len(d.applied) == 9                       # 3 rounds x 3 train replies
     assert {a.staleness for a in d.applied} == {(0,)}
@@ -151,12 +156,7 @@ def test_flowers_strategies_run_over_send_and_receive(
         return real(reply, *more)
 
     d.server.exchange.deliver = spy  # type: ignore[method-assign]
-    d.run()
-    d.server.close()
-    assert d.stop == "server_app_finished"
-    w = tiny_app.RESULT["arrays"]
-    assert w is not None
-    assert np.all(np.isfinite(w))
+    w = d.final(tiny_app.RESULT)
     assert np.any(w != 0)
     assert len(weights) == 10
     assert all(n == 7 + node for node, n in weights)
