@@ -45,6 +45,7 @@ from fedsim.algorithms.dga._client import Step as DGAStep
 from fedsim.algorithms.dga._core import DGAConfig, DGAKeys, DGAProtocolError
 from fedsim.algorithms.dga._reducer import DGAServer
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
+from fedsim.algorithms.optim import SGDMOptions, SGDOptions
 from fedsim.lazy import lazy_module
 from fedsim.wire.messages import Task, Update
 
@@ -80,10 +81,10 @@ def dga_config(cfg: DGAScenarioConfig, local: LocalConfig) -> DGAConfig:
     """The pure DGA config: the table's :class:`DGAKeys`, lr and momentum from the
     client optimizer."""
     opt = local.optimizer
-    if opt.name not in ("sgd", "sgdm"):
+    if not isinstance(opt, SGDOptions | SGDMOptions):
         raise ValueError(f"client.optimizer = {opt.name!r}: DGA runs sgd or sgdm")
     return DGAConfig(**cfg.model_dump(include=set(DGAKeys.model_fields)), lr=opt.lr,
-                     momentum=opt.momentum if opt.name == "sgdm" else 0.0)
+                     momentum=opt.momentum if isinstance(opt, SGDMOptions) else 0.0)
 
 
 class DGAFlow(ServerAlgorithm):
