@@ -1,15 +1,15 @@
-"""fedsim's wire codec, schema version 4: messages to ZeroMQ frames and back.
+"""fedsim's wire codec, schema version 5: messages to ZeroMQ frames and back.
 
 The schema (message classes, :class:`~fedsim.wire.tensors.Model`,
 :class:`~fedsim.wire.tensors.TensorSpec`, :class:`~fedsim.wire.errors.WireError`
 and its reason codes) lives in :mod:`fedsim.wire.messages`; this module turns a
 message into frames and frames into a message. It does not import torch.
 
-Wire format, version 4
+Wire format, version 5
 ----------------------
 ::
 
-    frame 0  envelope  msgpack [4, <kind>, <sent_at: float64>, <seq: uint64>]
+    frame 0  envelope  msgpack [5, <kind>, <sent_at: float64>, <seq: uint64>]
     frame 1  header    msgpack [<field value>, ...]     (declaration order)
     frame 2+ model     one raw buffer per dtype of the model's spec
 
