@@ -172,11 +172,11 @@ class SPSOptions(SPSKeys):
 OptimizerConfig: TypeAlias = (SGDOptions | SGDMOptions | AdamOptions | AdagradOptions
                               | DeltaSGDOptions | SPSOptions)
 
+_MODELS: tuple[type[OptimizerConfig], ...] = (
+    SGDOptions, SGDMOptions, AdamOptions, AdagradOptions, DeltaSGDOptions, SPSOptions)
 #: Each optimizer's config model, by name.
 OPTIMIZER_MODELS: dict[str, type[OptimizerConfig]] = {
-    m.model_fields["name"].default: m
-    for m in (SGDOptions, SGDMOptions, AdamOptions, AdagradOptions, DeltaSGDOptions, SPSOptions)
-}
+    str(m.model_fields["name"].default): m for m in _MODELS}
 OPTIMIZERS: tuple[str, ...] = tuple(OPTIMIZER_MODELS)
 
 
