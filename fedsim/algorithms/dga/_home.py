@@ -59,7 +59,7 @@ __all__ = ["DGAClientWork", "DGAFlow", "DGAScenarioConfig", "dga_config"]
 log = logging.getLogger(__name__)
 
 
-class DGAScenarioConfig(AlgorithmConfig, DGAKeys):
+class DGAScenarioConfig(DGAKeys, AlgorithmConfig):
     """``[algorithm]`` of DGA: clients keep stepping while their round's average travels.
 
     DGA's own keys are :class:`~fedsim.algorithms.dga.DGAKeys` (``delay`` is D
