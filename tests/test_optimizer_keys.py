@@ -16,8 +16,8 @@ import torch
 
 from fedsim.actors.setup import local_config
 from fedsim.algorithms.local import local_train
-from fedsim.scenario import parse, unused_keys
 from fedsim.algorithms.optim import OPTIMIZERS, optimizer_config
+from fedsim.scenario import parse, unused_keys
 from fedsim.scenario.sections import OPTIMIZER_KEYS, OPTIMIZER_OPTIONS, ClientConfig
 
 #: another valid value for every optimizer option (each differs from the default)

@@ -60,8 +60,13 @@ def _reference_trajectory(
     opt: OptimizerConfig, prox_mu: float, steps: int, batch: int = BATCH
 ):
     batches = mirrored_batches(len(XS), batch, steps, SEED)
+    # the reference takes every option; an optimizer's config has only its own
+    def get(key: str, neutral: float) -> float:
+        return float(getattr(opt, key, neutral))
+
     optimizer = ref.make_optimizer(
-        opt.name, opt.lr, opt.momentum, opt.beta1, opt.beta2, opt.eps, opt.weight_decay
+        opt.name, get("lr", 0.0), get("momentum", 0.0), get("beta1", 0.9), get("beta2", 0.999),
+        get("eps", 1e-8), opt.weight_decay
     )
     return batches, ref.local_train(W0, XS, LABELS, 2, batches, optimizer, prox_mu)
 
