@@ -34,12 +34,16 @@ class Clock:
         Real seconds per emulated second (> 0; 1 = real time).
     epoch : float or None
         Real monotonic time of emulated ``0``; ``None`` means "now".
+    real_clock : callable, optional
+        The real clock (default: ``CLOCK_MONOTONIC``); an event loop's
+        ``time`` (a virtual-time loop's in tests), or a process's own clock.
     """
 
-    def __init__(self, dilation: float = 1.0, epoch: float | None = None) -> None:
+    def __init__(self, dilation: float = 1.0, epoch: float | None = None,
+                 real_clock: Callable[[], float] = monotonic) -> None:
         if not dilation > 0:
             raise ValueError(f"Invalid dilation: {dilation} (must be > 0)")
-        self._real_clock: Callable[[], float] = monotonic
+        self._real_clock: Callable[[], float] = real_clock
         self.dilation = float(dilation)
         self.epoch = self._real_clock() if epoch is None else float(epoch)
 

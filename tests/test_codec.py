@@ -902,6 +902,23 @@ def test_max_message_bytes_bounds_every_message_with_the_spec(copies: int) -> No
     assert codec.header_bound(None) == codec.MAX_HEADER_BYTES
 
 
+def test_the_stamped_envelope_is_read_by_its_layout_any_other_by_msgpack() -> None:
+    """stamp()'s envelope (a kind's head, a float64 and a uint64) is read with one
+    struct; the same values in another msgpack encoding are read alike, and the
+    stamped layout with a bad value is refused as msgpack's reading refuses it."""
+    _, frames = _good()
+    meta = decode(frames)[1]
+    env = bytes(frames[0])
+    short = msgpack.packb([messages.SCHEMA_VERSION, meta.kind, meta.sent_at, meta.seq])
+    assert short != env                      # seq 1 as a fixint, not a uint64
+    again = decode([short, *frames[1:]])[1]
+    assert (again.kind, again.sent_at, again.seq) == (meta.kind, meta.sent_at, meta.seq)
+    head = env[:-struct.calcsize(">BdBQ")]
+    for bad in (float("nan"), float("inf")):
+        _check_rejected([head + struct.pack(">BdBQ", 0xCB, bad, 0xCF, 1), *frames[1:]],
+                        "bad_envelope", "sent_at")
+
+
 def test_peek_reads_the_envelope_only() -> None:
     _, frames = _good()
     meta = codec.peek(frames)

@@ -1,4 +1,4 @@
-"""Run the shipped scenarios one after another and print README's results table.
+"""Run the shipped scenarios one after another and print the results table of docs/results.md.
 
 Each scenario runs through ``fedsim run`` exactly as a user would (its own
 processes, real sockets, netem links), one at a time so that no run competes

@@ -545,8 +545,8 @@ class ClientHost:
             self.plan = NetPlan(self.sc, host_step_time=start.host_step_time)
             self.plan.draw_devices()
         # the server's epoch on our clock
-        clock = Clock(dilation=start.dilation, epoch=start.epoch - self.clock_offset)
-        clock._real_clock = self.real_clock
+        clock = Clock(dilation=start.dilation, epoch=start.epoch - self.clock_offset,
+                      real_clock=self.real_clock)
         self.clock = clock
         self.timers = TimerHeap(clock, use_timerfd=self.use_timerfd, spin_max=SPIN_MAX)
         self.monitor = FidelityMonitor(dilation=start.dilation)

@@ -352,9 +352,8 @@ class Server:
             await self.sessions.stop_hosts(self.stop_reason or "completed")
 
     def _clock(self, lead: float) -> Clock:
-        clock = Clock(dilation=self.dilation, epoch=self.real_clock() + lead)
-        clock._real_clock = self.real_clock
-        return clock
+        return Clock(dilation=self.dilation, epoch=self.real_clock() + lead,
+                     real_clock=self.real_clock)
 
     def _new_state(self, clock: Clock) -> RunState:
         return RunState(self.sc, self.run_dir, self.strategy.cadence, clock, self.evaluator,

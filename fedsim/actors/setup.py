@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fedsim.algorithms import LocalConfig, OptimizerConfig
+from fedsim.algorithms import LocalConfig
 from fedsim.data import build_federated, federate
 from fedsim.scenario import Scenario, plugins
 from fedsim.scenario.sections import DATASETS, MODELS
@@ -84,13 +84,6 @@ def local_config(sc: Scenario) -> LocalConfig:
         steps=c.local_steps,
         epochs=c.local_epochs,
         batch_size=c.batch_size,
-        optimizer=OptimizerConfig(
-            name=c.optimizer, lr=c.lr, momentum=c.momentum, beta1=c.beta1,
-            beta2=c.beta2, weight_decay=c.weight_decay,
-            initial_accumulator=c.initial_accumulator, eta0=c.eta0, theta0=c.theta0,
-            gamma=c.gamma, delta=c.delta,
-            eta_max=float("inf") if c.eta_max is None else c.eta_max, first_step=c.first_step,
-            batch_mode=c.batch_mode, sps_c=c.sps_c, f_star=c.f_star, sps_mode=c.sps_mode,
-        ),
+        optimizer=c.optimizer_config(),
         prox_mu=prox,
     )

@@ -60,7 +60,12 @@ from fedsim.algorithms.base import (
 from fedsim.algorithms.fedasync import FedAsync, fedasync_mix, staleness_weight
 from fedsim.algorithms.fedavg import FedAvg, fedavg_aggregate
 from fedsim.algorithms.local import LocalConfig, local_train
-from fedsim.algorithms.optim import OPTIMIZERS, OptimizerConfig, make_optimizer
+from fedsim.algorithms.optim import (
+    OPTIMIZERS,
+    OptimizerConfig,
+    make_optimizer,
+    optimizer_config,
+)
 from fedsim.algorithms.scheduling import (
     AsyncScheduler,
     RoundScheduler,
@@ -100,6 +105,7 @@ __all__ = [
     "local_train",
     "make_optimizer",
     "norm64",
+    "optimizer_config",
     "register",
     "staleness_weight",
     "unflatten",

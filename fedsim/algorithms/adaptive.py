@@ -26,8 +26,9 @@ This module imports torch when it is imported (its classes derive from
 function that builds or inspects an optimizer (:func:`~fedsim.algorithms.optim.make_optimizer`,
 :func:`~fedsim.algorithms.local.local_train`): the client hosts, which parse
 the optimizer's config but never train, stay torch-free
-(docs/architecture.md#processes). The option values and checks that config
-shares with these classes live in :mod:`fedsim.algorithms._optcheck`.
+(docs/architecture.md#processes). The scenario's values are checked before
+they get here, by the optimizers' config models (:mod:`fedsim.algorithms.optim`);
+these classes check their own arguments as ``torch.optim``'s do, for direct use.
 """
 
 from __future__ import annotations
@@ -38,23 +39,51 @@ from typing import Any
 
 import torch
 
-from fedsim.algorithms._optcheck import (
-    BATCH_MODES,
-    FIRST_STEPS,
-    MASK_MODES,
-    SPS_MODES,
-    check_choice,
-    check_count,
-    check_finite,
-    check_nonnegative,
-    check_positive,
-)
 from fedsim.algorithms.base import StepOverflow
 
 __all__ = [
     "SPS", "AdaptiveStepOptimizer", "DeltaSGD", "deltasgd_step_size", "sps_step_size",
     "step_size_stats",
 ]  # fmt: skip
+
+#: Delta-SGD's ``first_step``, ``batch_mode`` and ``mask_mode`` (docs/algorithms.md#delta-sgd).
+FIRST_STEPS = ("paper", "code")
+BATCH_MODES = ("same", "previous")
+MASK_MODES = ("independent", "shared")
+#: SPS's ``mode`` (docs/algorithms.md#sps).
+SPS_MODES = ("constant", "smooth")
+
+
+def check_positive(name: str, value: float, *, allow_inf: bool = False) -> None:
+    """Raise ValueError unless ``value > 0`` (and finite unless ``allow_inf``)."""
+    if not value > 0 or (not allow_inf and math.isinf(value)):
+        rule = "must be > 0; inf allowed" if allow_inf else "must be finite and > 0"
+        raise ValueError(f"Invalid {name}: {value} ({rule})")
+
+
+def check_nonnegative(name: str, value: float) -> None:
+    """Raise ValueError unless ``0 <= value < inf``."""
+    if not 0 <= value < math.inf:
+        raise ValueError(f"Invalid {name}: {value} (must be finite and >= 0)")
+
+
+def check_finite(name: str, value: float) -> None:
+    """Raise ValueError unless ``value`` is a finite number."""
+    if not math.isfinite(value):
+        raise ValueError(f"Invalid {name}: {value} (must be finite)")
+
+
+def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    """Raise ValueError unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"Invalid {name}: {value!r} (allowed: {', '.join(allowed)})")
+
+
+def check_count(name: str, value: int) -> None:
+    """Raise ValueError unless ``value`` is an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"Invalid {name}: {value} (must be an integer >= 1)")
+
 
 SPS_SMOOTH_BASE = 2.0  # the official smooth_iter grows by 2^(1/n_b) per step
 

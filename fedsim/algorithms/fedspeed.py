@@ -55,7 +55,7 @@ from fedsim.algorithms.api import (
 from fedsim.algorithms.fedavg import fedavg_aggregate
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
-from fedsim.algorithms.optim import make_optimizer
+from fedsim.algorithms.optim import fixed_lr, make_optimizer
 from fedsim.lazy import lazy_module
 from fedsim.schema import FiniteNonNeg, FinitePos, Pos, Prob, SchemaModel
 from fedsim.wire.messages import Task, Update
@@ -296,7 +296,7 @@ def fedspeed_local_train(
             f"Invalid prox_mu: {local_cfg.prox_mu} (FedSpeed has its own prox term; "
             "leave LocalConfig.prox_mu = 0 and set FedSpeedConfig.prox_lambda)"
         )
-    lr = local_cfg.optimizer.lr
+    lr = fixed_lr(local_cfg.optimizer)
     if cfg.prox and lr > cfg.prox_lambda:
         raise ValueError(
             f"Invalid lr: {lr} > prox_lambda {cfg.prox_lambda} (the local recursion scales "

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedsim.algorithms._kernels import flatten
 from fedsim.algorithms._sgd import SGD
-from fedsim.algorithms.optim import OptimizerConfig, make_optimizer
+from fedsim.algorithms.optim import OptimizerConfig, SGDOptions, make_optimizer
 from fedsim.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class LocalConfig:
     steps: int | None = None
     epochs: float | None = None
     batch_size: int = 32
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    optimizer: OptimizerConfig = field(default_factory=SGDOptions)
     prox_mu: float = 0.0
 
     def __post_init__(self) -> None:

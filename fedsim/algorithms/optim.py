@@ -13,8 +13,11 @@ Polyak step, docs/algorithms.md#sps) choose their own step size every step;
 they live in :mod:`fedsim.algorithms.adaptive` and ignore ``lr``. Because every
 run builds a fresh optimizer, their step sizes reset every round.
 
-All fields are validated whatever ``name`` is, so a config is valid or not on
-its own; each optimizer reads only its own fields:
+Each optimizer's options are declared once, in its own model below
+(:data:`OPTIMIZER_MODELS`); the scenario's flat ``[client]`` table takes its
+keys from the same declarations (:class:`fedsim.scenario.sections.ClientConfig`),
+and :func:`optimizer_config` builds the chosen one, refusing a key it does not
+read:
 
 ============  =====================================================================
 sgd           lr, weight_decay
@@ -26,114 +29,177 @@ deltasgd      eta0, theta0, gamma, delta, lr_eps, eta_max, first_step, batch_mod
 sps           sps_c, f_star, eps, eta_max, sps_mode, sps_eta0, sps_n_batches,
               weight_decay
 ============  =====================================================================
+
+Delta-SGD's defaults are the paper's experiment settings with the authors'
+code where the docs say so (docs/algorithms.md#delta-sgd): ``eta0 = 0.2``,
+``theta0 = 1``, ``gamma = 2``, ``delta = 0.1``, ``lr_eps = 1e-8``, no cap
+(``eta_max`` unset), first step ``eta0`` (``first_step = "code"``: ``eta0
+sqrt(1 + delta theta0)``), both gradients on the same minibatch,
+independent dropout masks. SPS's are the authors' runs: ``constant`` mode,
+``c = 0.5``, ``f* = 0``, ``eps = 1e-8``, uncapped. Adagrad's are torch's
+(``eps = 1e-10``, accumulator starting at 0), the authors' settings.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
-from fedsim.algorithms._optcheck import (
-    BATCH_MODES,
-    FIRST_STEPS,
-    MASK_MODES,
-    SPS_MODES,
-    check_choice,
-    check_count,
-    check_finite,
-    check_nonnegative,
-    check_positive,
-)
+from pydantic import Field, StrictInt
+
 from fedsim.algorithms._sgd import SGD
 from fedsim.lazy import lazy_module
+from fedsim.schema import FiniteNonNeg, FinitePos, Pos, SchemaModel
 
 if TYPE_CHECKING:
     import torch
 else:
     torch = lazy_module("torch")
 
-__all__ = ["OPTIMIZERS", "OptimizerConfig", "make_optimizer"]
+__all__ = [
+    "OPTIMIZERS", "OPTIMIZER_MODELS", "AdagradKeys", "AdagradOptions", "AdamKeys",
+    "AdamOptions", "DeltaSGDKeys", "DeltaSGDOptions", "OptimizerConfig", "SGDKeys",
+    "SGDMKeys", "SGDMOptions", "SGDOptions", "SPSKeys", "SPSOptions", "fixed_lr",
+    "make_optimizer", "optimizer_config",
+]  # fmt: skip
 
-OPTIMIZERS: tuple[str, ...] = ("sgd", "sgdm", "adam", "adagrad", "deltasgd", "sps")
+# The options two or more optimizers share, each declared here once.
 
 
-@dataclass(frozen=True, slots=True)
-class OptimizerConfig:
-    """A client optimizer and its hyperparameters.
+class _WeightDecay(SchemaModel):
+    #: L2 penalty added to the gradient (every optimizer)
+    weight_decay: FiniteNonNeg = 0.0
 
-    Delta-SGD defaults are the paper's experiment settings with the authors'
-    code where the docs say so (docs/algorithms.md#delta-sgd): ``eta0 = 0.2``,
-    ``theta0 = 1``, ``gamma = 2``, ``delta = 0.1``, ``lr_eps = 1e-8``, no cap
-    (``eta_max = inf``), first step ``eta0`` (``first_step = "code"``: ``eta0
-    sqrt(1 + delta theta0)``), both gradients on the same minibatch,
-    independent dropout masks. SPS defaults are the authors' runs: ``constant``
-    mode, ``c = 0.5``, ``f* = 0``, ``eps = 1e-8``, uncapped. Adagrad defaults
-    are torch's (``eps = 1e-10``, accumulator starting at 0), the authors'
-    settings.
+
+class _Lr(SchemaModel):
+    #: the step size (sgd, sgdm, adam, adagrad; deltasgd and sps choose their own)
+    lr: FinitePos = 0.05
+
+
+class _Eps(SchemaModel):
+    #: Adam's denominator guard; SPS's (adagrad has its own, ``adagrad_eps``)
+    eps: FinitePos = 1e-8
+
+
+class _EtaMax(SchemaModel):
+    #: a cap on Delta-SGD's and SPS's step size (unset: none)
+    eta_max: Pos | None = None
+
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+# Each optimizer's keys (what the scenario's [client] table takes from it) ...
+# pydantic orders a model's fields by its reversed MRO, so the shared bases are
+# listed last first: lr, then weight_decay, then the optimizer's own keys.
+
+
+class SGDKeys(_WeightDecay, _Lr):
+    """Plain SGD's options."""
+
+
+class SGDMKeys(_WeightDecay, _Lr):
+    """Heavy-ball SGD's options."""
+
+    momentum: Beta = 0.9
+
+
+class AdamKeys(_WeightDecay, _Eps, _Lr):
+    """Adam's options (torch's defaults)."""
+
+    beta1: Beta = 0.9
+    beta2: Beta = 0.999
+
+
+class AdagradKeys(_WeightDecay, _Lr):
+    """Adagrad's options (torch's defaults)."""
+
+    initial_accumulator: FiniteNonNeg = 0.0
+    adagrad_eps: FinitePos = 1e-10
+
+
+class DeltaSGDKeys(_WeightDecay, _EtaMax):
+    """Delta-SGD's options (docs/algorithms.md#delta-sgd)."""
+
+    eta0: FinitePos = 0.2
+    theta0: Pos = 1.0
+    gamma: FinitePos = 2.0
+    delta: FiniteNonNeg = 0.1
+    lr_eps: FiniteNonNeg = 1e-8
+    first_step: Literal["paper", "code"] = "paper"
+    batch_mode: Literal["same", "previous"] = "same"
+    mask_mode: Literal["independent", "shared"] = "independent"
+
+
+class SPSKeys(_WeightDecay, _EtaMax, _Eps):
+    """SPS's options (docs/algorithms.md#sps)."""
+
+    sps_c: FinitePos = 0.5
+    f_star: Annotated[float, Field(allow_inf_nan=False)] = 0.0
+    sps_mode: Literal["constant", "smooth"] = "constant"
+    sps_eta0: FinitePos = 1.0
+    sps_n_batches: Annotated[StrictInt, Field(ge=1)] = 500
+
+
+# ... and each optimizer's config: its keys and its name.
+
+
+class SGDOptions(SGDKeys):
+    name: Literal["sgd"] = "sgd"
+
+
+class SGDMOptions(SGDMKeys):
+    name: Literal["sgdm"] = "sgdm"
+
+
+class AdamOptions(AdamKeys):
+    name: Literal["adam"] = "adam"
+
+
+class AdagradOptions(AdagradKeys):
+    name: Literal["adagrad"] = "adagrad"
+
+
+class DeltaSGDOptions(DeltaSGDKeys):
+    name: Literal["deltasgd"] = "deltasgd"
+
+
+class SPSOptions(SPSKeys):
+    name: Literal["sps"] = "sps"
+
+
+#: A client optimizer and its hyperparameters, one of the models above.
+OptimizerConfig: TypeAlias = (SGDOptions | SGDMOptions | AdamOptions | AdagradOptions
+                              | DeltaSGDOptions | SPSOptions)
+
+_MODELS: tuple[type[OptimizerConfig], ...] = (
+    SGDOptions, SGDMOptions, AdamOptions, AdagradOptions, DeltaSGDOptions, SPSOptions)
+#: Each optimizer's config model, by name.
+OPTIMIZER_MODELS: dict[str, type[OptimizerConfig]] = {
+    str(m.model_fields["name"].default): m for m in _MODELS}
+OPTIMIZERS: tuple[str, ...] = tuple(OPTIMIZER_MODELS)
+
+
+def optimizer_config(name: str = "sgd", **options: Any) -> OptimizerConfig:
+    """The optimizer ``name`` with ``options`` (its own keys only; the rest default).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name; pydantic's ``ValidationError`` (a ValueError)
+        naming the key and value for a bad value or a key ``name`` does not read.
     """
+    model = OPTIMIZER_MODELS.get(name)
+    if model is None:
+        raise ValueError(f"Invalid optimizer: {name!r} (allowed: {', '.join(OPTIMIZERS)})")
+    return model(**options)
 
-    name: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.9
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    # adagrad
-    initial_accumulator: float = 0.0
-    adagrad_eps: float = 1e-10
-    # deltasgd (eta_max is shared with sps)
-    eta0: float = 0.2
-    theta0: float = 1.0
-    gamma: float = 2.0
-    delta: float = 0.1
-    lr_eps: float = 1e-8
-    eta_max: float = math.inf
-    first_step: str = "paper"
-    batch_mode: str = "same"
-    mask_mode: str = "independent"
-    # sps (eps and eta_max shared)
-    sps_c: float = 0.5
-    f_star: float = 0.0
-    sps_mode: str = "constant"
-    sps_eta0: float = 1.0
-    sps_n_batches: int = 500
 
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise ValueError(
-                f"Invalid optimizer: {self.name!r} (allowed: {', '.join(OPTIMIZERS)})"
-            )
-        if not self.lr > 0:
-            raise ValueError(f"Invalid lr: {self.lr} (must be > 0)")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"Invalid momentum: {self.momentum} (must be in [0, 1))")
-        for name in ("beta1", "beta2"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"Invalid {name}: {value} (must be in [0, 1))")
-        if not self.eps > 0:
-            raise ValueError(f"Invalid eps: {self.eps} (must be > 0)")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"Invalid weight_decay: {self.weight_decay} (must be >= 0)")
-        check_nonnegative("initial_accumulator", self.initial_accumulator)
-        check_positive("adagrad_eps", self.adagrad_eps)
-        check_positive("eta0", self.eta0)
-        check_positive("theta0", self.theta0, allow_inf=True)
-        check_positive("gamma", self.gamma)
-        check_nonnegative("delta", self.delta)
-        check_nonnegative("lr_eps", self.lr_eps)
-        check_positive("eta_max", self.eta_max, allow_inf=True)
-        check_choice("first_step", self.first_step, FIRST_STEPS)
-        check_choice("batch_mode", self.batch_mode, BATCH_MODES)
-        check_choice("mask_mode", self.mask_mode, MASK_MODES)
-        check_positive("sps_c", self.sps_c)
-        check_finite("f_star", self.f_star)
-        check_choice("sps_mode", self.sps_mode, SPS_MODES)
-        check_positive("sps_eta0", self.sps_eta0)
-        check_count("sps_n_batches", self.sps_n_batches)
+def fixed_lr(cfg: OptimizerConfig) -> float:
+    """The step size of an optimizer that has one (all but deltasgd and sps)."""
+    if isinstance(cfg, DeltaSGDOptions | SPSOptions):
+        raise ValueError(f"optimizer {cfg.name} chooses its own step size: it has no lr")
+    return cfg.lr
 
 
 def make_optimizer(
@@ -149,11 +215,11 @@ def make_optimizer(
     """
     from fedsim.algorithms.adaptive import SPS, DeltaSGD  # lazy: it imports torch; hosts never do
 
-    if cfg.name == "sgd":
+    if isinstance(cfg, SGDOptions):
         return SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.name == "sgdm":
+    if isinstance(cfg, SGDMOptions):
         return SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    if cfg.name == "adam":
+    if isinstance(cfg, AdamOptions):
         return torch.optim.Adam(
             params,
             lr=cfg.lr,
@@ -161,7 +227,7 @@ def make_optimizer(
             eps=cfg.eps,
             weight_decay=cfg.weight_decay,
         )
-    if cfg.name == "adagrad":
+    if isinstance(cfg, AdagradOptions):
         return torch.optim.Adagrad(
             params,
             lr=cfg.lr,
@@ -169,7 +235,7 @@ def make_optimizer(
             eps=cfg.adagrad_eps,
             weight_decay=cfg.weight_decay,
         )
-    if cfg.name == "deltasgd":
+    if isinstance(cfg, DeltaSGDOptions):
         return DeltaSGD(
             params,
             eta0=cfg.eta0,
@@ -177,7 +243,7 @@ def make_optimizer(
             gamma=cfg.gamma,
             delta=cfg.delta,
             lr_eps=cfg.lr_eps,
-            eta_max=cfg.eta_max,
+            eta_max=math.inf if cfg.eta_max is None else cfg.eta_max,
             weight_decay=cfg.weight_decay,
             first_step=cfg.first_step,
             batch_mode=cfg.batch_mode,
@@ -189,7 +255,7 @@ def make_optimizer(
         c=cfg.sps_c,
         f_star=cfg.f_star,
         eps=cfg.eps,
-        eta_max=cfg.eta_max,
+        eta_max=math.inf if cfg.eta_max is None else cfg.eta_max,
         weight_decay=cfg.weight_decay,
         mode=cfg.sps_mode,
         eta0=cfg.sps_eta0,

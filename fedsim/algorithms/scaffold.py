@@ -47,7 +47,7 @@ from fedsim.algorithms.api import (
 )
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
-from fedsim.algorithms.optim import make_optimizer
+from fedsim.algorithms.optim import fixed_lr, make_optimizer
 from fedsim.lazy import lazy_module
 from fedsim.wire.messages import Task, Update
 
@@ -222,7 +222,8 @@ def scaffold_local_train(
         seen += len(idx)
     y = flatten(params)
     if full_grad is None:
-        new_ci = scaffold_control_update(ci, c, x_start, y, steps, local_cfg.optimizer.lr)
+        new_ci = scaffold_control_update(ci, c, x_start, y, steps,
+                                         fixed_lr(local_cfg.optimizer))
     else:
         new_ci = full_grad
     stats = {

@@ -12,6 +12,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from fedsim.algorithms.optim import (
+    OPTIMIZER_MODELS,
+    AdagradKeys,
+    AdamKeys,
+    DeltaSGDKeys,
+    OptimizerConfig,
+    SGDMKeys,
+    SPSKeys,
+    optimizer_config,
+)
 from fedsim.scenario import plugins
 from fedsim.schema import NonNeg, Pos, Prob, SchemaModel
 
@@ -114,47 +124,34 @@ class ModelConfig(SchemaModel):
 
 
 #: The ``[client]`` keys each client optimizer reads (the others are its
-#: neighbours' options): ``fedsim check`` marks a key the chosen optimizer does
-#: not read, and ``tests/algorithms/test_optim.py`` checks that changing one
-#: changes nothing a local run computes.
+#: neighbours' options), from the optimizers' own declarations
+#: (:data:`fedsim.algorithms.optim.OPTIMIZER_MODELS`): ``fedsim check`` marks a
+#: key the chosen optimizer does not read, and ``tests/test_optimizer_keys.py``
+#: checks that changing one changes nothing a local run computes.
 OPTIMIZER_KEYS: dict[str, tuple[str, ...]] = {
-    "sgd": ("lr", "weight_decay"),
-    "sgdm": ("lr", "momentum", "weight_decay"),
-    "adam": ("lr", "beta1", "beta2", "weight_decay"),
-    "adagrad": ("lr", "initial_accumulator", "weight_decay"),
-    "deltasgd": ("eta0", "theta0", "gamma", "delta", "eta_max", "first_step", "batch_mode",
-                 "weight_decay"),
-    "sps": ("sps_c", "f_star", "eta_max", "sps_mode", "weight_decay"),
+    name: tuple(k for k in model.model_fields if k != "name")
+    for name, model in OPTIMIZER_MODELS.items()
 }
 #: Every optimizer option among the ``[client]`` keys.
 OPTIMIZER_OPTIONS: tuple[str, ...] = tuple(dict.fromkeys(
     k for keys in OPTIMIZER_KEYS.values() for k in keys))
 
 
-class ClientConfig(SchemaModel):
-    """Client optimizer and local work per task (the optimizer's own options:
-    :data:`OPTIMIZER_KEYS`)."""
-
+class _Chosen(SchemaModel):
     optimizer: Literal["sgd", "sgdm", "adam", "adagrad", "deltasgd", "sps"] = "sgd"
-    lr: Pos = 0.05
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
-    weight_decay: NonNeg = 0.0
-    # Adagrad
-    initial_accumulator: NonNeg = 0.0
-    # Delta-SGD (docs/algorithms.md#delta-sgd): locality-adaptive step size
-    eta0: Pos = 0.2
-    theta0: Pos = 1.0
-    gamma: Pos = 2.0
-    delta: NonNeg = 0.1
-    eta_max: Pos | None = None  # no cap
-    first_step: Literal["paper", "code"] = "paper"
-    batch_mode: Literal["same", "previous"] = "same"
-    # SPS (stochastic Polyak step size)
-    sps_c: Pos = 0.5
-    f_star: float = 0.0
-    sps_mode: Literal["constant", "smooth"] = "constant"
+
+
+# the bases in reverse of the order the table lists their keys in (pydantic orders
+# fields by the reversed MRO): optimizer, the shared keys, sgdm's, adam's, ... sps's
+class ClientConfig(SPSKeys, DeltaSGDKeys, AdagradKeys, AdamKeys, SGDMKeys, _Chosen):
+    """Client optimizer and local work per task.
+
+    The table is flat, as a sweep that switches optimizers needs it: it takes
+    every optimizer's options from the optimizer's own declaration
+    (:mod:`fedsim.algorithms.optim`; each optimizer reads :data:`OPTIMIZER_KEYS`
+    of them, the rest are marked by ``fedsim check``), and :meth:`optimizer_config`
+    builds the chosen one."""
+
     batch_size: Annotated[int, Field(ge=1)] = 32
     local_steps: Annotated[int, Field(ge=1)] | None = None
     local_epochs: Pos | None = None
@@ -166,6 +163,11 @@ class ClientConfig(SchemaModel):
                 and "local_steps" not in data):
             return {**data, "local_steps": 10}
         return data
+
+    def optimizer_config(self) -> OptimizerConfig:
+        """The chosen optimizer with this table's values of its keys."""
+        return optimizer_config(self.optimizer,
+                                **self.model_dump(include=set(OPTIMIZER_KEYS[self.optimizer])))
 
     @model_validator(mode="after")
     def _one_budget(self) -> ClientConfig:

@@ -382,9 +382,7 @@ def virtual_clock(dilation: float = 1.0, *, loop: VirtualTimeLoop | None = None)
         If the loop is not a :class:`VirtualTimeLoop`.
     """
     vloop = _virtual_loop(loop)
-    clock = Clock(dilation, epoch=vloop.time())
-    clock._real_clock = vloop.time
-    return clock
+    return Clock(dilation, epoch=vloop.time(), real_clock=vloop.time)
 
 
 def make_timers(

@@ -102,6 +102,13 @@ class LoopSocket:
         log.debug("a socket failed while reading: %s", exc)
         self.close(0)
 
+    def disconnect(self, address: str) -> None:
+        """Stop connecting to ``address`` (an address it is not connected to is ignored)."""
+        if not self.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                self.sock.disconnect(address)
+            self._pump()
+
     def _pump(self) -> None:
         """Read what libzmq holds (up to READ_AHEAD waiting) and wake whoever it is for.
 

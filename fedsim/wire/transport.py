@@ -94,9 +94,10 @@ each socket's ``ZMQ_FD``; when it is readable, every waiting message (up to
 ``recv`` takes from the deque, making a future only when it is empty. A
 send is tried with ``NOBLOCK`` first and waits only at the high-water mark.
 One 100 KB message over tcp loopback took 1.64x (host to server) and 1.45x
-(server to host) the time of raw blocking pyzmq on ``zmq.asyncio``, and
-takes 1.22x and 1.10x this way, mostly the event loop's wake-up; at 10 MB
-1.03-1.09x (``python tools/bench_wire.py``, uvloop; docs/measurements.md).
+(server to host) the time of raw blocking pyzmq on ``zmq.asyncio``; this
+way it takes about 1.07x and 1.00x, mostly the event loop's wake-up, and
+1.00x at 10 MB (``python tools/bench_wire.py``, uvloop; the figures and
+their conditions are in docs/benchmarks.md).
 
 Local sockets
 -------------
@@ -473,10 +474,8 @@ class ZmqConnection:
 
     def _give_up(self) -> bool:
         """Stop connecting (a refused host would knock every 50 ms); True."""
-        if self.address and not self.sock.closed:
-            with contextlib.suppress(zmq.ZMQError):
-                self.sock.sock.disconnect(self.address)
-            self.sock._pump()
+        if self.address:
+            self.sock.disconnect(self.address)
         return True
 
     def close(self, linger_ms: int = 200) -> None:

@@ -148,9 +148,11 @@ def _err(
 
 
 def _refused(kwargs: dict[str, Any], key: str) -> ErrorInput:
-    """``kwargs`` refused by the rule's config: pydantic names ``key`` and its value."""
+    """``kwargs`` refused by the rule's config: pydantic names ``key`` and its value
+    (``key.<member>`` for a union such as ``"paper" | float``)."""
     shown = re.escape(repr(kwargs[key]))
-    return ErrorInput(kwargs, ValidationError, rf"\n{key}\n  [^\n]*input_value={shown}[,\]]")
+    return ErrorInput(kwargs, ValidationError,
+                      rf"\n{key}(\.[^\n]*)?\n  [^\n]*input_value={shown}[,\]]")
 
 
 def _configured(rule: Callable[..., Any], config: Callable[..., Any],

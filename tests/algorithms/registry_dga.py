@@ -14,7 +14,7 @@ message on arrival.
 from __future__ import annotations
 
 import torch
-from _registry import AlgoInfo, AlgoInput, _draw_round, _err
+from _registry import AlgoInfo, AlgoInput, _draw_round, _err, _refused
 
 from fedsim.algorithms._kernels import check_shape
 from fedsim.algorithms.dga import DGAConfig, DGAServer
@@ -60,22 +60,22 @@ ENTRIES = [
             AlgoInput({"correction": "overwrite", "lr": 2}, "overwrite"),
         ],
         error_inputs=[
-            _err({"local_steps": 0}, r"Invalid local_steps: 0"),
-            _err({"local_steps": 2.0}, r"Invalid local_steps: 2\.0"),
-            _err({"delay": -1}, r"Invalid delay: -1"),
-            _err({"lr": 0.0}, r"Invalid lr: 0\.0"),
-            _err({"lr": float("nan")}, r"Invalid lr: nan"),
-            _err({"lr": float("inf")}, r"Invalid lr: inf"),
-            _err({"momentum": 1.0}, r"Invalid momentum: 1\.0"),
-            _err({"momentum": -0.1}, r"Invalid momentum: -0\.1"),
-            _err({"mode": "eager"}, r"Invalid mode: 'eager'"),
-            _err({"accumulate": "mean"}, r"Invalid accumulate: 'mean'"),
-            _err({"correction": "partial"}, r"Invalid correction: 'partial'"),
-            _err({"c_beta": "auto"}, r"Invalid c_beta: 'auto'"),
-            _err({"c_beta": 0.0}, r"Invalid c_beta: 0\.0"),
-            _err({"c_beta": float("nan")}, r"Invalid c_beta: nan"),
-            _err({"max_pending": 0}, r"Invalid max_pending: 0"),
-            _err({"rounds": 0}, r"Invalid rounds: 0"),
+            _refused({"local_steps": 0}, "local_steps"),
+            _refused({"local_steps": 2.0}, "local_steps"),
+            _refused({"delay": -1}, "delay"),
+            _refused({"lr": 0.0}, "lr"),
+            _refused({"lr": float("nan")}, "lr"),
+            _refused({"lr": float("inf")}, "lr"),
+            _refused({"momentum": 1.0}, "momentum"),
+            _refused({"momentum": -0.1}, "momentum"),
+            _refused({"mode": "eager"}, "mode"),
+            _refused({"accumulate": "mean"}, "accumulate"),
+            _refused({"correction": "partial"}, "correction"),
+            _refused({"c_beta": "auto"}, "c_beta"),
+            _refused({"c_beta": 0.0}, "c_beta"),
+            _refused({"c_beta": float("nan")}, "c_beta"),
+            _refused({"max_pending": 0}, "max_pending"),
+            _refused({"rounds": 0}, "rounds"),
         ],
     ),
 ]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 
-from _registry import AlgoInfo, AlgoInput, _err
+from _registry import AlgoInfo, AlgoInput, _err, _refused
 
-from fedsim.algorithms.optim import OptimizerConfig
+from fedsim.algorithms.optim import optimizer_config
 
 ENTRIES: list[AlgoInfo] = [
     AlgoInfo(
         name="OptimizerConfig-adaptive",
-        factory=OptimizerConfig,
+        factory=optimizer_config,
         inputs=[
             AlgoInput({"name": "deltasgd"}, "deltasgd-defaults"),
             AlgoInput(
@@ -48,26 +48,28 @@ ENTRIES: list[AlgoInfo] = [
         ],
         error_inputs=[
             _err({"name": "delta-sgd"}, r"Invalid optimizer: 'delta-sgd'"),
-            _err({"initial_accumulator": -0.1}, r"Invalid initial_accumulator: -0\.1"),
-            _err({"adagrad_eps": 0.0}, r"Invalid adagrad_eps: 0\.0"),
-            _err({"eta0": 0.0}, r"Invalid eta0: 0\.0"),
-            _err({"eta0": math.inf}, r"Invalid eta0: inf"),
-            _err({"theta0": 0.0}, r"Invalid theta0: 0\.0"),
-            _err({"theta0": math.nan}, r"Invalid theta0: nan"),
-            _err({"gamma": -2.0}, r"Invalid gamma: -2\.0"),
-            _err({"delta": -0.1}, r"Invalid delta: -0\.1"),
-            _err({"delta": math.inf}, r"Invalid delta: inf"),
-            _err({"lr_eps": -1e-8}, r"Invalid lr_eps: -1e-08"),
-            _err({"eta_max": 0.0}, r"Invalid eta_max: 0\.0"),
-            _err({"eta_max": math.nan}, r"Invalid eta_max: nan"),
-            _err({"first_step": "auto"}, r"Invalid first_step: 'auto'"),
-            _err({"batch_mode": "different"}, r"Invalid batch_mode: 'different'"),
-            _err({"mask_mode": "forked"}, r"Invalid mask_mode: 'forked'"),
-            _err({"sps_c": 0.0}, r"Invalid sps_c: 0\.0"),
-            _err({"f_star": math.inf}, r"Invalid f_star: inf"),
-            _err({"sps_mode": "smooth_iter"}, r"Invalid sps_mode: 'smooth_iter'"),
-            _err({"sps_eta0": -1.0}, r"Invalid sps_eta0: -1\.0"),
-            _err({"sps_n_batches": 0}, r"Invalid sps_n_batches: 0"),
+            _refused({"name": "adagrad", "initial_accumulator": -0.1}, "initial_accumulator"),
+            _refused({"name": "adagrad", "adagrad_eps": 0.0}, "adagrad_eps"),
+            _refused({"name": "deltasgd", "eta0": 0.0}, "eta0"),
+            _refused({"name": "deltasgd", "eta0": math.inf}, "eta0"),
+            _refused({"name": "deltasgd", "theta0": 0.0}, "theta0"),
+            _refused({"name": "deltasgd", "theta0": math.nan}, "theta0"),
+            _refused({"name": "deltasgd", "gamma": -2.0}, "gamma"),
+            _refused({"name": "deltasgd", "delta": -0.1}, "delta"),
+            _refused({"name": "deltasgd", "delta": math.inf}, "delta"),
+            _refused({"name": "deltasgd", "lr_eps": -1e-8}, "lr_eps"),
+            _refused({"name": "deltasgd", "eta_max": 0.0}, "eta_max"),
+            _refused({"name": "deltasgd", "eta_max": math.nan}, "eta_max"),
+            _refused({"name": "deltasgd", "first_step": "auto"}, "first_step"),
+            _refused({"name": "deltasgd", "batch_mode": "different"}, "batch_mode"),
+            _refused({"name": "deltasgd", "mask_mode": "forked"}, "mask_mode"),
+            _refused({"name": "sps", "sps_c": 0.0}, "sps_c"),
+            _refused({"name": "sps", "f_star": math.inf}, "f_star"),
+            _refused({"name": "sps", "sps_mode": "smooth_iter"}, "sps_mode"),
+            _refused({"name": "sps", "sps_eta0": -1.0}, "sps_eta0"),
+            _refused({"name": "sps", "sps_n_batches": 0}, "sps_n_batches"),
+            _refused({"name": "sps", "eta_max": math.nan}, "eta_max"),
+            _refused({"name": "deltasgd", "lr": 0.1}, "lr"),  # deltasgd picks its own step
         ],
     ),
 ]

@@ -19,7 +19,7 @@ from fedsim.algorithms.adaptive import (
     sps_step_size,
     step_size_stats,
 )
-from fedsim.algorithms.optim import OptimizerConfig, make_optimizer
+from fedsim.algorithms.optim import OptimizerConfig, make_optimizer, optimizer_config
 
 # Seven 3-feature samples, two classes; batch 3 gives batches of 3, 3 and 1.
 XS = [
@@ -238,7 +238,7 @@ def test_optimizer_matches_reference_after_every_step(name, prox_mu):
     with torch.no_grad():
         model.weight.copy_(torch.tensor(W0, dtype=torch.float64).view(2, 3))
     anchor = model.weight.detach().clone()
-    opt = make_optimizer(OptimizerConfig(name="deltasgd", **CONFIGS[name]), model.parameters())
+    opt = make_optimizer(optimizer_config(name="deltasgd", **CONFIGS[name]), model.parameters())
     xs, ys = torch.tensor(XS, dtype=torch.float64), DATA_Y
     batch: dict[str, list[int]] = {}
 
@@ -272,7 +272,7 @@ def test_optimizer_matches_reference_after_every_step(name, prox_mu):
 @pytest.mark.parametrize("k", [1, 2, 5, 8])
 def test_local_train_matches_reference(name, prox_mu, k):
     reference = _reference(CONFIGS[name], k, prox_mu)
-    vec, stats = _train(OptimizerConfig(name="deltasgd", **CONFIGS[name]), k, prox_mu)
+    vec, stats = _train(optimizer_config(name="deltasgd", **CONFIGS[name]), k, prox_mu)
     assert torch.allclose(
         vec.double(), torch.tensor(reference[-1][0], dtype=torch.float64), rtol=1e-4, atol=1e-6
     )
@@ -387,9 +387,9 @@ def test_constant_gradient_takes_growth_steps_only(batch_mode):
 
 
 def test_code_first_step_is_growth_only():
-    _, stats = _train(OptimizerConfig(name="deltasgd", first_step="code"), 1)
+    _, stats = _train(optimizer_config(name="deltasgd", first_step="code"), 1)
     assert stats["lr_last"] == pytest.approx(0.2 * GROWTH)
-    _, stats = _train(OptimizerConfig(name="deltasgd"), 1)
+    _, stats = _train(optimizer_config(name="deltasgd"), 1)
     assert stats["lr_last"] == 0.2
 
 
@@ -397,7 +397,7 @@ def test_extra_pass_leaves_batchnorm_statistics_alone():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
     x0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     data_x = torch.tensor(XS[:6])  # batches of 3: BatchNorm needs more than 1 sample
-    cfg = LocalConfig(steps=4, batch_size=3, optimizer=OptimizerConfig(name="deltasgd"))
+    cfg = LocalConfig(steps=4, batch_size=3, optimizer=optimizer_config(name="deltasgd"))
     local_train(model, x0, data_x, DATA_Y[:6], cfg, _gen())
     assert int(model[1].num_batches_tracked) == 4  # one update per step, not seven
 
@@ -427,9 +427,9 @@ def _masks(opt: OptimizerConfig) -> list[torch.Tensor]:
 
 
 def test_mask_modes():
-    plain = _masks(OptimizerConfig(name="sgd"))  # one pass per step
-    shared = _masks(OptimizerConfig(name="deltasgd", mask_mode="shared"))
-    independent = _masks(OptimizerConfig(name="deltasgd"))
+    plain = _masks(optimizer_config(name="sgd"))  # one pass per step
+    shared = _masks(optimizer_config(name="deltasgd", mask_mode="shared"))
+    independent = _masks(optimizer_config(name="deltasgd"))
     assert len(plain) == 3
     assert len(shared) == len(independent) == 5
     # shared: both passes of a step draw the step's mask, and the RNG stream is
@@ -505,7 +505,7 @@ def test_sps_local_train_matches_the_formula(prox_mu):
         eta = min(value / (0.5 * sum(v * v for v in g) + 1e-8), 10.0)
         etas.append(eta)
         y = [a - eta * b for a, b in zip(y, g, strict=True)]
-    vec, stats = _train(OptimizerConfig(name="sps", eta_max=10.0), steps, prox_mu)
+    vec, stats = _train(optimizer_config(name="sps", eta_max=10.0), steps, prox_mu)
     assert torch.allclose(vec.double(), torch.tensor(y, dtype=torch.float64), rtol=1e-4, atol=1e-6)
     assert stats["lr_last"] == pytest.approx(etas[-1], rel=1e-4)
     assert stats["lr_max"] == pytest.approx(max(etas), rel=1e-4)
@@ -515,7 +515,7 @@ def test_sps_local_train_matches_the_formula(prox_mu):
 
 
 def test_make_optimizer_builds_torch_adagrad():
-    cfg = OptimizerConfig(name="adagrad", lr=0.01, weight_decay=1e-3, initial_accumulator=0.1)
+    cfg = optimizer_config(name="adagrad", lr=0.01, weight_decay=1e-3, initial_accumulator=0.1)
     opt = make_optimizer(cfg, [nn.Parameter(torch.zeros(2))])
     assert isinstance(opt, torch.optim.Adagrad)
     group = opt.param_groups[0]
@@ -528,7 +528,7 @@ def test_make_optimizer_builds_torch_adagrad():
 
 def test_adagrad_follows_its_update_rule():
     """G <- G + g^2 ; y <- y - lr g / (sqrt(G) + eps)."""
-    cfg = OptimizerConfig(name="adagrad", lr=0.1, initial_accumulator=0.5, adagrad_eps=1e-6)
+    cfg = optimizer_config(name="adagrad", lr=0.1, initial_accumulator=0.5, adagrad_eps=1e-6)
     p = nn.Parameter(torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64))
     opt = make_optimizer(cfg, [p])
     y = [1.0, -1.0, 0.0]
@@ -545,9 +545,9 @@ def test_adagrad_follows_its_update_rule():
 # -------------------------------------------------------------------- integration
 
 ADAPTIVE = {
-    "deltasgd": OptimizerConfig(name="deltasgd"),
-    "sps": OptimizerConfig(name="sps", eta_max=1.0),
-    "adagrad": OptimizerConfig(name="adagrad", lr=0.1),
+    "deltasgd": optimizer_config(name="deltasgd"),
+    "sps": optimizer_config(name="sps", eta_max=1.0),
+    "adagrad": optimizer_config(name="adagrad", lr=0.1),
 }
 
 
@@ -572,7 +572,7 @@ def test_deterministic_under_a_seed(name):
 
 @pytest.mark.parametrize("name", ["sgd", "sgdm", "adam", "adagrad", "deltasgd", "sps"])
 def test_stats_keys(name):
-    _, stats = _train(OptimizerConfig(name=name), 4)
+    _, stats = _train(optimizer_config(name=name), 4)
     base = {"steps", "loss", "samples"}
     if name in ("deltasgd", "sps"):
         assert set(stats) == base | {"lr_last", "lr_mean", "lr_min", "lr_max"}
@@ -626,14 +626,17 @@ def test_optimizer_classes_validate(factory, kwargs, match):
 
 
 def test_config_defaults_follow_the_spec():
-    cfg = OptimizerConfig(name="deltasgd")
+    cfg = optimizer_config(name="deltasgd")
     assert (cfg.eta0, cfg.theta0, cfg.gamma, cfg.delta, cfg.lr_eps) == (0.2, 1.0, 2.0, 0.1, 1e-8)
     assert (cfg.first_step, cfg.batch_mode, cfg.mask_mode) == ("paper", "same", "independent")
-    assert cfg.eta_max == math.inf
-    sps = OptimizerConfig(name="sps")
+    assert cfg.eta_max is None      # no cap: make_optimizer passes inf
+    assert make_optimizer(cfg, [nn.Parameter(torch.zeros(1))]).defaults["eta_max"] == math.inf
+    sps = optimizer_config(name="sps")
     assert (sps.sps_mode, sps.sps_c, sps.f_star, sps.eps) == ("constant", 0.5, 0.0, 1e-8)
-    # the existing fields keep their defaults
-    assert OptimizerConfig() == OptimizerConfig(name="sgd", lr=0.05, momentum=0.9, eps=1e-8)
+    # the plain optimizers' defaults
+    assert optimizer_config() == optimizer_config(name="sgd", lr=0.05)
+    assert optimizer_config("sgdm").momentum == 0.9
+    assert optimizer_config("adam").eps == 1e-8
 
 
 # -- a separable client: the step grows past the parameters' dtype -----------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.algorithms import FedAvg, LocalConfig, OptimizerConfig, local_train
+from fedsim.algorithms import FedAvg, LocalConfig, local_train, optimizer_config
 from fedsim.algorithms.fedavg import FedAvgConfig
 from fedsim.algorithms.fedspeed import (
     FedSpeedConfig,
@@ -65,7 +65,7 @@ def mirrored_batches(n: int, batch_size: int, steps: int, seed: int) -> list[lis
 
 def _local(steps: int, lr: float = LR, wd: float = 0.0, batch: int = BATCH) -> LocalConfig:
     return LocalConfig(
-        steps=steps, batch_size=batch, optimizer=OptimizerConfig(lr=lr, weight_decay=wd)
+        steps=steps, batch_size=batch, optimizer=optimizer_config(lr=lr, weight_decay=wd)
     )
 
 
@@ -178,7 +178,7 @@ def test_closed_forms_lemmas_c1_c2(perturbation, ghat):
     cfg = FedSpeedConfig(prox_lambda=LAM, perturb_alpha=0.6, perturbation=perturbation)
     steps = 8
     g = None if ghat is None else torch.tensor(ghat)
-    local = LocalConfig(steps=steps, batch_size=len(XS), optimizer=OptimizerConfig(lr=LR))
+    local = LocalConfig(steps=steps, batch_size=len(XS), optimizer=optimizer_config(lr=LR))
     model, x0 = _model(), torch.tensor(THETA0)
     x_hat, ghat_new, _ = fedspeed_local_train(model, x0, DATA_X, DATA_Y, local, cfg, g, _gen(), MSE)
     x_k = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -218,7 +218,7 @@ def test_modules_off_is_exactly_local_sgd_and_fedavg(opt, wd):
     """With prox, correction and perturbation off FedSpeed is FedAvg."""
     cfg = FedSpeedConfig(prox=False, correction=False, perturbation=False, prox_lambda=0.01)
     local = LocalConfig(
-        steps=7, batch_size=BATCH, optimizer=OptimizerConfig(name=opt, lr=0.2, weight_decay=wd)
+        steps=7, batch_size=BATCH, optimizer=optimizer_config(name=opt, lr=0.2, weight_decay=wd)
     )
     uploads, fedavg_models = [], []
     for client in range(3):

@@ -23,7 +23,7 @@ from fedsim.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedsim.algorithms.fedbuff import FedBuff, FedBuffConfig
 from fedsim.algorithms.flows import AsyncFlow, RoundRule, RoundsFlow
 from fedsim.algorithms.local import LocalConfig
-from fedsim.algorithms.optim import OptimizerConfig
+from fedsim.algorithms.optim import optimizer_config
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.errors import ScenarioError
 from fedsim.scenario import parse
@@ -33,7 +33,7 @@ N = 6
 
 
 def _ctx(x0: torch.Tensor, clients: int = 4) -> ServerContext:
-    local = LocalConfig(steps=2, optimizer=OptimizerConfig(name="sgd", lr=0.1))
+    local = LocalConfig(steps=2, optimizer=optimizer_config(name="sgd", lr=0.1))
     return ServerContext(x0=x0, num_clients=clients, seed=0, local=local)
 
 

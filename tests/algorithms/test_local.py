@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.algorithms import LocalConfig, OptimizerConfig, local_train
+from fedsim.algorithms import LocalConfig, OptimizerConfig, local_train, optimizer_config
 
 # Seven hand-made 3-feature samples, two classes; batch_size 3 gives batches of
 # 3, 3 and 1 per epoch, so K = 5 crosses an epoch boundary and a short batch.
@@ -48,11 +48,11 @@ def mirrored_batches(n: int, batch_size: int, steps: int, seed: int) -> list[lis
 
 
 OPTIMIZERS = {
-    "sgd": OptimizerConfig(name="sgd", lr=0.3),
-    "sgdm": OptimizerConfig(name="sgdm", lr=0.2, momentum=0.9),
-    "adam": OptimizerConfig(name="adam", lr=0.05, beta1=0.9, beta2=0.999, eps=1e-8),
-    "sgd-wd": OptimizerConfig(name="sgd", lr=0.3, weight_decay=0.1),
-    "adam-wd": OptimizerConfig(name="adam", lr=0.05, weight_decay=0.05),
+    "sgd": optimizer_config(name="sgd", lr=0.3),
+    "sgdm": optimizer_config(name="sgdm", lr=0.2, momentum=0.9),
+    "adam": optimizer_config(name="adam", lr=0.05, beta1=0.9, beta2=0.999, eps=1e-8),
+    "sgd-wd": optimizer_config(name="sgd", lr=0.3, weight_decay=0.1),
+    "adam-wd": optimizer_config(name="adam", lr=0.05, weight_decay=0.05),
 }
 
 
@@ -60,8 +60,13 @@ def _reference_trajectory(
     opt: OptimizerConfig, prox_mu: float, steps: int, batch: int = BATCH
 ):
     batches = mirrored_batches(len(XS), batch, steps, SEED)
+    # the reference takes every option; an optimizer's config has only its own
+    def get(key: str, neutral: float) -> float:
+        return float(getattr(opt, key, neutral))
+
     optimizer = ref.make_optimizer(
-        opt.name, opt.lr, opt.momentum, opt.beta1, opt.beta2, opt.eps, opt.weight_decay
+        opt.name, get("lr", 0.0), get("momentum", 0.0), get("beta1", 0.9), get("beta2", 0.999),
+        get("eps", 1e-8), opt.weight_decay
     )
     return batches, ref.local_train(W0, XS, LABELS, 2, batches, optimizer, prox_mu)
 
@@ -96,7 +101,7 @@ def test_prox_term_pulls_toward_the_anchor(opt_name):
 
     lr * mu stays below 1: each step scales y - x0 by (1 - lr * mu).
     """
-    opt = OptimizerConfig(name=opt_name, lr=0.05, momentum=0.5)
+    opt = optimizer_config(opt_name, lr=0.05, **({"momentum": 0.5} if opt_name == "sgdm" else {}))
     dists = []
     for mu in (0.0, 1.0, 5.0):
         cfg = LocalConfig(steps=20, batch_size=BATCH, optimizer=opt, prox_mu=mu)

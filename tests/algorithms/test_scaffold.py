@@ -14,9 +14,9 @@ from fedsim.algorithms import (
     FedAvg,
     LocalConfig,
     NonFiniteUpdate,
-    OptimizerConfig,
     get,
     local_train,
+    optimizer_config,
 )
 from fedsim.algorithms.api import ServerContext
 from fedsim.algorithms.fedavg import FedAvgConfig
@@ -73,7 +73,7 @@ def _local(steps: int, wd: float = 0.0, batch: int = BATCH, name: str = "sgd") -
     return LocalConfig(
         steps=steps,
         batch_size=batch,
-        optimizer=OptimizerConfig(name=name, lr=LR, weight_decay=wd),
+        optimizer=optimizer_config(name=name, lr=LR, weight_decay=wd),
     )
 
 

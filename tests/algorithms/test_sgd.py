@@ -8,7 +8,7 @@ from _fresh import fresh_python
 
 from fedsim.algorithms._sgd import SGD
 from fedsim.algorithms.local import LocalConfig, local_train
-from fedsim.algorithms.optim import OptimizerConfig, make_optimizer
+from fedsim.algorithms.optim import OptimizerConfig, make_optimizer, optimizer_config
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -88,7 +88,7 @@ def test_zero_grad_keeps_or_drops_the_tensors() -> None:
 def test_local_run_matches_torch_optim(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole local run with fedsim's SGD ends where one with torch.optim.SGD does."""
     cfg = LocalConfig(steps=12, batch_size=8, prox_mu=0.01,
-                      optimizer=OptimizerConfig(name=name, lr=0.05, weight_decay=1e-4))
+                      optimizer=optimizer_config(name=name, lr=0.05, weight_decay=1e-4))
     gen = torch.Generator().manual_seed(5)
     x, y = torch.randn(40, 6, generator=gen), torch.randint(0, 3, (40,), generator=gen)
     model = _model()
@@ -96,7 +96,7 @@ def test_local_run_matches_torch_optim(name: str, monkeypatch: pytest.MonkeyPatc
     ours, stats = local_train(model, x0, x, y, cfg, torch.Generator().manual_seed(1))
 
     def torch_sgd(cfg: OptimizerConfig, params, buffers=()):  # type: ignore[no-untyped-def]
-        momentum = cfg.momentum if cfg.name == "sgdm" else 0.0
+        momentum = getattr(cfg, "momentum", 0.0)
         return torch.optim.SGD(params, lr=cfg.lr, momentum=momentum,
                                weight_decay=cfg.weight_decay)
 
@@ -112,11 +112,11 @@ def test_training_with_sgd_does_not_import_dynamo() -> None:
     code = (
         "import sys, torch\n"
         "from fedsim.algorithms.local import LocalConfig, local_train\n"
-        "from fedsim.algorithms.optim import OptimizerConfig\n"
+        "from fedsim.algorithms.optim import optimizer_config\n"
         "m = torch.nn.Linear(4, 2)\n"
         "x0 = torch.nn.utils.parameters_to_vector(m.parameters()).detach()\n"
         "for name in ('sgd', 'sgdm'):\n"
-        "    cfg = LocalConfig(steps=3, batch_size=2, optimizer=OptimizerConfig(name=name))\n"
+        "    cfg = LocalConfig(steps=3, batch_size=2, optimizer=optimizer_config(name=name))\n"
         "    local_train(m, x0, torch.randn(6, 4), torch.randint(0, 2, (6,)), cfg,\n"
         "                torch.Generator().manual_seed(0))\n"
         "print('torch._dynamo' in sys.modules)\n"

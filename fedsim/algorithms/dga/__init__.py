@@ -38,6 +38,7 @@ from fedsim.algorithms.dga._client import (
 )
 from fedsim.algorithms.dga._core import (
     DGAConfig,
+    DGAKeys,
     DGAProtocolError,
     dga_c_beta,
     dga_correction,
@@ -63,6 +64,7 @@ __all__ = [
     "DGAClientWork",
     "DGAConfig",
     "DGAFlow",
+    "DGAKeys",
     "DGAProtocolError",
     "DGAScenarioConfig",
     "DGAServer",

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import Field, StrictInt
 
 from fedsim.algorithms._kernels import weighted_average
+from fedsim.schema import FinitePos, SchemaModel
 
 if TYPE_CHECKING:
     import torch
-
-MODES = ("paper", "auto")
-ACCUMULATE = ("raw", "displacement")
-CORRECTIONS = ("full", "none", "none_per_step", "overwrite")
-
 
 class DGAProtocolError(RuntimeError):
     """An event arrived that the client's or the reducer's state cannot handle."""
@@ -80,11 +77,6 @@ def _check_int(name: str, value: Any, low: int) -> None:
         raise ValueError(f"Invalid {name}: {value!r} (must be an integer >= {low})")
 
 
-def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"Invalid {name}: {value!r} (allowed: {', '.join(allowed)})")
-
-
 def _check_positive(name: str, value: Any, hint: str = "must be finite and > 0") -> float:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not (ok and math.isfinite(value) and value > 0):
@@ -92,11 +84,13 @@ def _check_positive(name: str, value: Any, hint: str = "must be finite and > 0")
     return float(value)
 
 
-@dataclass(frozen=True, slots=True)
-class DGAConfig:
-    """Hyperparameters of one DGA run (the paper's experiments: K = 5, D = 20).
+class DGAKeys(SchemaModel):
+    """DGA's hyperparameters, declared once: the ``[algorithm]`` table
+    (:class:`~fedsim.algorithms.dga.DGAScenarioConfig`) and the core's
+    :class:`DGAConfig` both take them from here (the scenario's defaults; the
+    paper's experiments set K = 5, D = 20).
 
-    Parameters
+    Attributes
     ----------
     local_steps : int
         ``K``, local steps per round (>= 1).
@@ -105,10 +99,6 @@ class DGAConfig:
         (>= 0). ``0`` is FedAvg mode in either mode: a barrier at the end of
         each round and the plain rule (R-DG2). In auto mode ``D`` only
         sets the default ``max_pending``.
-    lr : float
-        Default learning rate ``eta`` (a step may pass its own, R-DG7).
-    momentum : float
-        ``beta`` in [0, 1); 0 is plain SGD. The buffer is never corrected.
     mode : {"paper", "auto"}
         ``paper``: correct at step ``r`` of round ``t0 + 1 + s``, waiting
         there if the average is late, holding it there if it is early.
@@ -139,38 +129,37 @@ class DGAConfig:
         ``eta v`` by the average (the shipped DGA scenario uses it).
     max_pending : int or None
         Auto mode: block (``Wait``) while more than this many sent rounds
-        await their average (R-DG5). Default ``4 (s + 1)``.
+        await their average (R-DG5). Default ``4 (s + 1)``,
+        ``s = (delay - 1) // local_steps``.
+    """
+
+    local_steps: Annotated[StrictInt, Field(ge=1)] = 10
+    delay: Annotated[StrictInt, Field(ge=0)] = 5
+    mode: Literal["paper", "auto"] = "paper"
+    accumulate: Literal["raw", "displacement"] = "raw"
+    correction: Literal["full", "none", "none_per_step", "overwrite"] = "full"
+    c_beta: Literal["paper"] | FinitePos = "paper"
+    max_pending: Annotated[StrictInt, Field(ge=1)] | None = None
+
+
+class DGAConfig(DGAKeys):
+    """One DGA client's hyperparameters: :class:`DGAKeys` and what the client's
+    optimizer and the run decide.
+
+    Attributes
+    ----------
+    lr : float
+        Default learning rate ``eta`` (a step may pass its own, R-DG7).
+    momentum : float
+        ``beta`` in [0, 1); 0 is plain SGD. The buffer is never corrected.
     rounds : int or None
         ``T``. After round ``T`` the client drains: it waits for and applies
         every outstanding average, then reports ``Done``.
     """
 
-    local_steps: int = 5
-    delay: int = 20
-    lr: float = 0.1
-    momentum: float = 0.0
-    mode: Literal["paper", "auto"] = "paper"
-    accumulate: Literal["raw", "displacement"] = "raw"
-    correction: Literal["full", "none", "none_per_step", "overwrite"] = "full"
-    c_beta: float | str = "paper"
-    max_pending: int | None = None
-    rounds: int | None = None
-
-    def __post_init__(self) -> None:
-        _check_int("local_steps", self.local_steps, 1)
-        _check_int("delay", self.delay, 0)
-        _check_positive("lr", self.lr)
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"Invalid momentum: {self.momentum} (must be in [0, 1))")
-        _check_choice("mode", self.mode, MODES)
-        _check_choice("accumulate", self.accumulate, ACCUMULATE)
-        _check_choice("correction", self.correction, CORRECTIONS)
-        if self.c_beta != "paper":
-            _check_positive("c_beta", self.c_beta, "use 'paper' or a float > 0")
-        if self.max_pending is not None:
-            _check_int("max_pending", self.max_pending, 1)
-        if self.rounds is not None:
-            _check_int("rounds", self.rounds, 1)
+    lr: FinitePos = 0.1
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    rounds: Annotated[StrictInt, Field(ge=1)] | None = None
 
     @property
     def pending_cap(self) -> int:

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from fedsim.algorithms._kernels import flatten, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import (
@@ -42,11 +42,11 @@ from fedsim.algorithms.api import (
 from fedsim.algorithms.base import NonFiniteUpdate
 from fedsim.algorithms.dga._client import Corrected, DGAClient, Done, Send, Wait
 from fedsim.algorithms.dga._client import Step as DGAStep
-from fedsim.algorithms.dga._core import DGAConfig, DGAProtocolError
+from fedsim.algorithms.dga._core import DGAConfig, DGAKeys, DGAProtocolError
 from fedsim.algorithms.dga._reducer import DGAServer
 from fedsim.algorithms.local import LocalConfig, _batches, load_vector
+from fedsim.algorithms.optim import SGDMOptions, SGDOptions
 from fedsim.lazy import lazy_module
-from fedsim.schema import FinitePos
 from fedsim.wire.messages import Task, Update
 
 if TYPE_CHECKING:
@@ -59,26 +59,18 @@ __all__ = ["DGAClientWork", "DGAFlow", "DGAScenarioConfig", "dga_config"]
 log = logging.getLogger(__name__)
 
 
-class DGAScenarioConfig(AlgorithmConfig):
+class DGAScenarioConfig(DGAKeys, AlgorithmConfig):
     """``[algorithm]`` of DGA: clients keep stepping while their round's average travels.
 
-    ``delay`` is D in local steps (``mode = "paper"``: a real barrier at step
-    D after sending; ``"auto"``: the correction lands whenever the average
-    arrives). ``local_steps`` is K; the client's lr and momentum come from
-    ``[client]`` (``optimizer = "sgd"`` or ``"sgdm"``). ``chunk_steps`` local
-    steps are taken per request to the torch worker; ``max_pending`` caps the
-    rounds awaiting their average in auto mode (default ``4 (s + 1)``,
-    ``s = (delay - 1) // local_steps``)."""
+    DGA's own keys are :class:`~fedsim.algorithms.dga.DGAKeys` (``delay`` is D
+    in local steps, ``local_steps`` is K; ``mode = "paper"``: a real barrier
+    at step D after sending; ``"auto"``: the correction lands whenever the
+    average arrives); the client's lr and momentum come from ``[client]``
+    (``optimizer = "sgd"`` or ``"sgdm"``). ``chunk_steps`` local steps are
+    taken per request to the torch worker."""
 
     name: Literal["dga"]
-    local_steps: Annotated[int, Field(ge=1)] = 10
-    delay: Annotated[int, Field(ge=0)] = 5
-    mode: Literal["paper", "auto"] = "paper"
-    accumulate: Literal["raw", "displacement"] = "raw"
-    correction: Literal["full", "none", "none_per_step", "overwrite"] = "full"
-    c_beta: Literal["paper"] | FinitePos = "paper"
-    chunk_steps: Annotated[int, Field(ge=1)] = 1
-    max_pending: Annotated[int, Field(ge=1)] | None = None
+    chunk_steps: Annotated[StrictInt, Field(ge=1)] = 1
 
     def local_work(self) -> str:
         return (f"algorithm.local_steps = {self.local_steps} local steps per round (K); a DGA "
@@ -86,16 +78,13 @@ class DGAScenarioConfig(AlgorithmConfig):
 
 
 def dga_config(cfg: DGAScenarioConfig, local: LocalConfig) -> DGAConfig:
-    """The pure DGA config (lr and momentum from the client optimizer)."""
+    """The pure DGA config: the table's :class:`DGAKeys`, lr and momentum from the
+    client optimizer."""
     opt = local.optimizer
-    if opt.name not in ("sgd", "sgdm"):
+    if not isinstance(opt, SGDOptions | SGDMOptions):
         raise ValueError(f"client.optimizer = {opt.name!r}: DGA runs sgd or sgdm")
-    return DGAConfig(
-        local_steps=cfg.local_steps, delay=cfg.delay, lr=opt.lr,
-        momentum=opt.momentum if opt.name == "sgdm" else 0.0, mode=cfg.mode,
-        accumulate=cfg.accumulate, correction=cfg.correction, c_beta=cfg.c_beta,
-        max_pending=cfg.max_pending,
-    )
+    return DGAConfig(**cfg.model_dump(include=set(DGAKeys.model_fields)), lr=opt.lr,
+                     momentum=opt.momentum if isinstance(opt, SGDMOptions) else 0.0)
 
 
 class DGAFlow(ServerAlgorithm):
