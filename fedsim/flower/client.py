@@ -6,8 +6,10 @@ in a trainer process. A task's payload and tag become the
 called as Flower's simulation calls it, ``client_app(message, context)``,
 with the client's own :class:`flwr.app.Context`:
 
-- ``node_id`` is the fedsim client id, ``node_config`` holds Flower's
-  ``partition-id`` (the client id) and ``num-partitions`` (the client count);
+- ``node_id`` is the client's Flower node id (``1000 +`` the fedsim client id,
+  the id the ServerApp sends to and reads in replies' ``src_node_id``);
+  ``node_config`` holds Flower's ``partition-id`` (the client id) and
+  ``num-partitions`` (the client count);
 - ``state`` persists per client across messages, in the trainer's saved
   state (checkpoints and ``fedsim clients --state``);
 - ``run_config`` is the scenario's ``algorithm.run_config``.
@@ -41,6 +43,7 @@ from fedsim.algorithms.api import ClientAlgorithm, ClientContext, Outcome
 from fedsim.flower.apps import load
 from fedsim.flower.config import FlowerConfig
 from fedsim.flower.content import message_at_client, reply_bytes, to_bytes
+from fedsim.flower.grid import node_of
 from fedsim.flower.running import serving, set_scenario
 from fedsim.wire.messages import Task
 
@@ -87,15 +90,16 @@ class FlowerClient(ClientAlgorithm):
         if task.model is None:
             raise ValueError(f"task {task.task_id} carries no message")
         client = task.client
-        msg = message_at_client(task.tag, to_bytes(task.model), client)
-        context = Context(run_id=msg.metadata.run_id, node_id=client,
+        node = node_of(client)
+        msg = message_at_client(task.tag, to_bytes(task.model), node)
+        context = Context(run_id=msg.metadata.run_id, node_id=node,
                           node_config=UserConfig({"partition-id": client,
                                                   "num-partitions": self.num_clients}),
                           state=self.states.get(client) or RecordDict(),
                           run_config=UserConfig(self.cfg.run_config))
         TaskIdentity.run_id = msg.metadata.run_id
         TaskIdentity.task_id = task.task_id
-        TaskIdentity.node_id = client
+        TaskIdentity.node_id = node
         with serving(client, x, y):
             t0 = time.thread_time()
             try:
