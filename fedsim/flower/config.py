@@ -72,6 +72,14 @@ class FlowerConfig(AlgorithmConfig):
                 raise ValueError(f"run_config.{key}: {value!r} is not a finite number")
         return v
 
+    def resumable(self) -> str:
+        return ("a Flower app's run cannot resume from a checkpoint: its ServerApp is a "
+                "running thread whose state fedsim cannot save (run it again; its clients' "
+                "Context.state is kept by fedsim clients --state)")
+
+    def state_key(self) -> str:
+        return f"flower {self.client_app}"     # another app's Context.state is not this one's
+
     def local_work(self) -> str:
         return (f"the ClientApp's handlers ({self.client_app}); compute time: "
                 + ("their CPU time x the device's speed" if self.compute == "cpu"

@@ -51,6 +51,7 @@ Rules (docs/flower.md):
 from __future__ import annotations
 
 import logging
+import random
 import sys
 import threading
 from collections import deque
@@ -173,6 +174,9 @@ class FlowerServer(ServerAlgorithm):
         TaskIdentity.node_id = SUPERLINK_NODE_ID
         self.available = set(clients)
         self.exchange.set_nodes(node_of(c) for c in self.available)
+        # Flower's strategies sample nodes with Python's global random (sample_nodes):
+        # seeded from the scenario, a run samples the same nodes each time it is run
+        random.seed(int(self.ctx.seed))
         app = self._app
         run = Run.create_empty(run_id)
         run.override_config = UserConfig(self.cfg.run_config)

@@ -91,6 +91,9 @@ def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str
     except (OSError, json.JSONDecodeError) as exc:
         raise ResumeError(f"{path / 'scenario.json'}: {exc}") from None
     sc = parse(data, str(path / "scenario.json"))
+    why = sc.algorithm.resumable()
+    if why is not None:
+        raise ResumeError(f"{path}: {why}")
     _check_checkpoint(path / CHECKPOINT_FILE)
     return sc, path, float(data["run"]["dilation"]), data
 

@@ -18,6 +18,7 @@ pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
 from fedsim import api  # noqa: E402
+from fedsim.errors import ResumeError  # noqa: E402
 from fedsim.flower.config import FlowerMissing  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -86,7 +87,9 @@ def test_flowers_fedavg_equals_fedsims_fedavg(tmp_path: Path) -> None:
     gives fedsim's fedavg's global model to float32 tolerance (its evaluation:
     the same loss), and the run directory is a native run's."""
     final = tmp_path / "flower-final.npy"
-    fl = api.run(_scenario(tmp_path, "fl", FLOWER.format(rounds=3, final=final)),
+    # a checkpoint every round would be due: a Flower run takes none (it could not resume)
+    fl = api.run(api.load(_scenario(tmp_path, "fl", FLOWER.format(rounds=3, final=final)),
+                          {"run.checkpoint_every": 1}),
                  out=tmp_path / "fl-run", plots=True)
     nat = api.run(_scenario(tmp_path, "nat", NATIVE, rounds=3), out=tmp_path / "nat-run",
                   plots=False)
@@ -99,6 +102,9 @@ def test_flowers_fedavg_equals_fedsims_fedavg(tmp_path: Path) -> None:
     assert np.all(np.isfinite(np.load(final)))
     for f in ("events.jsonl", "metrics.csv", "summary.json", "timeline.png"):
         assert (tmp_path / "fl-run" / f).exists(), f
+    assert not (tmp_path / "fl-run" / "checkpoint.pt").exists()
+    with pytest.raises(ResumeError, match="a Flower app's run cannot resume"):
+        api.resume(tmp_path / "fl-run")       # refused before any process starts
 
 
 def test_round_time_grows_with_latency_as_the_links_say(tmp_path: Path) -> None:
