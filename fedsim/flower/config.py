@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import math
 import re
@@ -14,8 +15,10 @@ from fedsim.schema import FinitePos
 
 __all__ = ["FLOWER_VERSIONS", "FlowerConfig", "FlowerMissing", "require_flower"]
 
-#: the Flower versions fedsim is tested with (constraints.txt pins the newest)
-FLOWER_VERSIONS = ">=1.21,<2"
+#: the Flower versions fedsim is tested with: the oldest (1.38, the first with
+#: every module the bridge uses) and the newest (constraints.txt pins it)
+FLOWER_VERSIONS = ">=1.38,<2"
+_OLDEST, _BEYOND = (1, 38), (2, 0)
 
 _REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -28,11 +31,21 @@ class FlowerMissing(ImportError):
 
 
 def require_flower() -> None:
-    """Raise :class:`FlowerMissing` naming the extra when ``flwr`` cannot be imported."""
+    """Raise :class:`FlowerMissing` naming the extra when ``flwr`` cannot be imported,
+    or when the installed Flower is outside :data:`FLOWER_VERSIONS`."""
     if importlib.util.find_spec("flwr") is None:
         raise FlowerMissing(
             "this scenario runs a Flower app (algorithm.name = \"flower\"), and Flower is not "
             "installed: pip install \"fedsim[flower]\"")
+    try:
+        found = importlib.metadata.version("flwr")
+    except importlib.metadata.PackageNotFoundError:    # a source tree on the path
+        return
+    release = tuple(int(x) for x in re.findall(r"\d+", found)[:2])
+    if not _OLDEST <= release < _BEYOND:
+        raise FlowerMissing(
+            f"this scenario runs a Flower app, and Flower {found} is installed; fedsim runs "
+            f"flwr{FLOWER_VERSIONS}: pip install \"fedsim[flower]\"")
 
 
 class FlowerConfig(AlgorithmConfig):

@@ -279,3 +279,15 @@ def test_a_client_app_sees_its_own_flower_node_id(monkeypatch: pytest.MonkeyPatc
     d = _Driver(_cfg(run_config={"num-server-rounds": 1}), [0, 1, 2])
     d.final(tiny_app.RESULT)
     assert sorted(tiny_app.SEEN) == [(1000, 1000), (1001, 1001), (1002, 1002)]
+
+
+def test_a_flower_outside_the_tested_range_is_refused_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedsim.flower import config
+
+    monkeypatch.setattr(config.importlib.metadata, "version", lambda name: "1.30.0")
+    with pytest.raises(config.FlowerMissing, match=r"Flower 1\.30\.0 is installed; fedsim "
+                                                   r"runs flwr>=1\.38,<2"):
+        config.require_flower()
+    monkeypatch.setattr(config.importlib.metadata, "version", lambda name: "1.42.0")
+    config.require_flower()
