@@ -1,4 +1,4 @@
-"""Client hosts never import torch (nor Flower); fedsim.lazy is how (docs/architecture.md#processes).
+"""Client hosts never import torch or Flower; fedsim.lazy is how (docs/architecture.md).
 
 Only the processes that train, evaluate or aggregate import torch (about
 1.2 s and 185 MB each). A client host parses the scenario, which imports
