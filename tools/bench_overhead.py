@@ -25,7 +25,13 @@ here, in turn for ``--reps`` repetitions so machine noise hits all alike:
   fedsim started before the zygote);
 * ``flower``: Flower's simulation (Ray), ``--flower-python`` naming the
   Python of an environment that has ``flwr[simulation]`` and torch
-  (``--install-flower DIR`` creates one; fedsim does not depend on Flower).
+  (``--install-flower DIR`` creates one; fedsim does not depend on Flower),
+  of a Flower Message-API app (a ``ServerApp`` with Flower's ``FedAvg`` and a
+  centralized evaluation, a ``ClientApp``) whose local epoch makes
+  plain-lean's update (fedsim's own SGD's), so the app and fedsim's
+  ``fedavg`` train alike;
+* ``fedsim-flower``: the same app under fedsim (``[algorithm] name =
+  "flower"``), on the overhead scenario's network and clients.
 
 Figures per contestant (median over repetitions):
 
@@ -144,7 +150,10 @@ def put(m, ws):
         for p, w in zip(m.parameters(), ws):
             p.copy_(torch.as_tensor(w))
 
-LEAN = os.environ.get("BENCH_DATA") is None and len(sys.argv) > 3 and sys.argv[3] == "lean"
+# plain-lean's loop, and the Flower app in both of its contestants (BENCH_LEAN=1): the
+# update fedsim's own SGD makes, so that the Flower app and fedsim's fedavg train alike
+LEAN = os.environ.get("BENCH_LEAN") == "1" or (
+    os.environ.get("BENCH_DATA") is None and len(sys.argv) > 3 and sys.argv[3] == "lean")
 
 def local_epoch(m, c, gen):
     x, y = SHARDS[c]
@@ -253,6 +262,7 @@ import json, os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ["BENCH_DATA"] = os.path.abspath(sys.argv[1])
 os.environ["BENCH_ROUNDS"] = sys.argv[2]
+os.environ["BENCH_LEAN"] = "1"
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [os.path.dirname(os.path.abspath(__file__)), *filter(None, [os.environ.get("PYTHONPATH")])])
 import bench_flower_app as app
@@ -376,7 +386,8 @@ def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float,
         cmd += ["--set", "deploy.pin_trainers=true"]
     env = None
     if rounds:
-        env = {**os.environ, "BENCH_DATA": str(work / "data.npz"), "BENCH_ROUNDS": str(rounds)}
+        env = {**os.environ, "BENCH_DATA": str(work / "data.npz"), "BENCH_ROUNDS": str(rounds),
+               "BENCH_LEAN": "1"}
     run = _launch(cmd, sample, env)
     events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()]
     wall0 = next(e["wall"] for e in events if e["ev"] == "start")
