@@ -71,7 +71,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedsim.algorithms.api import Applied, Discarded, ServerAlgorithm, ServerContext, Step
 from fedsim.flower.apps import load
 from fedsim.flower.config import FlowerConfig
-from fedsim.flower.content import header, reply_of, to_bytes, to_model
+from fedsim.flower.content import content_of, header, reply_of, to_bytes, to_model
 from fedsim.flower.grid import (
     Exchange,
     FedsimGrid,
@@ -145,6 +145,8 @@ class FlowerServer(ServerAlgorithm):
         #: recent payloads: digest -> (version, wire model)
         self._payloads: dict[bytes, tuple[int, Model]] = {}
         self._x = ctx.x0.detach().clone()
+        #: the newest content pushed (serialized), not yet read for model()
+        self._newest: bytes | None = None
         self._thread: threading.Thread | None = None
         self._finished = False
         self._error: BaseException | None = None
@@ -265,12 +267,13 @@ class FlowerServer(ServerAlgorithm):
             del self._payloads[next(iter(self._payloads))]
         if _kind(p.message) == "train":
             self.round += 1
-        self._take_model(p.message.content)
+        self._newest = p.data      # read when fedsim evaluates (model()), not per push
         return held
 
-    def _take_model(self, content: RecordDict) -> None:
+    def _take_model(self, data: bytes) -> None:
         """The global model fedsim evaluates: the content's first ArrayRecord, when it
         is the scenario model's size and numeric."""
+        content = content_of(data)
         arrays = next((r for r in content.values() if isinstance(r, ArrayRecord)), None)
         if arrays is None:
             return
@@ -338,8 +341,7 @@ class FlowerServer(ServerAlgorithm):
             for record in reply.content.values():
                 if isinstance(record, MetricRecord) and "num-examples" in record:
                     record["num-examples"] = upload.num_samples
-        if not self.exchange.deliver(reply, (s.expires, reply_unavailable(s.message,
-                                                                           s.message_id))):
+        if not self.exchange.deliver(reply, (s.expires, s.message)):
             step.discarded.append(Discarded(upload.client, "a second reply to its message"))
             return step
         if s.train and not reply.has_error():
@@ -381,6 +383,9 @@ class FlowerServer(ServerAlgorithm):
         return not self._stopped
 
     def model(self) -> torch.Tensor:
+        if self._newest is not None:
+            data, self._newest = self._newest, None
+            self._take_model(data)
         return self._x
 
     def close(self) -> None:
