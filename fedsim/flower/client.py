@@ -78,6 +78,7 @@ class FlowerClient(ClientAlgorithm):
         _warm_torch_optim()
         #: Context.state per client
         self.states: dict[int, RecordDict] = {}
+        self._warned_steps = False
 
     @property
     def app(self) -> ClientApp:
@@ -116,12 +117,18 @@ class FlowerClient(ClientAlgorithm):
         self.states[client] = context.state
         steps = 0
         if self.cfg.compute == "steps" and reply.has_content():
+            found = False
             for record in reply.content.values():
                 if isinstance(record, MetricRecord) and self.cfg.steps_metric in record:
                     value = record[self.cfg.steps_metric]
                     if isinstance(value, int | float) and value >= 0:
-                        steps = int(value)
+                        steps, found = int(value), True
                     break
+            if not found and not self._warned_steps:
+                self._warned_steps = True
+                log.warning("compute = \"steps\": a reply of the ClientApp has no metric %r "
+                            "(a number >= 0): it is charged no compute time, an instant "
+                            "device (said once)", self.cfg.steps_metric)
         data = reply_bytes(reply)
         if len(data) > self.limit:
             log.error("client %d: a reply of %d bytes, over the run's %d", client, len(data),
