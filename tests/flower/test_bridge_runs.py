@@ -140,8 +140,8 @@ def test_without_flower_a_flower_scenario_names_the_extra(
     with pytest.raises((FlowerMissing, api.RunFailed)) as info:
         api.run(sc, out=tmp_path / "run", plots=False)
     assert 'pip install "fedsim[flower]"' in str(info.value) + str(info.value.__cause__)
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] if (
-        tmp_path / "run" / "summary.json").exists() else True
+    summary = tmp_path / "run" / "summary.json"     # refused before the run: none, or failed
+    assert not summary.exists() or json.loads(summary.read_text())["status"] != "completed"
 
 
 #: Flower's own simulation of parity_app, in a process of its own (Ray's start-up and
@@ -197,3 +197,19 @@ def test_suspended_clients_reach_the_strategy_as_flowers_error_replies(tmp_path:
     assert 0 < s["updates"] < 16                  # some of the 4 x 4 train replies lost
     suspended = [e for e in r.events() if e["ev"] in ("suspend", "away", "wasted")]
     assert suspended, sorted({e["ev"] for e in r.events()})
+
+
+def test_compute_cpu_charges_each_handler_its_cpu_time(tmp_path: Path) -> None:
+    """The default compute = "cpu": a ClientApp call takes, in emulated seconds, the
+    CPU time its handler used (devices equal: speed 1), never more than the real time
+    the trainer spent on it and never nothing."""
+    app = FLOWER.format(rounds=2, final=tmp_path / "f.npy").replace(
+        'compute = "steps"\n', "")          # the default
+    r = api.run(_scenario(tmp_path, "cpu", app), out=tmp_path / "cpu-run", plots=False)
+    assert r.summary["stop_reason"] == "server_app_finished"
+    starts = {e["task_id"]: e["t"] for e in r.events("train_start")}
+    ends = [e for e in r.events("train_end") if "deadline" in e]
+    assert len(ends) == 16                  # 2 rounds x 4 clients x (train, evaluate)
+    for e in ends:
+        budget = e["deadline"] - starts[e["task_id"]]
+        assert 0 < budget <= e["compute_real"] + 1e-3, e
