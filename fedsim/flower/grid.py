@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from flwr.app import Error, Message, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
@@ -79,8 +79,13 @@ def answer(msg: Message, message_id: str, body: RecordDict | Error) -> Message:
 
 
 def error_reply(msg: Message, code: int, reason: str, message_id: str | None = None) -> Message:
-    """Flower's error reply to ``msg`` (as its SuperLink builds one)."""
-    return answer(msg, message_id or msg.metadata.message_id, Error(code=code, reason=reason))
+    """Flower's error reply to ``msg`` as its SuperLink builds one: from and to the
+    SuperLink's node id (1), not from the node the message was for (a ClientApp's own
+    exception comes from its node: the server passes on the node's reply)."""
+    reply = answer(msg, message_id or msg.metadata.message_id, Error(code=code, reason=reason))
+    reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+    reply.metadata.__dict__["_dst_node_id"] = SUPERLINK_NODE_ID
+    return reply
 
 
 def node_unavailable(msg: Message, message_id: str | None = None) -> Message:
