@@ -114,17 +114,20 @@ def test_a_lost_node_is_answered_node_unavailable(monkeypatch: pytest.MonkeyPatc
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
     d = _Driver(_cfg(run_config={"num-server-rounds": 2}), [0, 1, 2])
     seen: list[int] = []
+    senders: set[int] = set()
     real = d.server.exchange.deliver
 
     def spy(reply, *more):  # type: ignore[no-untyped-def]
         if reply.has_error():
             seen.append(reply.error.code)
+            senders.add(reply.metadata.src_node_id)
         return real(reply, *more)
 
     d.server.exchange.deliver = spy  # type: ignore[method-assign]
     d.run(drop={2})
     d.server.close()
     assert ErrorCode.NODE_UNAVAILABLE in seen
+    assert senders == {1}                            # the SuperLink's, as in Flower
     assert d.stop == "server_app_finished"           # the rounds went on without it
     assert {a.clients[0] for a in d.applied} == {0, 1}
     assert len(d.applied) == 4                       # 2 rounds x the 2 nodes left
