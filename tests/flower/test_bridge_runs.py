@@ -18,7 +18,7 @@ pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
 from fedsim import api  # noqa: E402
-from fedsim.errors import ResumeError  # noqa: E402
+from fedsim.errors import ResumeError, ScenarioError  # noqa: E402
 from fedsim.flower.config import FlowerMissing  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -213,3 +213,12 @@ def test_compute_cpu_charges_each_handler_its_cpu_time(tmp_path: Path) -> None:
     for e in ends:
         budget = e["deadline"] - starts[e["task_id"]]
         assert 0 < budget <= e["compute_real"] + 1e-3, e
+
+
+def test_dilation_auto_refuses_a_flower_app(tmp_path: Path) -> None:
+    """--dilation auto times fedsim's own local training, which a Flower app never runs:
+    refused with the reason, before any process starts."""
+    path = _scenario(tmp_path, "auto", FLOWER.format(rounds=1, final=tmp_path / "f.npy"))
+    with pytest.raises((ScenarioError, api.RunFailed), match="cannot time") as info:
+        api.run(path, out=tmp_path / "run", dilation="auto", plots=False)
+    assert "give a number" in str(info.value) + str(info.value.__cause__)
