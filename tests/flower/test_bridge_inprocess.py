@@ -266,7 +266,8 @@ def test_a_message_the_network_lost_frees_its_node_at_its_ttl(
     late = d.server.update(Update.of(client=0, task_id=lost.task_id, base_version=lost.version,
                                      round=0, num_samples=3, params=out.upload), 7.0)
     assert [x.reason for x in late.discarded] == ["reply after its message's TTL"]
-    assert d.server.late_replies == 1 and d.server.busy == {}
+    assert d.server.late_replies == 1
+    assert d.server.busy == {}
     assert d.woken.wait(10)
     assert d.server.timer(7.0).stop == "server_app_finished"
     d.server.close()

@@ -29,7 +29,8 @@ def test_the_lan_example_runs_its_rounds(tmp_path: Path) -> None:
     assert r.summary["rounds"] == 2
     assert r.summary["updates"] == 20                    # 10 of 20 clients a round
     acc = r.summary.final_accuracy
-    assert acc is not None and math.isfinite(acc)
+    assert acc is not None
+    assert math.isfinite(acc)
 
 
 def test_the_async_example_shows_the_staleness_of_five_in_flight(tmp_path: Path) -> None:
