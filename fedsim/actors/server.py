@@ -218,7 +218,7 @@ class Server:
                                     self.sessions.gate)
         self.fedsim_version, self.scenario_hash = fedsim_version, scenario_hash
         #: writes the checkpoints (its own thread) and restores one
-        # (no checkpoints of an algorithm that could not resume from them: a Flower app's)
+        # no checkpoints of an algorithm that could not resume from them
         resumable = sc.algorithm.resumable() is None
         self.checkpointer = Checkpointer(run_dir, sc.run.checkpoint_every if resumable else 0,
                                          sc.run.checkpoint_seconds if resumable else 0.0,
