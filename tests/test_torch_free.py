@@ -1,4 +1,4 @@
-"""Client hosts never import torch; fedsim.lazy is how (docs/architecture.md#processes).
+"""Client hosts never import torch or Flower; fedsim.lazy is how (docs/architecture.md).
 
 Only the processes that train, evaluate or aggregate import torch (about
 1.2 s and 185 MB each). A client host parses the scenario, which imports
@@ -31,7 +31,8 @@ from fedsim.lazy import LazyModule, is_loaded, lazy_module
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted(
-    p for p in [*ROOT.glob("scenarios/*.toml"), *ROOT.glob("scenarios/repro/*.toml")]
+    p for p in [*ROOT.glob("scenarios/*.toml"), *ROOT.glob("scenarios/repro/*.toml"),
+                *ROOT.glob("examples/flower/*.toml")]
     if not p.name.endswith(".sweep.toml")
 )
 
@@ -46,6 +47,7 @@ proxies = {
 }
 print(json.dumps({
     "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
+    "flwr": sorted(m for m in sys.modules if m == "flwr" or m.startswith("flwr.")),
     "proxies": proxies,
     "done": done,
     "first_torch": globals().get("first_torch", []),
@@ -110,6 +112,9 @@ def test_a_client_host_never_imports_torch() -> None:
         "dga", "fedadam",
     }
     assert report["torch"] == [], "torch was imported here:\n" + "".join(report["first_torch"])
+    # nor Flower, even for a scenario that names a Flower app (only its trainers run it)
+    assert "flower" in {alg for _, alg, _ in report["done"]}
+    assert report["flwr"] == []
     # the proxies are there (the scan works) and none of them was read
     assert any(name.startswith("fedsim.algorithms.") for name in report["proxies"])
     assert [name for name, loaded in report["proxies"].items() if loaded] == []
@@ -120,6 +125,12 @@ def test_control_the_server_and_the_workers_import_torch(module: str) -> None:
     report = _probe(f"import {module}\ndone = []\n")
     assert "torch" in report["torch"]
     assert "torch._C" in report["torch"]
+
+
+def test_control_the_flower_server_side_imports_flower() -> None:
+    pytest.importorskip("flwr")
+    report = _probe("import fedsim.flower.server\ndone = []\n")
+    assert "flwr" in report["flwr"]
 
 
 def test_control_using_an_algorithm_loads_its_proxy() -> None:

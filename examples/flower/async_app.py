@@ -46,15 +46,18 @@ def main(grid: Grid, context: Context) -> None:
 
     idle = list(grid.get_node_ids())
     rng.shuffle(idle)
-    waiting = {send(idle.pop()) for _ in range(min(int(cfg["concurrency"]), len(idle)))}
+    # message id -> its node: an error reply comes from the SuperLink, not the node
+    waiting: dict[str, int] = {}
+    for _ in range(min(int(cfg["concurrency"]), len(idle))):
+        node = idle.pop()
+        waiting[send(node)] = node
     while version < updates:
-        replies = list(grid.pull_messages(waiting))
+        replies = list(grid.pull_messages(list(waiting)))
         if not replies:
             time.sleep(0.002)            # the grid's replies come in emulated time
             continue
         for reply in replies:
-            waiting.discard(reply.metadata.reply_to_message_id)
-            node = reply.metadata.src_node_id
+            node = waiting.pop(reply.metadata.reply_to_message_id)
             if not reply.has_error():
                 theirs = reply.content["arrays"].to_torch_state_dict()
                 x = {k: (1 - alpha) * v + alpha * theirs[k] for k, v in x.items()}
@@ -65,4 +68,5 @@ def main(grid: Grid, context: Context) -> None:
             idle.append(node)
             rng.shuffle(idle)
             if version < updates:
-                waiting.add(send(idle.pop()))
+                node = idle.pop()
+                waiting[send(node)] = node

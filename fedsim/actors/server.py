@@ -218,9 +218,11 @@ class Server:
                                     self.sessions.gate)
         self.fedsim_version, self.scenario_hash = fedsim_version, scenario_hash
         #: writes the checkpoints (its own thread) and restores one
-        self.checkpointer = Checkpointer(run_dir, sc.run.checkpoint_every,
-                                         sc.run.checkpoint_seconds, self.strategy.cadence,
-                                         real_clock)
+        # no checkpoints of an algorithm that could not resume from them
+        resumable = sc.algorithm.resumable() is None
+        self.checkpointer = Checkpointer(run_dir, sc.run.checkpoint_every if resumable else 0,
+                                         sc.run.checkpoint_seconds if resumable else 0.0,
+                                         self.strategy.cadence, real_clock)
         #: deadlines of the AlgorithmTimers on the heap: one timer per deadline,
         #: however many steps ask for it
         self._algorithm_timers: set[float] = set()

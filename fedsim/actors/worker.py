@@ -165,13 +165,13 @@ class Worker:
             "after a restart without --state) or move it away, then start the host again"))
         if not isinstance(saved, dict) or not {"algorithm", "clients", "state"} <= set(saved):
             raise statefile.StateFileError(f"{path} does not hold a host's client state")
-        if saved["algorithm"] == self.sc.algorithm.name and saved["clients"] == self.clients:
+        if saved["algorithm"] == self.sc.algorithm.state_key() and saved["clients"] == self.clients:
             self.client.load_state_dict(saved["state"])
             self.restored = True
             log.warning("restored the client state of %d clients from %s", len(self.clients),
                         path)
         else:
-            log.warning("%s holds another host's client state; not restored", path)
+            log.warning("%s holds another host's or algorithm's client state; not restored", path)
 
     def save_state(self, force: bool = False) -> None:
         """Save the client side's state (if a state path is set and it changed)."""
@@ -183,7 +183,7 @@ class Worker:
         try:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
             statefile.save(self.state_path, {
-                "algorithm": self.sc.algorithm.name, "clients": self.clients,
+                "algorithm": self.sc.algorithm.state_key(), "clients": self.clients,
                 "state": self.client.state_dict()}, "client-state")
         except OSError as exc:  # a lost save costs a restart, not the run
             log.warning("could not save the client state to %s: %s", self.state_path, exc)

@@ -114,6 +114,16 @@ class AlgorithmConfig(SchemaModel):
         ``local_epochs`` do not (None: they do). ``fedsim check`` prints it."""
         return None
 
+    def resumable(self) -> str | None:
+        """None when a checkpoint of this algorithm's server can be resumed; else why not
+        (the run then takes no checkpoints and ``fedsim run --resume`` refuses it)."""
+        return None
+
+    def state_key(self) -> str:
+        """What a client host's saved state belongs to (``fedsim clients --state``):
+        a file of another key is not restored. The algorithm's name, by default."""
+        return self.name
+
     def client_table(self) -> str | None:
         """Why no ``[client]`` key is read, when the algorithm's clients train with
         their own code (a Flower app's); None: ``[client]`` configures them."""

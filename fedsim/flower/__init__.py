@@ -1,6 +1,6 @@
 """Flower apps, unchanged, on fedsim's network: a ServerApp and its ClientApps, algorithm "flower".
 
-``[algorithm] name = "flower"`` names a Flower Message-API app (Flower 1.21
+``[algorithm] name = "flower"`` names a Flower Message-API app (Flower 1.38
 and later): a ``flwr.serverapp.ServerApp`` and a ``flwr.clientapp.ClientApp``
 as ``module:attribute`` references, found like fedsim's plug-ins (installed,
 on ``PYTHONPATH``, or next to the scenario file), and the app's run config::

@@ -6,8 +6,10 @@ in a trainer process. A task's payload and tag become the
 called as Flower's simulation calls it, ``client_app(message, context)``,
 with the client's own :class:`flwr.app.Context`:
 
-- ``node_id`` is the fedsim client id, ``node_config`` holds Flower's
-  ``partition-id`` (the client id) and ``num-partitions`` (the client count);
+- ``node_id`` is the client's Flower node id (``1000 +`` the fedsim client id,
+  the id the ServerApp sends to and reads in replies' ``src_node_id``);
+  ``node_config`` holds Flower's ``partition-id`` (the client id) and
+  ``num-partitions`` (the client count);
 - ``state`` persists per client across messages, in the trainer's saved
   state (checkpoints and ``fedsim clients --state``);
 - ``run_config`` is the scenario's ``algorithm.run_config``.
@@ -41,6 +43,7 @@ from fedsim.algorithms.api import ClientAlgorithm, ClientContext, Outcome
 from fedsim.flower.apps import load
 from fedsim.flower.config import FlowerConfig
 from fedsim.flower.content import message_at_client, reply_bytes, to_bytes
+from fedsim.flower.grid import node_of
 from fedsim.flower.running import serving, set_scenario
 from fedsim.wire.messages import Task
 
@@ -75,6 +78,7 @@ class FlowerClient(ClientAlgorithm):
         _warm_torch_optim()
         #: Context.state per client
         self.states: dict[int, RecordDict] = {}
+        self._warned_steps = False
 
     @property
     def app(self) -> ClientApp:
@@ -87,15 +91,16 @@ class FlowerClient(ClientAlgorithm):
         if task.model is None:
             raise ValueError(f"task {task.task_id} carries no message")
         client = task.client
-        msg = message_at_client(task.tag, to_bytes(task.model), client)
-        context = Context(run_id=msg.metadata.run_id, node_id=client,
+        node = node_of(client)
+        msg = message_at_client(task.tag, to_bytes(task.model), node)
+        context = Context(run_id=msg.metadata.run_id, node_id=node,
                           node_config=UserConfig({"partition-id": client,
                                                   "num-partitions": self.num_clients}),
                           state=self.states.get(client) or RecordDict(),
                           run_config=UserConfig(self.cfg.run_config))
         TaskIdentity.run_id = msg.metadata.run_id
         TaskIdentity.task_id = task.task_id
-        TaskIdentity.node_id = client
+        TaskIdentity.node_id = node
         with serving(client, x, y):
             t0 = time.thread_time()
             try:
@@ -112,12 +117,18 @@ class FlowerClient(ClientAlgorithm):
         self.states[client] = context.state
         steps = 0
         if self.cfg.compute == "steps" and reply.has_content():
+            found = False
             for record in reply.content.values():
                 if isinstance(record, MetricRecord) and self.cfg.steps_metric in record:
                     value = record[self.cfg.steps_metric]
                     if isinstance(value, int | float) and value >= 0:
-                        steps = int(value)
+                        steps, found = int(value), True
                     break
+            if not found and not self._warned_steps:
+                self._warned_steps = True
+                log.warning("compute = \"steps\": a reply of the ClientApp has no metric %r "
+                            "(a number >= 0): it is charged no compute time, an instant "
+                            "device (said once)", self.cfg.steps_metric)
         data = reply_bytes(reply)
         if len(data) > self.limit:
             log.error("client %d: a reply of %d bytes, over the run's %d", client, len(data),

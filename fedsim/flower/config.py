@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import math
 import re
@@ -14,8 +15,10 @@ from fedsim.schema import FinitePos
 
 __all__ = ["FLOWER_VERSIONS", "FlowerConfig", "FlowerMissing", "require_flower"]
 
-#: the Flower versions fedsim is tested with (constraints.txt pins the newest)
-FLOWER_VERSIONS = ">=1.21,<2"
+#: the Flower versions fedsim is tested with: the oldest (1.38, the first with
+#: every module the bridge uses) and the newest (constraints.txt pins it)
+FLOWER_VERSIONS = ">=1.38,<2"
+_OLDEST, _BEYOND = (1, 38), (2, 0)
 
 _REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -28,11 +31,21 @@ class FlowerMissing(ImportError):
 
 
 def require_flower() -> None:
-    """Raise :class:`FlowerMissing` naming the extra when ``flwr`` cannot be imported."""
+    """Raise :class:`FlowerMissing` naming the extra when ``flwr`` cannot be imported,
+    or when the installed Flower is outside :data:`FLOWER_VERSIONS`."""
     if importlib.util.find_spec("flwr") is None:
         raise FlowerMissing(
             "this scenario runs a Flower app (algorithm.name = \"flower\"), and Flower is not "
             "installed: pip install \"fedsim[flower]\"")
+    try:
+        found = importlib.metadata.version("flwr")
+    except importlib.metadata.PackageNotFoundError:    # a source tree on the path
+        return
+    release = tuple(int(x) for x in re.findall(r"\d+", found)[:2])
+    if not _OLDEST <= release < _BEYOND:
+        raise FlowerMissing(
+            f"this scenario runs a Flower app, and Flower {found} is installed; fedsim runs "
+            f"flwr{FLOWER_VERSIONS}: pip install \"fedsim[flower]\"")
 
 
 class FlowerConfig(AlgorithmConfig):
@@ -71,6 +84,14 @@ class FlowerConfig(AlgorithmConfig):
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"run_config.{key}: {value!r} is not a finite number")
         return v
+
+    def resumable(self) -> str:
+        return ("a Flower app's run cannot resume from a checkpoint: its ServerApp is a "
+                "running thread whose state fedsim cannot save (run it again; its clients' "
+                "Context.state is kept by fedsim clients --state)")
+
+    def state_key(self) -> str:
+        return f"flower {self.client_app}"     # another app's Context.state is not this one's
 
     def local_work(self) -> str:
         return (f"the ClientApp's handlers ({self.client_app}); compute time: "

@@ -37,8 +37,8 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from fedsim.wire.tensors import Model, TensorSpec
 
-__all__ = ["SERVER_NODE_ID", "content_bytes", "header", "message_at_client", "reply_bytes",
-           "reply_of", "to_bytes", "to_model"]
+__all__ = ["SERVER_NODE_ID", "content_bytes", "content_of", "header", "message_at_client",
+           "reply_bytes", "reply_of", "to_bytes", "to_model"]
 
 #: the node id the ServerApp's messages come from (Flower's SuperLink's)
 SERVER_NODE_ID = 1
@@ -47,6 +47,11 @@ SERVER_NODE_ID = 1
 def content_bytes(content: RecordDict) -> bytes:
     """A message's records, serialized as Flower serializes them."""
     return bytes(recorddict_to_proto(content).SerializeToString())
+
+
+def content_of(data: bytes | memoryview) -> RecordDict:
+    """A message's records back from :func:`content_bytes`."""
+    return recorddict_from_proto(ProtoRecordDict.FromString(bytes(data)))
 
 
 def reply_bytes(reply: Message) -> bytes:
@@ -97,7 +102,7 @@ def message_at_client(tag: str, content: bytes | memoryview, node_id: int) -> Me
             raise ValueError(f"the Flower message header's {key!r} is missing or malformed")
     if not (math.isfinite(h["ttl"]) and h["ttl"] > 0):
         raise ValueError("the Flower message header's 'ttl' must be a positive number")
-    records = recorddict_from_proto(ProtoRecordDict.FromString(bytes(content)))
+    records = content_of(content)
     metadata = Metadata(run_id=h["run"], message_id=h["id"], src_node_id=SERVER_NODE_ID,
                         dst_node_id=node_id, reply_to_message_id="", group_id=h["group"],
                         created_at=float(h["created"]), ttl=float(h["ttl"]),

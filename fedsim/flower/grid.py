@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from flwr.app import Error, Message, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
@@ -79,8 +79,13 @@ def answer(msg: Message, message_id: str, body: RecordDict | Error) -> Message:
 
 
 def error_reply(msg: Message, code: int, reason: str, message_id: str | None = None) -> Message:
-    """Flower's error reply to ``msg`` (as its SuperLink builds one)."""
-    return answer(msg, message_id or msg.metadata.message_id, Error(code=code, reason=reason))
+    """Flower's error reply to ``msg`` as its SuperLink builds one: from and to the
+    SuperLink's node id (1), not from the node the message was for (a ClientApp's own
+    exception comes from its node: the server passes on the node's reply)."""
+    reply = answer(msg, message_id or msg.metadata.message_id, Error(code=code, reason=reason))
+    reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+    reply.metadata.__dict__["_dst_node_id"] = SUPERLINK_NODE_ID
+    return reply
 
 
 def node_unavailable(msg: Message, message_id: str | None = None) -> Message:
@@ -116,6 +121,8 @@ class _Batch:
     timeout: float | None
     deadline: float | None = None     # set by the loop when it sends the batch
     expired: bool = False
+    #: replies still to come (the waiting thread is woken when none are left)
+    missing: int = 0
 
 
 @dataclass
@@ -138,9 +145,12 @@ class Exchange:
     #: as Flower's own grid does)
     open: set[str] = field(default_factory=set)
     #: a filed reply's TTL: when it is replaced by the error reply that says it
-    #: expired (what Flower answers a pull after the TTL), which frees the reply
+    #: expired (what Flower answers a pull after the TTL), which frees the reply;
+    #: with the message it answers, to build that error reply then
     lapse: dict[str, tuple[float, Message]] = field(default_factory=dict)
     batches: dict[int, _Batch] = field(default_factory=dict)
+    #: the batch a message id waits in (while its send_and_receive waits)
+    batch_of: dict[str, int] = field(default_factory=dict)
     #: the node ids the federation has now (the loop keeps it)
     nodes: list[int] = field(default_factory=list)
     wake: Callable[[], None] = lambda: None
@@ -161,9 +171,12 @@ class Exchange:
             if batch:
                 self._batch_ids += 1
                 number = self._batch_ids
-                self.batches[number] = _Batch({p.message_id for p in messages}, timeout)
+                self.batches[number] = _Batch({p.message_id for p in messages}, timeout,
+                                              missing=len({p.message_id for p in messages}))
             for p in messages:
                 p.batch = number
+                if number is not None:
+                    self.batch_of[p.message_id] = number
                 self.open.add(p.message_id)
                 self.pushed.append(p)
         self.wake()
@@ -182,6 +195,8 @@ class Exchange:
             self.cond.wait_for(lambda: self.closed or b.expired
                                or b.ids <= self.replies.keys())
             del self.batches[number]
+            for key in b.ids:
+                self.batch_of.pop(key, None)
             return self._take(b.ids)
 
     def _take(self, ids: set[str]) -> list[Message]:
@@ -217,7 +232,10 @@ class Exchange:
     def deliver(self, reply: Message, lapse: tuple[float, Message] | None = None) -> bool:
         """File a reply (or an error reply) for the message it answers; whether it
         was filed (False: that message has one already, or was pulled). ``lapse``:
-        when the reply expires unpulled, and the error reply that then replaces it."""
+        when the reply expires unpulled, and the message it answers (whose
+        ``REPLY_MESSAGE_UNAVAILABLE`` then replaces it). The ServerApp's thread
+        is woken only when a send_and_receive it waits in has every reply (a
+        pull does not wait)."""
         with self.cond:
             key = reply.metadata.reply_to_message_id
             if key not in self.open or key in self.replies:
@@ -225,7 +243,11 @@ class Exchange:
             self.replies[key] = reply
             if lapse is not None:
                 self.lapse[key] = lapse
-            self.cond.notify_all()
+            b = self.batches.get(self.batch_of.get(key, 0))
+            if b is not None:
+                b.missing -= 1
+                if b.missing <= 0:
+                    self.cond.notify_all()
             return True
 
     def expire(self, now: float) -> None:
@@ -233,9 +255,9 @@ class Exchange:
         replace the unpulled replies whose TTL passed by their error reply."""
         with self.cond:
             for key in [k for k, (t, _) in self.lapse.items() if t <= now]:
-                _, error = self.lapse.pop(key)
+                _, message = self.lapse.pop(key)
                 if key in self.replies:
-                    self.replies[key] = error
+                    self.replies[key] = reply_unavailable(message, key)
             for b in self.batches.values():
                 if b.deadline is not None and not b.expired and b.deadline <= now:
                     b.expired = True

@@ -20,7 +20,11 @@ Rules (docs/flower.md):
 - A message's TTL counts in emulated seconds from its push: a reply that
   has not come by then is answered ``REPLY_MESSAGE_UNAVAILABLE`` (the late
   one, when it comes, is discarded and counted), and a message still
-  waiting for its busy node is answered so and never sent.
+  waiting for its busy node is answered so and never sent. A message whose
+  TTL ran out frees its node for its next message, as ``task_timeout``
+  frees a native client: a message the network lost (``loss_mode = "drop"``
+  or ``"message"``, a TCP timeout) holds its node until then, not for the
+  rest of the run.
   ``send_and_receive``'s timeout runs from the moment its messages leave.
 - Each distinct content the app pushes (by its serialized bytes, taken at
   the push) is one payload version: a strategy's round (one ``RecordDict``,
@@ -47,6 +51,7 @@ Rules (docs/flower.md):
 from __future__ import annotations
 
 import logging
+import random
 import sys
 import threading
 from collections import deque
@@ -66,7 +71,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedsim.algorithms.api import Applied, Discarded, ServerAlgorithm, ServerContext, Step
 from fedsim.flower.apps import load
 from fedsim.flower.config import FlowerConfig
-from fedsim.flower.content import header, reply_of, to_bytes, to_model
+from fedsim.flower.content import content_of, header, reply_of, to_bytes, to_model
 from fedsim.flower.grid import (
     Exchange,
     FedsimGrid,
@@ -88,6 +93,8 @@ log = logging.getLogger(__name__)
 
 #: how many recent payloads stay known by their digest (a round's messages share one)
 _CONTENTS = 8
+#: how many messages whose TTL ran out stay known, to tell a late reply from a stray one
+_LAPSED = 4096
 #: the GIL's switch interval while a ServerApp's thread runs beside the loop (s)
 SWITCH_INTERVAL = 0.0005
 
@@ -102,7 +109,6 @@ class _Sent:
     version: int
     expires: float
     train: bool
-    expired: bool = False
 
 
 @dataclass
@@ -134,9 +140,13 @@ class FlowerServer(ServerAlgorithm):
         self.busy: dict[int, int] = {}                     # client -> task id it works on
         self.queued: dict[int, deque[_Queued]] = {}        # client -> messages for later
         self.sent: dict[int, _Sent] = {}                   # task id -> the message
+        #: task ids of messages whose TTL ran out before their reply came (oldest first)
+        self._lapsed: dict[int, None] = {}
         #: recent payloads: digest -> (version, wire model)
         self._payloads: dict[bytes, tuple[int, Model]] = {}
         self._x = ctx.x0.detach().clone()
+        #: the newest content pushed (serialized), not yet read for model()
+        self._newest: bytes | None = None
         self._thread: threading.Thread | None = None
         self._finished = False
         self._error: BaseException | None = None
@@ -166,6 +176,9 @@ class FlowerServer(ServerAlgorithm):
         TaskIdentity.node_id = SUPERLINK_NODE_ID
         self.available = set(clients)
         self.exchange.set_nodes(node_of(c) for c in self.available)
+        # Flower's strategies sample nodes with Python's global random (sample_nodes):
+        # seeded from the scenario, a run samples the same nodes each time it is run
+        random.seed(int(self.ctx.seed))
         app = self._app
         run = Run.create_empty(run_id)
         run.override_config = UserConfig(self.cfg.run_config)
@@ -195,7 +208,7 @@ class FlowerServer(ServerAlgorithm):
                     p.message, ErrorCode.UNKNOWN,
                     f"fedsim could not send the message: {type(exc).__name__}: {exc}"[:300],
                     p.message_id))
-        self._expire(now)
+        self._expire(now, step)
         if self._finished and not self._stopped:
             self._stopped = True
             step.rounds_closed += 1 if self.round else 0     # the app's last round
@@ -205,7 +218,7 @@ class FlowerServer(ServerAlgorithm):
         return step
 
     def next_timer(self) -> float | None:
-        times = [s.expires for s in self.sent.values() if not s.expired]
+        times = [s.expires for s in self.sent.values()]
         lapse = self.exchange.next_lapse()
         if lapse is not None:
             times.append(lapse)
@@ -254,12 +267,13 @@ class FlowerServer(ServerAlgorithm):
             del self._payloads[next(iter(self._payloads))]
         if _kind(p.message) == "train":
             self.round += 1
-        self._take_model(p.message.content)
+        self._newest = p.data      # read when fedsim evaluates (model()), not per push
         return held
 
-    def _take_model(self, content: RecordDict) -> None:
+    def _take_model(self, data: bytes) -> None:
         """The global model fedsim evaluates: the content's first ArrayRecord, when it
         is the scenario model's size and numeric."""
+        content = content_of(data)
         arrays = next((r for r in content.values() if isinstance(r, ArrayRecord)), None)
         if arrays is None:
             return
@@ -271,11 +285,15 @@ class FlowerServer(ServerAlgorithm):
         if parts and sum(p.size for p in parts) == self._x.numel():
             self._x = torch.from_numpy(np.concatenate(parts))
 
-    def _expire(self, now: float) -> None:
-        for s in self.sent.values():
-            if not s.expired and s.expires <= now:
-                s.expired = True
-                self.exchange.deliver(reply_unavailable(s.message, s.message_id))
+    def _expire(self, now: float, step: Step) -> None:
+        for task_id in [t for t, s in self.sent.items() if s.expires <= now]:
+            s = self.sent.pop(task_id)
+            self._lapsed[task_id] = None
+            while len(self._lapsed) > _LAPSED:
+                del self._lapsed[next(iter(self._lapsed))]
+            self.exchange.deliver(reply_unavailable(s.message, s.message_id))
+            if self.busy.get(s.client) == task_id:
+                self._free(s.client, now, step)
         for queue in self.queued.values():
             while queue and queue[0].expires <= now:
                 q = queue.popleft().pushed
@@ -297,9 +315,14 @@ class FlowerServer(ServerAlgorithm):
         step = Step()
         s = self.sent.pop(upload.task_id, None)
         if s is None:
-            step.discarded.append(Discarded(upload.client, "a reply to no message in flight"))
+            if self._lapsed.pop(upload.task_id, 0) is None:
+                self.late_replies += 1
+                step.discarded.append(Discarded(upload.client, "reply after its message's TTL"))
+            else:
+                step.discarded.append(Discarded(upload.client, "a reply to no message in flight"))
             return step
-        self._free(s.client, now, step)
+        if self.busy.get(s.client) == upload.task_id:
+            self._free(s.client, now, step)
         try:
             theirs = reply_of(to_bytes(upload.model))
             if theirs.metadata.reply_to_message_id != s.message_id:
@@ -308,23 +331,17 @@ class FlowerServer(ServerAlgorithm):
             reply = answer(s.message, s.message_id,
                            theirs.error if theirs.has_error() else theirs.content)
         except Exception as exc:
-            if not s.expired:
-                self.exchange.deliver(error_reply(
-                    s.message, ErrorCode.UNKNOWN,
-                    f"fedsim refused the reply of node {node_of(s.client)}: {exc}"[:300],
-                    s.message_id))
+            self.exchange.deliver(error_reply(
+                s.message, ErrorCode.UNKNOWN,
+                f"fedsim refused the reply of node {node_of(s.client)}: {exc}"[:300],
+                s.message_id))
             step.discarded.append(Discarded(upload.client, f"malformed Flower reply: {exc}"[:200]))
-            return step
-        if s.expired:
-            self.late_replies += 1
-            step.discarded.append(Discarded(upload.client, "reply after its message's TTL"))
             return step
         if s.train and reply.has_content():
             for record in reply.content.values():
                 if isinstance(record, MetricRecord) and "num-examples" in record:
                     record["num-examples"] = upload.num_samples
-        if not self.exchange.deliver(reply, (s.expires, reply_unavailable(s.message,
-                                                                           s.message_id))):
+        if not self.exchange.deliver(reply, (s.expires, s.message)):
             step.discarded.append(Discarded(upload.client, "a second reply to its message"))
             return step
         if s.train and not reply.has_error():
@@ -337,7 +354,7 @@ class FlowerServer(ServerAlgorithm):
         """``client``'s message in flight will not be answered: say so now."""
         task_id = self.busy.pop(client, None)
         s = self.sent.pop(task_id, None) if task_id is not None else None
-        if s is not None and not s.expired:
+        if s is not None:
             self.exchange.deliver(node_unavailable(s.message, s.message_id))
 
     def rejoin(self, client: int, now: float, reset: bool) -> Step:
@@ -366,9 +383,15 @@ class FlowerServer(ServerAlgorithm):
         return not self._stopped
 
     def model(self) -> torch.Tensor:
+        if self._newest is not None:
+            data, self._newest = self._newest, None
+            self._take_model(data)
         return self._x
 
     def close(self) -> None:
+        if self.late_replies:
+            log.warning("%d Flower replies came after their message's TTL and were discarded",
+                        self.late_replies)
         self.exchange.close()
         if self._thread is not None:
             self._thread.join(timeout=5.0)

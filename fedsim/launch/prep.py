@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fedsim.errors import ResumeError
+from fedsim.errors import ResumeError, ScenarioError
 from fedsim.launch.dilation import calibrate_dilation, measure_step_time
 from fedsim.results.writer import (
     CHECKPOINT_FILE,
@@ -67,6 +67,13 @@ def prepare(sc: Scenario, out: str | Path | None, dilation: float | str | None,
     data = resolved(sc)
     choice = dilation if dilation is not None else sc.run.dilation
     if choice == "auto":
+        if sc.algorithm.client_table() is not None:
+            raise ScenarioError(
+                "run.dilation = \"auto\" times fedsim's own local training; this "
+                f"algorithm's clients run code of their own ({sc.algorithm.client_table()}), "
+                "which nothing can time before the run: give a number (2 to start with; a "
+                "run whose fidelity verdict fails names the one that passes)",
+                problems=["run.dilation: 'auto' cannot time a Flower app's ClientApp"])
         choice = calibrate_dilation(sc, hosts, real_step)
         log.info("dilation auto: %s", choice)
     data["run"]["dilation"] = choice
@@ -91,6 +98,9 @@ def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str
     except (OSError, json.JSONDecodeError) as exc:
         raise ResumeError(f"{path / 'scenario.json'}: {exc}") from None
     sc = parse(data, str(path / "scenario.json"))
+    why = sc.algorithm.resumable()
+    if why is not None:
+        raise ResumeError(f"{path}: {why}")
     _check_checkpoint(path / CHECKPOINT_FILE)
     return sc, path, float(data["run"]["dilation"]), data
 

@@ -114,17 +114,20 @@ def test_a_lost_node_is_answered_node_unavailable(monkeypatch: pytest.MonkeyPatc
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
     d = _Driver(_cfg(run_config={"num-server-rounds": 2}), [0, 1, 2])
     seen: list[int] = []
+    senders: set[int] = set()
     real = d.server.exchange.deliver
 
     def spy(reply, *more):  # type: ignore[no-untyped-def]
         if reply.has_error():
             seen.append(reply.error.code)
+            senders.add(reply.metadata.src_node_id)
         return real(reply, *more)
 
     d.server.exchange.deliver = spy  # type: ignore[method-assign]
     d.run(drop={2})
     d.server.close()
     assert ErrorCode.NODE_UNAVAILABLE in seen
+    assert senders == {1}                            # the SuperLink's, as in Flower
     assert d.stop == "server_app_finished"           # the rounds went on without it
     assert {a.clients[0] for a in d.applied} == {0, 1}
     assert len(d.applied) == 4                       # 2 rounds x the 2 nodes left
@@ -232,3 +235,63 @@ def test_a_legacy_app_runs_as_flower_converts_it(monkeypatch: pytest.MonkeyPatch
     d.server.close()
     assert d.stop == "server_app_finished"
     assert len(d.applied) == 6                   # 2 rounds x 3 fit replies
+
+
+def test_a_message_the_network_lost_frees_its_node_at_its_ttl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node works on one message at a time, the next one waits; when the first is
+    lost on the way (no reply ever comes), its TTL answers it and the node takes the
+    waiting one, as task_timeout frees a native client. The lost message's reply, if
+    it comes after all, is discarded as late and frees nothing."""
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    import lost_app
+
+    lost_app.GOT.clear()
+    d = _Driver(FlowerConfig(server_app="lost_app:server_app",
+                             client_app="tiny_app:client_app"), [0])
+    assert d.woken.wait(10)
+    d.woken.clear()
+    (lost,) = d.server.timer(0.0).tasks                  # the second waits for the node
+    assert d.server.next_timer() == pytest.approx(5.0)   # the first's TTL
+    assert d.server.timer(4.0).tasks == []
+    (second,) = d.server.timer(5.0).tasks                # TTL: the node takes the next
+    assert second.task_id != lost.task_id
+    out = d.client.begin(second, torch.zeros(1), torch.zeros(1), torch.Generator())
+    step = d.server.update(Update.of(client=0, task_id=second.task_id,
+                                     base_version=second.version, round=0, num_samples=3,
+                                     params=out.upload), 6.0)
+    assert len(step.applied) == 1
+    _until(lambda: len(lost_app.GOT) == 2)
+    assert lost_app.GOT == [(0, ErrorCode.REPLY_MESSAGE_UNAVAILABLE), (1, None)]
+    late = d.server.update(Update.of(client=0, task_id=lost.task_id, base_version=lost.version,
+                                     round=0, num_samples=3, params=out.upload), 7.0)
+    assert [x.reason for x in late.discarded] == ["reply after its message's TTL"]
+    assert d.server.late_replies == 1
+    assert d.server.busy == {}
+    assert d.woken.wait(10)
+    assert d.server.timer(7.0).stop == "server_app_finished"
+    d.server.close()
+
+
+def test_a_client_app_sees_its_own_flower_node_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ClientApp's Context.node_id and its message's dst_node_id are the node id the
+    ServerApp sent to (1000 + the client), never the SuperLink's 1."""
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    import tiny_app
+
+    tiny_app.SEEN.clear()
+    d = _Driver(_cfg(run_config={"num-server-rounds": 1}), [0, 1, 2])
+    d.final(tiny_app.RESULT)
+    assert sorted(tiny_app.SEEN) == [(1000, 1000), (1001, 1001), (1002, 1002)]
+
+
+def test_a_flower_outside_the_tested_range_is_refused_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedsim.flower import config
+
+    monkeypatch.setattr(config.importlib.metadata, "version", lambda name: "1.30.0")
+    with pytest.raises(config.FlowerMissing, match=r"Flower 1\.30\.0 is installed; fedsim "
+                                                   r"runs flwr>=1\.38,<2"):
+        config.require_flower()
+    monkeypatch.setattr(config.importlib.metadata, "version", lambda name: "1.42.0")
+    config.require_flower()

@@ -18,6 +18,7 @@ pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
 from fedsim import api  # noqa: E402
+from fedsim.errors import ResumeError, ScenarioError  # noqa: E402
 from fedsim.flower.config import FlowerMissing  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -86,7 +87,9 @@ def test_flowers_fedavg_equals_fedsims_fedavg(tmp_path: Path) -> None:
     gives fedsim's fedavg's global model to float32 tolerance (its evaluation:
     the same loss), and the run directory is a native run's."""
     final = tmp_path / "flower-final.npy"
-    fl = api.run(_scenario(tmp_path, "fl", FLOWER.format(rounds=3, final=final)),
+    # a checkpoint every round would be due: a Flower run takes none (it could not resume)
+    fl = api.run(api.load(_scenario(tmp_path, "fl", FLOWER.format(rounds=3, final=final)),
+                          {"run.checkpoint_every": 1}),
                  out=tmp_path / "fl-run", plots=True)
     nat = api.run(_scenario(tmp_path, "nat", NATIVE, rounds=3), out=tmp_path / "nat-run",
                   plots=False)
@@ -99,6 +102,9 @@ def test_flowers_fedavg_equals_fedsims_fedavg(tmp_path: Path) -> None:
     assert np.all(np.isfinite(np.load(final)))
     for f in ("events.jsonl", "metrics.csv", "summary.json", "timeline.png"):
         assert (tmp_path / "fl-run" / f).exists(), f
+    assert not (tmp_path / "fl-run" / "checkpoint.pt").exists()
+    with pytest.raises(ResumeError, match="a Flower app's run cannot resume"):
+        api.resume(tmp_path / "fl-run")       # refused before any process starts
 
 
 def test_round_time_grows_with_latency_as_the_links_say(tmp_path: Path) -> None:
@@ -134,8 +140,8 @@ def test_without_flower_a_flower_scenario_names_the_extra(
     with pytest.raises((FlowerMissing, api.RunFailed)) as info:
         api.run(sc, out=tmp_path / "run", plots=False)
     assert 'pip install "fedsim[flower]"' in str(info.value) + str(info.value.__cause__)
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] if (
-        tmp_path / "run" / "summary.json").exists() else True
+    summary = tmp_path / "run" / "summary.json"     # refused before the run: none, or failed
+    assert not summary.exists() or json.loads(summary.read_text())["status"] != "completed"
 
 
 #: Flower's own simulation of parity_app, in a process of its own (Ray's start-up and
@@ -191,3 +197,28 @@ def test_suspended_clients_reach_the_strategy_as_flowers_error_replies(tmp_path:
     assert 0 < s["updates"] < 16                  # some of the 4 x 4 train replies lost
     suspended = [e for e in r.events() if e["ev"] in ("suspend", "away", "wasted")]
     assert suspended, sorted({e["ev"] for e in r.events()})
+
+
+def test_compute_cpu_charges_each_handler_its_cpu_time(tmp_path: Path) -> None:
+    """The default compute = "cpu": a ClientApp call takes, in emulated seconds, the
+    CPU time its handler used (devices equal: speed 1), never more than the real time
+    the trainer spent on it and never nothing."""
+    app = FLOWER.format(rounds=2, final=tmp_path / "f.npy").replace(
+        'compute = "steps"\n', "")          # the default
+    r = api.run(_scenario(tmp_path, "cpu", app), out=tmp_path / "cpu-run", plots=False)
+    assert r.summary["stop_reason"] == "server_app_finished"
+    starts = {e["task_id"]: e["t"] for e in r.events("train_start")}
+    ends = [e for e in r.events("train_end") if "deadline" in e]
+    assert len(ends) == 16                  # 2 rounds x 4 clients x (train, evaluate)
+    for e in ends:
+        budget = e["deadline"] - starts[e["task_id"]]
+        assert 0 < budget <= e["compute_real"] + 1e-3, e
+
+
+def test_dilation_auto_refuses_a_flower_app(tmp_path: Path) -> None:
+    """--dilation auto times fedsim's own local training, which a Flower app never runs:
+    refused with the reason, before any process starts."""
+    path = _scenario(tmp_path, "auto", FLOWER.format(rounds=1, final=tmp_path / "f.npy"))
+    with pytest.raises((ScenarioError, api.RunFailed), match="nothing can time") as info:
+        api.run(path, out=tmp_path / "run", dilation="auto", plots=False)
+    assert "give a number" in str(info.value) + str(info.value.__cause__)

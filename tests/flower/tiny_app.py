@@ -22,10 +22,13 @@ def _data(pid: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 client_app = ClientApp()
+#: (Context.node_id, the message's dst_node_id) of every train call, for the tests
+SEEN: list[tuple[int, int]] = []
 
 
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
+    SEEN.append((context.node_id, msg.metadata.dst_node_id))
     w = msg.content["arrays"].to_numpy_ndarrays()[0].copy()
     x, y = _data(int(context.node_config["partition-id"]))
     lr = float(msg.content["config"]["lr"])
