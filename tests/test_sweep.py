@@ -792,10 +792,11 @@ def test_sweeps_run_together_in_one_pool_each_with_its_own_tables(
                            report=lines.append)
     assert (len(ra.points), len(rb.points)) == (8, 2)
     assert all(r.counts for r in [*ra.points, *rb.points])
-    assert _csv(tmp_path / "a" / "sweep.csv") and _csv(tmp_path / "b" / "sweep.csv")
+    assert _csv(tmp_path / "a" / "sweep.csv")
+    assert _csv(tmp_path / "b" / "sweep.csv")
     done = [line.split("] ", 1)[1].split(": ", 1)[0] for line in lines if line.startswith("[")]
     assert len(done) == 10
-    assert done[:2] == [f"{b.name}/{p.key}" for p in b.points()]      # the longest first
+    assert done[:2] == [f"{b.name or 'b'}/{p.key}" for p in b.points()]  # the longest first
     again: list[str] = []
     sw.run_sweeps([(a, tmp_path / "a"), (b, tmp_path / "b")], python=fake_python,
                   report=again.append)

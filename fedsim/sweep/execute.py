@@ -251,17 +251,18 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
 class _Item(NamedTuple):
     """A point of one of the sweeps run together, and where its runs go."""
 
-    index: int          # which sweep
+    which: int          # the sweep's place in the list
+    name: str           # the sweep's name (its directory's, if it has none)
     point: Point
     sweep: Sweep
     runs: Path
 
     @property
     def key(self) -> tuple[int, str]:
-        return self.index, self.point.key
+        return self.which, self.point.key
 
     def label(self, many: bool) -> str:
-        return f"{self.sweep.name}/{self.point.key}" if many else self.point.key
+        return f"{self.name}/{self.point.key}" if many else self.point.key
 
 
 def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = "auto",
@@ -294,7 +295,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
         else:
             _atomic_write(spec_file, json.dumps(spec, indent=2) + "\n")
         for pt in sweep.points():
-            items.append(_Item(i, pt, sweep, out / "runs"))
+            items.append(_Item(i, sweep.name or out.name, pt, sweep, out / "runs"))
             bases[(i, pt.key)] = own.get(pt.key)
     results = {it.key: _result(it.point, it.runs / it.point.key) for it in items}
     history = {it.key: _History.of(_read_point(it.runs / it.point.key) or {}) for it in items}
@@ -305,7 +306,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                   for k, v in sw.expected_real().items()}
         todo.sort(key=lambda it: -expect.get(it.key, 0.0))
     kept = len(items) - len(todo)
-    names = ", ".join(sw.name for sw, _ in sweeps)
+    names = ", ".join(sw.name or Path(o).name for sw, o in sweeps)
     say(f"sweep{'s' if many else ''} {names}: {len(items)} points"
         + (f", {kept} already finished" if kept else "")
         + ("" if many else f"; results in {Path(sweeps[0][1])}"))

@@ -193,6 +193,10 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+RESUMED = "; some sweeps were resumed, and only their last part is timed"
+POOLED = " of runs one after another, in a pool with the whole table"
+
+
 def write_docs(records: list[dict[str, Any]]) -> None:
     total = sum(r["real_seconds"] for r in records)
     partial = any(r.get("resumed") for r in records)
@@ -233,13 +237,12 @@ def write_docs(records: list[dict[str, Any]]) -> None:
              *([f"Regenerating all of them took {'at least ' if partial else ''}"
                 f"{together / 60:.0f} minutes of real time here (2 cores, every claim's sweep in "
                 "one pool of runs: `python tools/claims.py --together`"
-                f"{'; some sweeps were resumed, and only their last part is timed' if partial else ''}"
-                f"); one after another, their runs took {total / 60:.0f} minutes."]
+                f"{RESUMED if partial else ''}); one after another, their runs took "
+                f"{total / 60:.0f} minutes."]
               if together else
               [f"Regenerating all of them took {'at least ' if partial else ''}"
                f"{total / 60:.0f} minutes of real time here (2 cores"
-               f"{'; some sweeps were resumed, and only their last part is timed' if partial else ''}"
-               ")."]),
+               f"{RESUMED if partial else ''})."]),
              "",
              table(records).replace("(docs/claims.md#", "(#").replace("(docs/", "("),
              ""]
@@ -256,7 +259,7 @@ def write_docs(records: list[dict[str, Any]]) -> None:
                   *[f"- Lost client work (not counted): {x}" for x in r.get("lost_work") or []],
                   f"- Sweep: `{r['sweep']}`; regenerate with `{r['command']}` "
                   f"({r['real_seconds'] / 60:.1f} min here"
-                  f"{' of runs one after another, in a pool with the whole table' if r.get('table_seconds') else ''}"
+                  f"{POOLED if r.get('table_seconds') else ''}"
                   f"{' for the part run last: the sweep was resumed' if r.get('resumed') else ''}"
                   f"); measured {r['measured']} at "
                   f"{r['commit']}.", ""]
