@@ -778,3 +778,26 @@ def test_a_run_that_lost_client_work_is_flagged_and_left_out_of_the_aggregate(
     assert row["n"] == 1
     assert row["flagged"] == 1
     assert row["final_accuracy_mean"] == 0.9
+
+
+def test_sweeps_run_together_in_one_pool_each_with_its_own_tables(
+        tmp_path: Path, fake_python: str) -> None:
+    """run_sweeps: two sweeps' points in one queue, the longest first (budget times
+    dilation); each sweep's tables in its own directory; run again, nothing reruns."""
+    a = sw.load_sweep(_sweep(tmp_path, BASIC))                        # 8 points of 5 s
+    b = sw.sweep_from_scenario(QUICK, grid=["algorithm.staleness=const,poly"], seeds=1,
+                               sets=["run.time_budget=9"])             # 2 points of 9 s
+    lines: list[str] = []
+    ra, rb = sw.run_sweeps([(a, tmp_path / "a"), (b, tmp_path / "b")], python=fake_python,
+                           report=lines.append)
+    assert (len(ra.points), len(rb.points)) == (8, 2)
+    assert all(r.counts for r in [*ra.points, *rb.points])
+    assert _csv(tmp_path / "a" / "sweep.csv")
+    assert _csv(tmp_path / "b" / "sweep.csv")
+    done = [line.split("] ", 1)[1].split(": ", 1)[0] for line in lines if line.startswith("[")]
+    assert len(done) == 10
+    assert done[:2] == [f"{b.name or 'b'}/{p.key}" for p in b.points()]  # the longest first
+    again: list[str] = []
+    sw.run_sweeps([(a, tmp_path / "a"), (b, tmp_path / "b")], python=fake_python,
+                  report=again.append)
+    assert "10 points, 10 already finished" in again[0]

@@ -76,7 +76,7 @@ The package's modules, in the order they build on each other: ``spec``
 ``execute`` (running the points: scheduling, reruns, resume, progress).
 """
 
-from fedsim.sweep.execute import SweepResult, run_sweep
+from fedsim.sweep.execute import SweepResult, run_sweep, run_sweeps
 from fedsim.sweep.plots import sweep_figures, x_key
 from fedsim.sweep.results import FIGURES, PointResult, figure, read_results
 from fedsim.sweep.spec import (
@@ -106,6 +106,7 @@ __all__ = [
     "parse_grid",
     "read_results",
     "run_sweep",
+    "run_sweeps",
     "short_key",
     "sweep_figures",
     "sweep_from_scenario",

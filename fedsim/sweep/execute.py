@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -142,17 +142,6 @@ class _Scheduler:
             self.ceiling = min(self.max_jobs, self.ceiling + 1)
 
 
-class _Running(NamedTuple):
-    """A point's run under way: its process, when it started, how many runs were
-    allowed at once then, and the multiple of its dilation it goes at."""
-
-    point: Point
-    proc: Any
-    started: float
-    level: int
-    scale: float
-
-
 def _mem_available_gb() -> float:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -254,56 +243,98 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
     sweep may run points at up to ``max_scale`` times their own dilation to
     run more of them at once (1: never).
     """
-    out = Path(out)
+    return run_sweeps([(sweep, out)], jobs=jobs, max_jobs=max_jobs, max_attempts=max_attempts,
+                      python=python, report=report, run_plots=run_plots,
+                      max_scale=max_scale)[0]
+
+
+class _Item(NamedTuple):
+    """A point of one of the sweeps run together, and where its runs go."""
+
+    which: int          # the sweep's place in the list
+    name: str           # the sweep's name (its directory's, if it has none)
+    point: Point
+    sweep: Sweep
+    runs: Path
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return self.which, self.point.key
+
+    def label(self, many: bool) -> str:
+        return f"{self.name}/{self.point.key}" if many else self.point.key
+
+
+def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = "auto",
+               max_jobs: int = 8, max_attempts: int = 3, python: str | None = None,
+               report: Callable[[str], None] | None = None, run_plots: bool = False,
+               max_scale: float = 4.0) -> list[SweepResult]:
+    """:func:`run_sweep` of several sweeps at once: their points in one queue, run by
+    one scheduler, so that the machine fills with the runs of all of them (no
+    sweep's first run alone, nor its last ones, leaves it idle); each sweep's
+    tables and figures are written in its own ``out`` once all have run. The
+    points go longest first (by their emulated budget times their dilation),
+    so that the shortest fill the gaps at the end."""
     say = report or (lambda _: None)
-    bases = sweep.check()
-    out.mkdir(parents=True, exist_ok=True)
-    spec_file = out / "sweep.json"
-    spec = sweep.to_json()
-    if spec_file.exists():
-        old = json.loads(spec_file.read_text())
-        if old != spec:
-            diff = sorted(k for k in spec if spec.get(k) != old.get(k))
-            raise SweepError(f"{out} holds a different sweep (it differs in: {', '.join(diff)}); "
-                             "choose another --out, or resume it with `fedsim sweep "
-                             f"{out}`")
-    else:
-        _atomic_write(spec_file, json.dumps(spec, indent=2) + "\n")
-    points = sweep.points()
-    runs = out / "runs"
-    results = {p.key: _result(p, runs / p.key) for p in points}
-    history = {p.key: _History.of(_read_point(runs / p.key) or {}) for p in points}
-    todo = [p for p in points
-            if not _done(results[p.key], max_attempts + history[p.key].crowded)]
-    kept = len(points) - len(todo)
-    say(f"sweep {sweep.name}: {len(points)} points"
-        + (f", {kept} already finished" if kept else "") + f"; results in {out}")
+    many = len(sweeps) > 1
+    items: list[_Item] = []
+    bases: dict[tuple[int, str], float | None] = {}
+    for i, (sweep, out_) in enumerate(sweeps):
+        out = Path(out_)
+        own = sweep.check()
+        out.mkdir(parents=True, exist_ok=True)
+        spec_file = out / "sweep.json"
+        spec = sweep.to_json()
+        if spec_file.exists():
+            old = json.loads(spec_file.read_text())
+            if old != spec:
+                diff = sorted(k for k in spec if spec.get(k) != old.get(k))
+                raise SweepError(f"{out} holds a different sweep (it differs in: "
+                                 f"{', '.join(diff)}); choose another --out, or resume it "
+                                 f"with `fedsim sweep {out}`")
+        else:
+            _atomic_write(spec_file, json.dumps(spec, indent=2) + "\n")
+        for pt in sweep.points():
+            items.append(_Item(i, sweep.name or out.name, pt, sweep, out / "runs"))
+            bases[(i, pt.key)] = own.get(pt.key)
+    results = {it.key: _result(it.point, it.runs / it.point.key) for it in items}
+    history = {it.key: _History.of(_read_point(it.runs / it.point.key) or {}) for it in items}
+    todo = [it for it in items
+            if not _done(results[it.key], max_attempts + history[it.key].crowded)]
+    if many:
+        expect = {(i, k): v for i, (sw, _) in enumerate(sweeps)
+                  for k, v in sw.expected_real().items()}
+        todo.sort(key=lambda it: -expect.get(it.key, 0.0))
+    kept = len(items) - len(todo)
+    names = ", ".join(sw.name or Path(o).name for sw, o in sweeps)
+    say(f"sweep{'s' if many else ''} {names}: {len(items)} points"
+        + (f", {kept} already finished" if kept else "")
+        + ("" if many else f"; results in {Path(sweeps[0][1])}"))
     sched = _Scheduler(jobs, max_jobs, max_scale)
-    running: dict[int, _Running] = {}
+    running: dict[int, _RunningItem] = {}
     python = python or sys.executable
     t0 = time.monotonic()
     finished = 0
     shared: set[int] = set()       # runs that had company at some moment
     try:
         while todo or running:
-            starting = any(_starting(runs / r.point.key, r.started) for r in running.values())
+            starting = any(_starting(r.item.runs / r.item.point.key, r.started)
+                           for r in running.values())
             while (todo and len(running) < sched.allowed() and not starting
                    and (not running or _mem_available_gb() > 3.0)):
-                p = todo.pop(0)
+                it = todo.pop(0)
+                h = history[it.key]
                 scale = sched.scale_for(len(todo) + 1 + len(running),
-                                        crowded=history[p.key].last_crowded,
-                                        alone=not running)
-                prev = results[p.key]
-                dilation = _dilation_for(prev, bases.get(p.key), scale,
-                                         history[p.key].last_crowded, history[p.key].need)
-                running_proc = _start(p, sweep, runs / p.key, python, dilation, run_plots,
-                                      prev.attempts + 1,
-                                      history[p.key].to_json())
+                                        crowded=h.last_crowded, alone=not running)
+                prev = results[it.key]
+                dilation = _dilation_for(prev, bases[it.key], scale, h.last_crowded, h.need)
+                proc = _start(it.point, it.sweep, it.runs / it.point.key, python, dilation,
+                              run_plots, prev.attempts + 1, h.to_json())
                 if running:            # every run under way now shares the machine
                     shared.update(running)
-                    shared.add(running_proc.pid)
-                running[running_proc.pid] = _Running(p, running_proc, time.monotonic(),
-                                                     sched.allowed(), scale)
+                    shared.add(proc.pid)
+                running[proc.pid] = _RunningItem(it, proc, time.monotonic(),
+                                                 sched.allowed(), scale)
                 starting = True
             # while one is starting and more wait, look again soon; else sleep until one ends
             pid, status, usage = os.wait4(-1, os.WNOHANG if starting and todo else 0)
@@ -312,21 +343,21 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
                 continue
             if pid not in running:
                 continue
-            p, proc, started, level, scale = running.pop(pid)
+            it, proc, started, level, scale = running.pop(pid)
             proc.returncode = os.waitstatus_to_exitcode(status)
             real = time.monotonic() - started
             cores = (usage.ru_utime + usage.ru_stime) / real if real > 0 else None
-            run_dir = runs / p.key
+            run_dir = it.runs / it.point.key
             meta = _read_point(run_dir) or {}
             meta["cores"] = cores
             meta["exit_code"] = proc.returncode
             _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
-            res = _result(p, run_dir)
-            results[p.key] = res
+            res = _result(it.point, run_dir)
+            results[it.key] = res
             was_shared = pid in shared
             sched.finished(cores, res.verdict, shared=was_shared, at=level, scale=scale)
             shared.discard(pid)
-            h = history[p.key]
+            h = history[it.key]
             h.last_crowded = False
             if res.verdict == "fail" and not was_shared and res.status == "completed":
                 h.need = max(h.need or 0.0, _next_dilation(res))
@@ -337,25 +368,40 @@ def run_sweep(sweep: Sweep, out: str | Path, *, jobs: int | str = "auto", max_jo
             meta.update(h.to_json())
             _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
             if res.status == "completed" and not _done(res, max_attempts + h.crowded):
-                todo.insert(0, p)      # an unfaithful run goes again, with more dilation
+                todo.insert(0, it)     # an unfaithful run goes again, with more dilation
                 why = " beside other runs" if h.last_crowded else ""
-                nxt = _dilation_for(res, bases.get(p.key), sched.scale, h.last_crowded, h.need)
-                say(f"  rerun {p.key}: verdict {res.verdict} at dilation {res.dilation}{why}; "
-                    f"next {nxt or 'its own'} "
+                nxt = _dilation_for(res, bases[it.key], sched.scale, h.last_crowded, h.need)
+                say(f"  rerun {it.label(many)}: verdict {res.verdict} at dilation "
+                    f"{res.dilation}{why}; next {nxt or 'its own'} "
                     f"(concurrency now {sched.allowed()}{_scaled(sched.scale)})")
                 continue
             finished += 1
             say(_progress_line(res, finished, len(todo) + len(running) + finished, kept,
-                               time.monotonic() - t0, sched.allowed(), sched.scale))
+                               time.monotonic() - t0, sched.allowed(), sched.scale,
+                               it.label(many)))
     except KeyboardInterrupt:
         for r in running.values():
             r.proc.send_signal(2)
         for r in running.values():
             r.proc.wait()
         raise
-    final = [results[p.key] for p in points]
-    files = write_tables(sweep, out, final)
-    return SweepResult(out, final, files)
+    out_results = []
+    for i, (sweep, out_) in enumerate(sweeps):
+        final = [results[(i, pt.key)] for pt in sweep.points()]
+        files = write_tables(sweep, Path(out_), final)
+        out_results.append(SweepResult(Path(out_), final, files))
+    return out_results
+
+
+class _RunningItem(NamedTuple):
+    """A point's run under way: what it is, its process, when it started, how many runs
+    were allowed at once then, and the multiple of its dilation it goes at."""
+
+    item: _Item
+    proc: Any
+    started: float
+    level: int
+    scale: float
 
 
 @dataclass
@@ -409,7 +455,7 @@ def _scaled(scale: float) -> str:
 
 
 def _progress_line(res: PointResult, done: int, total: int, kept: int, elapsed: float,
-                   jobs: int, scale: float = 1.0) -> str:
+                   jobs: int, scale: float = 1.0, label: str | None = None) -> str:
     s = res.summary or {}
     acc = figure(s, "final_accuracy")
     emu = figure(s, "emulated_seconds")
@@ -419,7 +465,7 @@ def _progress_line(res: PointResult, done: int, total: int, kept: int, elapsed: 
     flag = "" if res.counts else "  FLAGGED"
     if res.lost_runs:
         flag += f" (lost client work: {res.lost_work})"
-    return (f"[{done + kept:>3}/{total + kept}] {res.point.key}: {res.status}, verdict "
+    return (f"[{done + kept:>3}/{total + kept}] {label or res.point.key}: {res.status}, verdict "
             f"{res.verdict}, acc {'-' if acc is None else f'{acc:.3f}'}, "
             f"{'-' if emu is None else f'{emu:.1f}'} emulated s in "
             f"{'-' if real is None else f'{real:.1f}'} real s, "

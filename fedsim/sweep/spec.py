@@ -170,6 +170,17 @@ class Sweep:
             raise SweepError("invalid sweep\n  " + "\n  ".join(problems))
         return dilations
 
+    def expected_real(self) -> dict[str, float]:
+        """About how many real seconds each point's run takes, by point key: its
+        emulated time budget times its dilation (1 for ``"auto"``; 0 for a run
+        without a time budget, which ends by its rounds or updates)."""
+        out: dict[str, float] = {}
+        for p in self.points():
+            run = load(self.scenario, p.set_args()).run
+            d = 1.0 if run.dilation == "auto" else float(run.dilation)
+            out[p.key] = float(run.time_budget or 0.0) * d
+        return out
+
 
 # -- building a sweep ---------------------------------------------------------
 
