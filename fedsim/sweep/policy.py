@@ -1,0 +1,197 @@
+"""A sweep's policy: how many runs go at once and at what dilation, when a point
+is done, and what a point's attempts taught (:mod:`fedsim.sweep` gives the rules;
+:mod:`fedsim.sweep.execute` runs the processes).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from fedsim.sweep.results import PointResult
+
+__all__ = ["CROWDED_RETRIES", "MAX_STEP"]
+
+
+class _Scheduler:
+    """How many runs may go at once, and at what multiple of their dilation
+    (see the :mod:`fedsim.sweep` docstring)."""
+
+    #: Share of the cores the measured mean load of the runs at once may fill.
+    #: A run's CPU comes in bursts (a round's local training on every core it
+    #: has), and bursts of runs side by side coincide; the mean leaves room.
+    HEADROOM = 0.5
+
+    def __init__(self, jobs: int | str, max_jobs: int, max_scale: float = 4.0) -> None:
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        self.fixed = None if jobs == "auto" else int(jobs)
+        self.max_jobs = max(1, max_jobs)
+        self.max_scale = 1.0 if self.fixed is not None else max(1.0, max_scale)
+        #: cores one run uses at scale 1 (the largest seen recently): a run
+        #: at ``scale`` times its dilation spreads the same work over that
+        #: much more time
+        self.load: float | None = None
+        # Grown by one per faithful run (from one), halved by an unfaithful
+        # one beside others: the mean load says how many could fit, not
+        # whether their bursts collide, so the sweep finds out step by step.
+        self.ceiling = 1
+        self.cap = self.max_jobs          # below the least concurrency that broke a verdict
+        #: every run's own dilation is multiplied by this (1, 2, 4, ...)
+        self.scale = 1.0
+        #: how many runs at their own dilation went at once without trouble
+        #: (known when the sweep first doubled the dilation)
+        self.cap_at_one = self.max_jobs
+
+    def scale_for(self, remaining: int, crowded: bool = False, alone: bool = True) -> float:
+        """The multiple of its dilation the next run goes at, with ``remaining``
+        runs left to finish (this one and those under way included): at the end
+        of a sweep, once no more are left than could go at their own dilation,
+        they do (a last long run at 4x its dilation would be the sweep's tail).
+        Not a run whose last attempt was ``crowded`` out, unless it goes
+        ``alone``: beside runs at the sweep's multiple it would crowd out again
+        (FA-2 on 2026-11-29 lost two 127 s attempts of its longest point so)."""
+        if crowded and not alone:
+            return self.scale
+        return 1.0 if remaining <= self.cap_at_one else self.scale
+
+    def _fit(self, scale: float) -> int:
+        assert self.load is not None
+        return int(self.HEADROOM * self.cores * scale / max(self.load, 0.05))
+
+    def allowed(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if self.load is None:
+            return 1
+        return max(1, min(self._fit(self.scale), self.ceiling, self.cap, self.max_jobs))
+
+    def finished(self, cores: float | None, verdict: str | None, shared: bool = True,
+                 at: int | None = None, scale: float = 1.0) -> None:
+        """A run ended; ``shared``: another run was running at some moment of it;
+        ``at``: how many runs were allowed at once when it started; ``scale``:
+        the multiple of its dilation it ran at.
+
+        An unfaithful run that had the machine to itself says its point needs
+        more dilation, not that the sweep runs too many at once: it leaves
+        the concurrency alone. One that shared it says the runs at once
+        crowded each other. If the cores had room for more runs than that,
+        the sweep doubles every later run's dilation (up to ``max_scale``)
+        and runs twice as many at once, minus one, from then on: each then
+        uses half the CPU and has twice the timing margin, so it finishes its
+        work sooner overall than one run at a time (a ramp back up from the
+        old count would do less, while it lasted, than one run at a time). Otherwise it halves the
+        concurrency, and never again goes as high as where it failed; once
+        the runs allowed at once are no more than the multiple of their
+        dilation, one run at a time at its own dilation does as much, and the
+        sweep goes back to that.
+        """
+        if cores is not None:
+            at_one = cores * scale
+            self.load = at_one if self.load is None else max(at_one, 0.7 * self.load)
+        if verdict == "fail" and shared:
+            if scale < self.scale:         # it ran before the last doubling: already answered
+                return
+            level = at if at is not None else self.allowed()
+            if (self.scale * 2 <= self.max_scale and self.load is not None
+                    and self._fit(2 * self.scale) >= 2 * level - 1 > max(1, level - 1)):
+                if self.scale == 1.0:
+                    self.cap_at_one = max(1, level - 1)
+                self.scale *= 2
+                # at once: as many as the doubling was for, not a ramp from ``level``
+                # again: at twice the dilation and no more runs than before, the
+                # sweep would do less work per unit of time than one run at a time
+                # at its own dilation (2026-11-29: FA-1's last runs went 3 at once
+                # at 4x, 110 real s each for 27 emulated s)
+                self.cap = self.ceiling = min(self.max_jobs, 2 * level - 1)
+                return
+            self.cap = max(1, min(self.cap, level - 1))
+            self.ceiling = max(1, level // 2)
+            if self.scale > 1 and self.cap <= self.scale:
+                # no more work per unit of time than one run at a time at its own
+                # dilation: go back to that, for the rest of the sweep
+                self.scale = self.max_scale = 1.0
+                self.cap = self.ceiling = self.cap_at_one = 1
+        elif verdict == "pass":
+            self.ceiling = min(self.max_jobs, self.ceiling + 1)
+
+
+def _done(res: PointResult, max_attempts: int) -> bool:
+    """Finished for good: faithful, unfaithful after every attempt, or failed as a run.
+
+    A point never run, interrupted or crashed (no summary) is not: a resumed
+    sweep runs it again.
+    """
+    if res.status in ("pending", "interrupted", "running", "crashed"):
+        return False
+    if res.status == "completed" and res.verdict == "fail":
+        return res.attempts >= max_attempts
+    return True   # faithful, or a run that failed (its output.log says why)
+
+
+#: A rerun's dilation grows at most this much over the failed attempt's: one
+#: starved stretch (another process holding the cores) can make a run suggest
+#: twenty times its dilation, which for a long run is an hour for nothing.
+MAX_STEP = 4.0
+
+
+def _next_dilation(res: PointResult, shared: bool = False) -> float:
+    """The failed attempt's suggestion, at least 1.5x and at most 4x its dilation.
+
+    An attempt that failed while it ``shared`` the machine with another run
+    says the sweep ran too many at once, not that its point needs more
+    dilation: it goes again at the same dilation, with fewer runs beside it.
+    """
+    current = res.dilation or 1.0
+    if shared:
+        return round(current, 3)
+    suggested = ((res.summary or {}).get("fidelity") or {}).get("suggested_dilation")
+    want = float(suggested or 0.0)
+    return round(min(max(want, 1.5 * current), MAX_STEP * current), 3)
+
+
+def _dilation_for(prev: PointResult, base: float | None, scale: float, shared: bool,
+                  need: float | None = None) -> float | None:
+    """The dilation of a point's next attempt (None: its scenario's own).
+
+    A point runs at its own dilation ``base`` times the sweep's ``scale``,
+    or at ``need`` (the dilation an attempt that failed alone asked for),
+    whichever is larger. An attempt that failed beside other runs says
+    nothing about the point: it goes again as a first attempt would, at the
+    scale the sweep has now. A point whose scenario picks its dilation
+    itself (``"auto"``) is not scaled: it goes again as
+    :func:`_next_dilation` says.
+    """
+    failed_alone = prev.verdict == "fail" and not shared
+    if base is None:
+        return _next_dilation(prev, shared=shared) if prev.verdict == "fail" else None
+    if failed_alone:
+        need = max(need or 0.0, _next_dilation(prev))
+    want = max(base * scale, need or 0.0)
+    return None if want == base and need is None else round(want, 3)
+
+
+#: Attempts a point may lose to a crowded machine before they count against it
+#: (halving from ``max_jobs = 8`` reaches one run at a time in three).
+CROWDED_RETRIES = 4
+
+
+@dataclass
+class _History:
+    """What a point's attempts so far taught; kept in its point.json, so that a
+    resumed sweep knows it too."""
+
+    crowded: int = 0             # attempts that failed while sharing the machine
+    last_crowded: bool = False   # whether the last one did
+    need: float | None = None    # the dilation an attempt that failed alone asked for
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> _History:
+        need = meta.get("needed_dilation")
+        return cls(int(meta.get("crowded_attempts") or 0), bool(meta.get("last_crowded")),
+                   None if need is None else float(need))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"crowded_attempts": self.crowded, "last_crowded": self.last_crowded,
+                "needed_dilation": self.need}
