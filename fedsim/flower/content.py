@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import NamedTuple
 
 import numpy as np
 from flwr.app import Message, Metadata, RecordDict
@@ -37,8 +38,8 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from fedsim.wire.tensors import Model, TensorSpec
 
-__all__ = ["SERVER_NODE_ID", "content_bytes", "content_of", "header", "message_at_client",
-           "reply_bytes", "reply_of", "to_bytes", "to_model"]
+__all__ = ["SERVER_NODE_ID", "Head", "content_bytes", "content_of", "head_of", "header",
+           "message_at_client", "reply_bytes", "reply_of", "to_bytes", "to_model"]
 
 #: the node id the ServerApp's messages come from (Flower's SuperLink's)
 SERVER_NODE_ID = 1
@@ -75,12 +76,35 @@ def to_bytes(model: Model) -> memoryview:
     return model.flat().data
 
 
-def header(msg: Message, message_id: str) -> str:
+class Head(NamedTuple):
+    """What the server's side needs of a pushed message's metadata: where it goes,
+    its TTL and kind, and what the client's copy of it is rebuilt from."""
+
+    dst: int
+    ttl: float
+    type: str
+    group: str
+    created: float
+    run: int
+
+    @property
+    def kind(self) -> str:
+        """``train``, ``evaluate``, ``query`` or ``system`` (the type's first part)."""
+        return self.type.split(".")[0]
+
+
+def head_of(msg: Message) -> Head:
+    """A message's :class:`Head`."""
+    md = msg.metadata
+    return Head(int(md.dst_node_id), float(md.ttl), str(md.message_type), str(md.group_id),
+                float(md.created_at), int(md.run_id))
+
+
+def header(head: Head, message_id: str) -> str:
     """The metadata a task carries beside its content (JSON), with the id the
     message was pushed under."""
-    md = msg.metadata
-    return json.dumps({"id": message_id, "type": md.message_type, "group": md.group_id,
-                       "ttl": md.ttl, "created": md.created_at, "run": md.run_id},
+    return json.dumps({"id": message_id, "type": head.type, "group": head.group,
+                       "ttl": head.ttl, "created": head.created, "run": head.run},
                       separators=(",", ":"))
 
 
