@@ -39,7 +39,7 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 from fedsim.wire.tensors import Model, TensorSpec
 
 __all__ = ["SERVER_NODE_ID", "Head", "content_bytes", "content_of", "head_of", "header",
-           "message_at_client", "reply_bytes", "reply_of", "to_bytes", "to_model"]
+           "message_at_client", "reply_bytes", "reply_head", "reply_of", "to_bytes", "to_model"]
 
 #: the node id the ServerApp's messages come from (Flower's SuperLink's)
 SERVER_NODE_ID = 1
@@ -63,6 +63,16 @@ def reply_bytes(reply: Message) -> bytes:
 def reply_of(data: bytes | memoryview) -> Message:
     """The reply message back from :func:`reply_bytes`."""
     return message_from_proto(ProtoMessage.FromString(bytes(data)))
+
+
+def reply_head(data: bytes | memoryview) -> tuple[str, bool, bool]:
+    """What the server checks of a serialized reply without building Flower's
+    records from it: the message id it answers, whether it holds an error,
+    whether it holds content. Raises protobuf's DecodeError for bytes that are
+    not a message."""
+    proto = ProtoMessage.FromString(bytes(data))
+    return (proto.metadata.reply_to_message_id, proto.HasField("error"),
+            proto.HasField("content"))
 
 
 def to_model(data: bytes) -> Model:

@@ -133,6 +133,8 @@ class _Batch:
     expired: bool = False
     #: replies still to come (the waiting call is woken when none are left)
     missing: int = 0
+    #: set when its wait returns: every reply came, its deadline passed, or the run ended
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -142,11 +144,12 @@ class Exchange:
     The app's side (:meth:`push`, :meth:`pull`, :meth:`wait`,
     :meth:`node_ids`) is called by the pipe's relay threads
     (:class:`~.link.Relay`); the loop's side by the loop alone. Every field
-    is guarded by ``cond``'s lock. ``wake`` is set by the server: a
-    thread-safe call that makes its loop look at the exchange soon.
+    is guarded by ``lock``; a waiting send_and_receive is woken by its own
+    batch's event. ``wake`` is set by the server: a thread-safe call that
+    makes its loop look at the exchange soon.
     """
 
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    lock: threading.Lock = field(default_factory=threading.Lock)
     pushed: deque[Pushed] = field(default_factory=deque)
     #: reply per message id, until pulled (in arrival order)
     replies: dict[str, Reply] = field(default_factory=dict)
@@ -172,7 +175,7 @@ class Exchange:
              batch: bool = False) -> tuple[list[str], int | None]:
         """Queue ``messages`` for sending; their ids, and the batch number when ``batch``.
         Raises :class:`RunEnded` once the run is over."""
-        with self.cond:
+        with self.lock:
             if self.closed:
                 raise RunEnded("the fedsim run has ended: no more messages can be sent")
             number = None
@@ -193,23 +196,28 @@ class Exchange:
     def pull(self, ids: Iterable[str]) -> list[Reply]:
         """The replies that arrived for ``ids`` (each once), in arrival order.
         Raises :class:`RunEnded` once the run is over (a polling app ends)."""
-        with self.cond:
+        with self.lock:
             if self.closed:
                 raise RunEnded("the fedsim run has ended")
             return self._take(set(ids))
 
     def wait(self, number: int) -> list[Reply]:
-        """Block until batch ``number`` has every reply, expired, or the run ended;
-        then its replies (in arrival order)."""
-        with self.cond:
+        """Block until batch ``number`` has every reply or its deadline passed; then
+        its replies (in arrival order). Raises :class:`RunEnded` when the run
+        ended before (what came is not handed to a strategy that cannot go on)."""
+        with self.lock:
             b = self.batches.get(number)
             if b is None:
                 return []
-            self.cond.wait_for(lambda: self.closed or b.expired
-                               or b.ids <= self.replies.keys())
+            if b.missing <= 0 or b.expired or self.closed:
+                b.done.set()
+        b.done.wait()
+        with self.lock:
             del self.batches[number]
             for key in b.ids:
                 self.batch_of.pop(key, None)
+            if self.closed and b.missing > 0 and not b.expired:
+                raise RunEnded("the fedsim run has ended")
             return self._take(b.ids)
 
     def _take(self, ids: set[str]) -> list[Reply]:
@@ -222,7 +230,7 @@ class Exchange:
         return out
 
     def node_ids(self) -> list[int]:
-        with self.cond:
+        with self.lock:
             if self.closed:
                 raise RunEnded("the fedsim run has ended")
             return list(self.nodes)
@@ -230,14 +238,14 @@ class Exchange:
     # -- the server loop's side -------------------------------------------------------
     def drain(self) -> list[Pushed]:
         """Take every pushed message (the loop sends them)."""
-        with self.cond:
+        with self.lock:
             out = list(self.pushed)
             self.pushed.clear()
             return out
 
     def sent(self, number: int | None, now: float) -> None:
         """Batch ``number``'s messages leave at emulated ``now``: its deadline starts."""
-        with self.cond:
+        with self.lock:
             b = self.batches.get(number) if number is not None else None
             if b is not None and b.timeout is not None and b.deadline is None:
                 b.deadline = now + b.timeout
@@ -248,7 +256,7 @@ class Exchange:
         expires unpulled (Flower's ``REPLY_MESSAGE_UNAVAILABLE`` then replaces
         it). A send_and_receive waiting is woken only when it has every reply
         (a pull does not wait)."""
-        with self.cond:
+        with self.lock:
             key = reply.message_id
             if key not in self.open or key in self.replies:
                 return False
@@ -259,13 +267,13 @@ class Exchange:
             if b is not None:
                 b.missing -= 1
                 if b.missing <= 0:
-                    self.cond.notify_all()
+                    b.done.set()
             return True
 
     def expire(self, now: float) -> None:
         """Mark the batches whose deadline has passed (their waits return), and
         replace the unpulled replies whose TTL passed by their error reply."""
-        with self.cond:
+        with self.lock:
             for key in [k for k, t in self.lapse.items() if t <= now]:
                 del self.lapse[key]
                 if key in self.replies:
@@ -273,25 +281,26 @@ class Exchange:
             for b in self.batches.values():
                 if b.deadline is not None and not b.expired and b.deadline <= now:
                     b.expired = True
-                    self.cond.notify_all()
+                    b.done.set()
 
     def next_lapse(self) -> float | None:
         """When the next unpulled reply expires, if any."""
-        with self.cond:
+        with self.lock:
             return min(self.lapse.values(), default=None)
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a batch still waiting, if any."""
-        with self.cond:
+        with self.lock:
             return min((b.deadline for b in self.batches.values()
                         if b.deadline is not None and not b.expired), default=None)
 
     def set_nodes(self, nodes: Iterable[int]) -> None:
-        with self.cond:
+        with self.lock:
             self.nodes = sorted(nodes)
 
     def close(self) -> None:
         """The run is over: every wait returns, every further call raises."""
-        with self.cond:
+        with self.lock:
             self.closed = True
-            self.cond.notify_all()
+            for b in self.batches.values():
+                b.done.set()

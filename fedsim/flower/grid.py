@@ -32,7 +32,7 @@ from collections.abc import Iterable
 
 from flwr.app import Error, Message, MetricRecord, RecordDict
 from flwr.app.message import make_message
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run, RunNotRunningException
 
@@ -105,7 +105,8 @@ class FedsimGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         sent, payloads = self._stamped(messages)
         value, _ = self._call("push", (sent, None, False), payloads)
-        ids, _number = value  # type: ignore[misc]
+        assert isinstance(value, tuple)
+        ids: list[str] = value[0]
         return list(ids)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -121,7 +122,8 @@ class FedsimGrid(Grid):
         if not sent:
             return []
         value, _ = self._call("push", (sent, timeout, True), payloads)
-        _ids, number = value  # type: ignore[misc]
+        assert isinstance(value, tuple)
+        number: int = value[1]
         value, payloads = self._call("wait", (number,))
         return self._replies(value, payloads)
 
@@ -138,7 +140,12 @@ class FedsimGrid(Grid):
         """The Message the strategy receives for ``r``, the answer to ``msg``."""
         if r.data is None:
             return error_reply(msg, r.code, r.reason, r.message_id)
-        theirs = reply_of(r.data)
+        try:
+            theirs = reply_of(r.data)
+        except Exception as exc:   # the server checked its head, not its records
+            return error_reply(msg, ErrorCode.UNKNOWN,
+                               f"fedsim refused the reply of node {msg.metadata.dst_node_id}: "
+                               f"{type(exc).__name__}: {exc}"[:300], r.message_id)
         if theirs.has_error():
             return answer(msg, r.message_id, theirs.error)
         reply = answer(msg, r.message_id, theirs.content)

@@ -38,7 +38,10 @@ payload (:class:`~.exchange.Reply`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -113,12 +116,11 @@ class AppLink:
 
     def notify(self, op: str, args: tuple[Any, ...] = ()) -> None:
         """Send ``op``, which is not answered (``done``); a closed pipe is ignored."""
-        try:
+        with contextlib.suppress(OSError):
             _send(self._conn, self._send_lock, (op, 0, args, 0))
-        except OSError:
-            pass
 
     def _read(self) -> None:
+        why = "the fedsim run has ended"
         try:
             while True:
                 kind, rid, value, n = self._conn.recv()
@@ -136,7 +138,11 @@ class AppLink:
                             self.ended = pending.ended
                 pending.event.set()
         except (EOFError, OSError):
-            self._end("the fedsim run has ended")
+            pass
+        except Exception as exc:      # a malformed answer: no call may wait forever
+            why = f"fedsim's pipe to the server failed: {type(exc).__name__}: {exc}"
+        finally:
+            self._end(why)
 
     def _end(self, why: str) -> None:
         with self._lock:
@@ -197,8 +203,15 @@ class Relay:
             self._thread.join(timeout)
 
     def close(self) -> None:
-        """Close the server's end (once the app's process has ended)."""
-        self._conn.close()
+        """Close the server's end (once the app's process has ended): a reader still
+        blocked on it (a process the app forked holds the other end) is woken."""
+        with contextlib.suppress(Exception):
+            sock = socket.socket(fileno=os.dup(self._conn.fileno()))
+            sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self.join(1.0)
+        with contextlib.suppress(Exception):
+            self._conn.close()
 
     def _finish(self, error: str | None) -> None:
         if not self._done:
@@ -226,16 +239,13 @@ class Relay:
                          f"{exc})")
 
     def _reply(self, rid: int, value: Any, payloads: Sequence[bytes] = ()) -> None:
-        try:
+        # the app's process gone (the reader sees it), or the pipe closed at the end
+        with contextlib.suppress(Exception):
             _send(self._conn, self._send_lock, ("ok", rid, value, len(payloads)), payloads)
-        except OSError:
-            pass                      # the app's process is gone: the reader sees it
 
     def _ended(self, rid: int, why: str) -> None:
-        try:
+        with contextlib.suppress(Exception):
             _send(self._conn, self._send_lock, ("ended", rid, why, 0))
-        except OSError:
-            pass
 
     def _answer(self, rid: int, op: str, args: tuple[Any, ...],
                 payloads: list[bytes]) -> None:
@@ -256,4 +266,11 @@ class Relay:
             self._ended(rid, str(exc))
 
     def _wait(self, rid: int, number: int) -> None:
-        self._reply(rid, *wire_replies(self._exchange.wait(number)))
+        try:
+            self._reply(rid, *wire_replies(self._exchange.wait(number)))
+        except RunEnded as exc:
+            self._ended(rid, str(exc))
+        except Exception as exc:      # never leave the app's call waiting
+            log.error("a send_and_receive could not be answered: %s: %s",
+                      type(exc).__name__, exc)
+            self._ended(rid, f"fedsim could not answer it: {type(exc).__name__}: {exc}")

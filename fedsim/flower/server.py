@@ -77,7 +77,7 @@ import fedsim
 from fedsim.algorithms.api import Applied, Discarded, ServerAlgorithm, ServerContext, Step
 from fedsim.flower.apps import AppError
 from fedsim.flower.config import FlowerConfig
-from fedsim.flower.content import content_of, header, reply_of, to_bytes, to_model
+from fedsim.flower.content import content_of, header, reply_head, to_bytes, to_model
 from fedsim.flower.exchange import Exchange, Pushed, Reply, client_of, node_of
 from fedsim.flower.link import Relay
 from fedsim.flower.running import set_scenario
@@ -171,16 +171,19 @@ class FlowerServer(ServerAlgorithm):
         """Start the ServerApp's process and wait until it has imported the app
         (before the clock starts: its module may import torch and data).
 
-        A fresh interpreter (``python -m fedsim.flower.serverapp``) over a Unix
-        socket pair, not ``multiprocessing``'s spawn, which would import the
-        parent's ``__main__`` (a user's script) again."""
+        A fresh interpreter (``python -P -m fedsim.flower.serverapp``) over a
+        Unix socket pair, not ``multiprocessing``'s spawn, which would import
+        the parent's ``__main__`` (a user's script) again; ``-P``: the working
+        directory does not shadow what the server imported."""
         ours_sock, theirs_sock = socket.socketpair()
         env = child_env() or dict(os.environ)
         root = str(Path(fedsim.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join([root, *(p for p in env.get("PYTHONPATH", "")
                                                       .split(os.pathsep) if p and p != root)])
+        env["PYTHONUNBUFFERED"] = "1"     # its prints are not lost if it is killed
         process = subprocess.Popen(
-            [sys.executable, "-m", "fedsim.flower.serverapp", str(theirs_sock.fileno())],
+            [sys.executable, "-P", "-m", "fedsim.flower.serverapp", str(theirs_sock.fileno()),
+             str(os.getpid())],
             pass_fds=(theirs_sock.fileno(),), stdin=subprocess.DEVNULL, env=env)
         theirs_sock.close()
         ours = Connection(ours_sock.detach())
@@ -192,8 +195,13 @@ class FlowerServer(ServerAlgorithm):
                                f"load it within {BOOT_TIMEOUT:.0f} s")
             kind, _, value, _ = ours.recv()
         except (EOFError, OSError):
+            try:
+                code: int | None = process.wait(END_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                code = None
             kind, value = "failed", (f"{self.cfg.server_app!r}: the ServerApp's process ended "
-                                     f"while loading it (exit code {process.poll()})")
+                                     f"while loading it (exit code {code}; its error is "
+                                     "above)")
         except BaseException:
             process.kill()
             process.wait()
@@ -220,12 +228,11 @@ class FlowerServer(ServerAlgorithm):
         self.exchange.set_nodes(node_of(c) for c in self.available)
         self._started = True
         self._relay.start()
-        try:
+        # (its process gone: the relay sees the pipe end and says so)
+        with contextlib.suppress(OSError):
             self._relay.send(("start", 0, {"run_id": int(self.ctx.seed) + 1,
                                            "seed": int(self.ctx.seed),
                                            "run_config": dict(self.cfg.run_config)}, 0))
-        except OSError:
-            pass        # its process is gone: the relay sees the pipe end and says so
         return Step()
 
     # -- the loop's side ------------------------------------------------------------------
@@ -353,12 +360,13 @@ class FlowerServer(ServerAlgorithm):
         if self.busy.get(s.client) == upload.task_id:
             self._free(s.client, now, step)
         try:
+            # its head only: the ServerApp's process builds Flower's records from it
             data = bytes(to_bytes(upload.model))
-            theirs = reply_of(data)
-            if theirs.metadata.reply_to_message_id != s.message_id:
+            answers, has_error, has_content = reply_head(data)
+            if answers != s.message_id:
                 raise ValueError("it answers another message")
-            if not (theirs.has_error() or theirs.has_content()):
-                raise ValueError("it has neither content nor an error")
+            if has_error == has_content:
+                raise ValueError("it must hold either content or an error")
         except Exception as exc:
             self.exchange.deliver(Reply.error(
                 s.message_id, f"fedsim refused the reply of node {node_of(s.client)}: {exc}"[:300]))
@@ -371,7 +379,7 @@ class FlowerServer(ServerAlgorithm):
         if not self.exchange.deliver(reply, s.expires):
             step.discarded.append(Discarded(upload.client, "a second reply to its message"))
             return step
-        if s.train and not theirs.has_error():
+        if s.train and not has_error:
             step.applied.append(Applied(version=self.version, clients=(upload.client,),
                                         staleness=(self.version - s.version,),
                                         round=self.round))

@@ -1,16 +1,18 @@
 """The ServerApp's own process: it imports the app, runs it on a FedsimGrid, says when it ends.
 
-fedsim's server starts this process (``python -m fedsim.flower.serverapp
-FD``, over a Unix socket pair) when it builds the Flower algorithm, before
-the run's clock starts: the app's
-module, and whatever it imports (torch, its data), is loaded then. The
-process says ``ready`` (or why the app could not be loaded), waits for the
-``start`` command with the run's id, seed and run config, then calls the
-app as Flower's simulation does, ``server_app(grid=..., context=...)``,
-with a :class:`~.grid.FedsimGrid` whose every call crosses the pipe
-(:mod:`.link`). When the app returns or raises it sends ``done`` and the
-process exits; when the server closes the pipe first (the run ended), the
-app's next call raises Flower's ``RunNotRunningException``.
+fedsim's server starts this process (``python -P -m fedsim.flower.serverapp
+FD PARENT``, over a Unix socket pair) when it builds the Flower algorithm,
+before the run's clock starts: the app's module, and whatever it imports
+(torch, its data), is loaded then. The process dies with its parent, leaves
+Ctrl-C to it, and logs as fedsim's other processes do. It says ``ready``
+(or why the app could not be loaded), waits for the ``start`` command with
+the run's id, seed and run config, then calls the app as Flower's
+simulation does, ``server_app(grid=..., context=...)``, with a
+:class:`~.grid.FedsimGrid` whose every call crosses the pipe (:mod:`.link`).
+When the app returns or raises it sends ``done`` and the process exits (its
+exit handlers run; a thread the app left running gets
+:data:`EXIT_GRACE` seconds). Once the server has ended the run, the app's
+next call raises Flower's ``RunNotRunningException``.
 """
 
 from __future__ import annotations
@@ -19,15 +21,32 @@ import logging
 import os
 import pickle
 import random
-import signal
 import sys
+import threading
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-__all__ = ["Boot", "main"]
+from flwr.app import Context, RecordDict
+from flwr.app.user_config import UserConfig
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.serverapp import ServerApp
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedsim.actors import process
+from fedsim.flower.apps import load
+from fedsim.flower.grid import FedsimGrid
+from fedsim.flower.link import AppLink
+from fedsim.flower.running import set_scenario
+
+__all__ = ["EXIT_GRACE", "Boot", "main"]
 
 log = logging.getLogger(__name__)
+
+#: real seconds the process's exit may take (its exit handlers, threads the app left)
+EXIT_GRACE = 5.0
 
 
 @dataclass(frozen=True)
@@ -43,40 +62,21 @@ class Boot:
     scenario: bytes | None = None
 
 
-def main(conn: Connection) -> None:
-    """The process's body (see the module docstring)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)      # the server ends the run, and this
-    code = 0
+def main(conn: Connection) -> int:
+    """The process's body (see the module docstring); its exit code."""
     try:
         boot = Boot(**conn.recv())
-        sys.path[:0] = [p for p in boot.path if p not in sys.path]
-        code = _run(conn, boot)
     except (EOFError, OSError):
-        code = 0                                       # the server went before it began
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        # a thread the app left running (Flower's legacy node refresh) must not hold
-        # the process: the run is over for it
-        os._exit(code)
+        return 0                                       # the server went before it began
+    sys.path[:0] = [p for p in boot.path if p not in sys.path]
+    try:
+        return _run(conn, boot)
+    except BaseException:
+        traceback.print_exc()
+        return 1
 
 
 def _run(conn: Connection, boot: Boot) -> int:
-    from flwr.app import Context, RecordDict
-    from flwr.app.user_config import UserConfig
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.serverapp import ServerApp
-    from flwr.supercore.run import Run
-    from flwr.supercore.task_identity import TaskIdentity
-
-    from fedsim.flower.apps import load
-    from fedsim.flower.grid import FedsimGrid
-    from fedsim.flower.link import AppLink
-    from fedsim.flower.running import set_scenario
-
     if boot.scenario is not None:      # before the app's module: it may read its data
         try:
             set_scenario(pickle.loads(boot.scenario))
@@ -87,6 +87,7 @@ def _run(conn: Connection, boot: Boot) -> int:
     try:
         app = load(boot.server_app, ServerApp)
     except Exception as exc:
+        traceback.print_exc()
         conn.send(("failed", 0, str(exc), 0))
         return 1
     conn.send(("ready", 0, None, 0))
@@ -96,6 +97,10 @@ def _run(conn: Connection, boot: Boot) -> int:
         return 0                                       # the run ended before it started
     if kind != "start":
         return 0
+    # the run's clock has started: this process's work counts as the server's
+    process.to_foreground()
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)       # as the server's own torch
     run_id, seed, run_config = int(run["run_id"]), int(run["seed"]), dict(run["run_config"])
     TaskIdentity.run_id = run_id
     TaskIdentity.task_id = 1
@@ -113,7 +118,7 @@ def _run(conn: Connection, boot: Boot) -> int:
     error: str | None = None
     try:
         app(grid=grid, context=context)
-    except BaseException as exc:                       # noqa: BLE001 - reported, then exit
+    except BaseException as exc:
         if link.ended is None:
             error = f"raised {type(exc).__name__}: {exc}"[:300]
             traceback.print_exc()
@@ -121,5 +126,18 @@ def _run(conn: Connection, boot: Boot) -> int:
     return 0
 
 
+def _exit_within(seconds: float, code: int) -> None:
+    """End the process ``seconds`` from now whatever holds it (a thread the app left)."""
+    def watchdog() -> None:
+        time.sleep(seconds)
+        os._exit(code)
+
+    threading.Thread(target=watchdog, name="fedsim-exit", daemon=True).start()
+
+
 if __name__ == "__main__":
-    main(Connection(int(sys.argv[1])))
+    if process.become_child(int(sys.argv[2]), "flower-serverapp"):
+        process.set_process_name("fedsim-serverapp")
+        code = main(Connection(int(sys.argv[1])))
+        _exit_within(EXIT_GRACE, code)
+        sys.exit(code)

@@ -15,11 +15,10 @@ import torch
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
+import applog  # noqa: E402
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.common.constant import ErrorCode  # noqa: E402
 
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict  # noqa: E402
-
-import applog  # noqa: E402
 from fedsim.algorithms.api import ClientContext, ServerContext, Waker  # noqa: E402
 from fedsim.algorithms.local import LocalConfig  # noqa: E402
 from fedsim.flower.apps import AppError  # noqa: E402
@@ -79,10 +78,15 @@ class _Driver:
         self.tasks = list(self.server.start(clients, 0.0).tasks)
         self.applied = []
 
-    def run(self, drop: set[int] = frozenset(), limit: int = 200) -> None:
+    def run(self, drop: set[int] = frozenset(), limit: int = 200, settle: float = 0.0) -> None:
+        """Answer every task in turn; with nothing to answer, wait for the app to
+        push (and ``settle`` real seconds more: what it pushes meanwhile goes too)."""
+        import time
+
         for _ in range(limit):
             if not self.tasks:
                 assert self.woken.wait(20), "the ServerApp pushed nothing"
+                time.sleep(settle)
                 self.woken.clear()
                 step = self.server.timer(self.now)
                 self.tasks += step.tasks
@@ -159,7 +163,8 @@ def test_the_replies_the_strategy_receives_are_built_as_flowers() -> None:
     with the metadata derived from the message and the server's num-examples."""
     msg = _pushed()
     err = FedsimGrid._reply(msg, Reply.node_unavailable("m-1"))
-    assert err.has_error() and err.error.code == ErrorCode.NODE_UNAVAILABLE
+    assert err.has_error()
+    assert err.error.code == ErrorCode.NODE_UNAVAILABLE
     assert (err.metadata.src_node_id, err.metadata.dst_node_id) == (1, 1)
     assert err.metadata.reply_to_message_id == "m-1"
     theirs = Message(RecordDict({"metrics": MetricRecord({"num-examples": 10_000, "x": 2})}),
@@ -197,7 +202,7 @@ def test_push_and_pull_in_arrival_order_and_staleness_emerges(log: Path) -> None
                        client_app="tiny_app:client_app",
                        run_config={"updates": 7, "log": str(log)})
     d = _Driver(cfg, [0, 1, 2])
-    d.run()
+    d.run(settle=0.2)      # the app answers a round of replies with a push per reply
     d.server.close()
     assert d.stop == "server_app_finished"
     order = [e["node"] for e in applog.read(log)]
@@ -206,8 +211,9 @@ def test_push_and_pull_in_arrival_order_and_staleness_emerges(log: Path) -> None
     # may be answered too (counted, never pulled)
     assert 7 <= len(d.applied) <= 9
     # the driver answers every task it holds before it looks at new pushes, so
-    # the first three replies answer the first model; later replies find up to
-    # two newer models pushed meanwhile (one per reply before them)
+    # the first three replies answer the first model; the app then pushes a new
+    # model per reply it pulled, and a reply finds up to two newer models pushed
+    # after its own
     stale = [a.staleness[0] for a in d.applied]
     assert stale[:3] == [0, 0, 0], stale
     assert 1 <= max(stale) <= 2, stale
@@ -307,7 +313,8 @@ def test_the_serverapp_runs_in_its_own_process_and_ends_with_the_run(log: Path) 
                        run_config={"updates": 1000, "log": str(log)})
     d = _Driver(cfg, [0, 1])
     process = d.server._process
-    assert process.pid != __import__("os").getpid() and process.poll() is None
+    assert process.pid != __import__("os").getpid()
+    assert process.poll() is None
     assert not [t for t in threading.enumerate() if "serverapp" in t.name]
     assert d.woken.wait(20)
     d.server.close()                                     # the app still polls for replies

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import time
 
+import applog
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
-
-import applog
 
 server_app = ServerApp()
 

@@ -5,13 +5,12 @@ fixed per-partition problem, so runs are deterministic."""
 
 from __future__ import annotations
 
+import applog
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp import strategy as strategies
-
-import applog
 
 DIM = 4
 
