@@ -34,6 +34,7 @@ from flwr.common.serde import (
     recorddict_to_proto,
 )
 from flwr.proto.message_pb2 import Message as ProtoMessage
+from flwr.proto.message_pb2 import Metadata as ProtoMetadata
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from fedsim.wire.tensors import Model, TensorSpec
@@ -50,7 +51,7 @@ def content_bytes(content: RecordDict) -> bytes:
     return bytes(recorddict_to_proto(content).SerializeToString())
 
 
-def content_of(data: bytes | memoryview) -> RecordDict:
+def content_of(data: bytes | bytearray | memoryview) -> RecordDict:
     """A message's records back from :func:`content_bytes`."""
     return recorddict_from_proto(ProtoRecordDict.FromString(bytes(data)))
 
@@ -60,22 +61,56 @@ def reply_bytes(reply: Message) -> bytes:
     return bytes(message_to_proto(reply).SerializeToString())
 
 
-def reply_of(data: bytes | memoryview) -> Message:
+def reply_of(data: bytes | bytearray | memoryview) -> Message:
     """The reply message back from :func:`reply_bytes`."""
     return message_from_proto(ProtoMessage.FromString(bytes(data)))
 
 
-def reply_head(data: bytes | memoryview) -> tuple[str, bool, bool]:
-    """What the server checks of a serialized reply without building Flower's
-    records from it: the message id it answers, whether it holds an error,
-    whether it holds content. Raises protobuf's DecodeError for bytes that are
-    not a message."""
-    proto = ProtoMessage.FromString(bytes(data))
-    return (proto.metadata.reply_to_message_id, proto.HasField("error"),
-            proto.HasField("content"))
+def _varint(view: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(view) or shift > 63:
+            raise ValueError("a truncated or overlong varint")
+        b = view[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
 
 
-def to_model(data: bytes) -> Model:
+def reply_head(data: bytes | bytearray | memoryview) -> tuple[str, bool, bool]:
+    """What the server checks of a serialized reply, read in place without
+    building Flower's records (or parsing the content's bytes): the message id
+    it answers, whether it holds an error, whether it holds content. Only the
+    top-level fields are walked and the small metadata parsed. ValueError (or
+    protobuf's DecodeError) for bytes that are not such a message."""
+    view = memoryview(data).cast("B")
+    answers: str | None = None
+    has_error = has_content = False
+    pos = 0
+    while pos < len(view):
+        key, pos = _varint(view, pos)
+        field, wire = key >> 3, key & 7
+        if wire != 2:             # every field of a Message is length-delimited
+            raise ValueError(f"field {field} has wire type {wire}, not a Flower message's")
+        size, pos = _varint(view, pos)
+        end = pos + size
+        if end > len(view):
+            raise ValueError("a field runs past the message's end")
+        if field == ProtoMessage.METADATA_FIELD_NUMBER:
+            answers = ProtoMetadata.FromString(bytes(view[pos:end])).reply_to_message_id
+        elif field == ProtoMessage.CONTENT_FIELD_NUMBER:
+            has_content = True
+        elif field == ProtoMessage.ERROR_FIELD_NUMBER:
+            has_error = True
+        pos = end
+    if answers is None:
+        raise ValueError("it has no metadata")
+    return answers, has_error, has_content
+
+
+def to_model(data: bytes | bytearray) -> Model:
     """Bytes as a wire model: one uint8 tensor, without a copy."""
     arr = np.frombuffer(data, dtype=np.uint8)
     return Model.from_flat(arr, TensorSpec([("uint8", (arr.size,))]))

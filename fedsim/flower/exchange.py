@@ -82,7 +82,7 @@ class Reply:
     the server answers (``code``, ``reason``: one of Flower's)."""
 
     message_id: str
-    data: bytes | None = None
+    data: bytes | bytearray | memoryview | None = None
     num_examples: int | None = None
     code: int = 0
     reason: str = ""
@@ -117,7 +117,7 @@ class Pushed:
 
     head: Head
     message_id: str
-    data: bytes
+    data: bytes | bytearray
     digest: bytes
     #: a send_and_receive batch's number, or None for push_messages
     batch: int | None = None

@@ -91,7 +91,7 @@ class FedsimGrid(Grid):
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def _call(self, op: str, args: tuple[object, ...] = (),
-              payloads: list[bytes] | None = None) -> tuple[object, list[bytes]]:
+              payloads: list[bytes] | None = None) -> tuple[object, list[bytearray]]:
         try:
             return self.link.call(op, args, payloads or [])
         except RunEnded as exc:
@@ -124,10 +124,10 @@ class FedsimGrid(Grid):
         value, _ = self._call("push", (sent, timeout, True), payloads)
         assert isinstance(value, tuple)
         number: int = value[1]
-        value, payloads = self._call("wait", (number,))
-        return self._replies(value, payloads)
+        value, replies = self._call("wait", (number,))
+        return self._replies(value, replies)
 
-    def _replies(self, wire: object, payloads: list[bytes]) -> list[Message]:
+    def _replies(self, wire: object, payloads: list[bytearray]) -> list[Message]:
         out = []
         for r in replies_of(wire, payloads):  # type: ignore[arg-type]
             msg = self._sent.pop(r.message_id, None)

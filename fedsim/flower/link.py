@@ -4,11 +4,12 @@ The ServerApp runs in a process of its own (:mod:`.serverapp`), so its
 Python code and the native code it calls (protobuf serializing a round's
 model, numpy aggregating the replies) never hold the server process's GIL:
 the server's event loop keeps its timers while the strategy computes. Each
-call its grid makes is one request over a duplex pipe
-(:func:`multiprocessing.Pipe`, a Unix socket pair). A message is a small
-pickled header ``(kind, request id, value, payload count)`` followed by
-that many payloads sent as raw byte messages, so a model's bytes are never
-pickled.
+call its grid makes is one request over a Unix socket pair (:class:`Pipe`).
+A message is a small pickled header ``(kind, request id, value, payload
+count)`` followed by that many payloads as raw byte strings, each
+length-prefixed: a payload is written from the buffer it is in (a reply
+straight from the ZeroMQ frame it arrived in) and read into a buffer of
+its own, with the GIL released while the kernel copies, and never pickled.
 
 The app's end is :class:`AppLink`: any thread of the app may call
 (Flower's legacy apps ask for node ids from a second thread while the
@@ -40,18 +41,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import pickle
+import select
 import socket
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from typing import Any
 
 from fedsim.flower.content import Head
 from fedsim.flower.exchange import Exchange, Pushed, Reply, RunEnded
 
-__all__ = ["AppLink", "Relay", "Sent", "WireReply"]
+__all__ = ["AppLink", "Pipe", "Relay", "Sent", "WireReply"]
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,65 @@ WireReply = tuple[str, int, str, int | None, bool]
 Sent = tuple[Head, str, bytes, int]
 
 
-def _send(conn: Connection, lock: threading.Lock, header: tuple[Any, ...],
-          payloads: Sequence[bytes | memoryview] = ()) -> None:
+class Pipe:
+    """One end of the socket pair: objects (pickled) and byte strings, each sent
+    with its length first and read into a buffer of its own."""
+
+    _LEN = struct.Struct("!Q")
+    #: at most this much is copied to send a short message in one write
+    _SMALL = 1 << 16
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, obj: object) -> None:
+        self.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def send_bytes(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        n = view.nbytes
+        if n <= self._SMALL:
+            self.sock.sendall(self._LEN.pack(n) + view.tobytes())
+        else:
+            self.sock.sendall(self._LEN.pack(n))
+            self.sock.sendall(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
+
+    def recv(self) -> Any:
+        return pickle.loads(self.recv_bytes())
+
+    def recv_bytes(self) -> bytearray:
+        head = self._exactly(self._LEN.size)
+        return self._exactly(self._LEN.unpack(head)[0])
+
+    def _exactly(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(view[got:])
+            if k == 0:
+                raise EOFError("the other end closed the pipe")
+            got += k
+        return buf
+
+    def poll(self, timeout: float) -> bool:
+        """Whether something can be read within ``timeout`` seconds."""
+        return bool(select.select([self.sock], [], [], timeout)[0])
+
+    def shutdown(self) -> None:
+        """Wake a reader blocked on this end (the other end may be held by others)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _send(conn: Pipe, lock: threading.Lock, header: tuple[Any, ...],
+          payloads: Sequence[bytes | bytearray | memoryview] = ()) -> None:
     with lock:
         conn.send(header)
         for b in payloads:
@@ -73,14 +132,14 @@ def _send(conn: Connection, lock: threading.Lock, header: tuple[Any, ...],
 class _Pending:
     event: threading.Event = field(default_factory=threading.Event)
     value: Any = None
-    payloads: list[bytes] = field(default_factory=list)
+    payloads: list[bytearray] = field(default_factory=list)
     ended: str | None = None
 
 
 class AppLink:
     """The ServerApp's end of the pipe: calls that block until the server answers."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Pipe) -> None:
         self._conn = conn
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -96,7 +155,7 @@ class AppLink:
         self._reader.start()
 
     def call(self, op: str, args: tuple[Any, ...] = (),
-             payloads: Sequence[bytes] = ()) -> tuple[Any, list[bytes]]:
+             payloads: Sequence[bytes] = ()) -> tuple[Any, list[bytearray]]:
         """Send request ``op`` and wait for its answer: (value, payloads).
         Raises :class:`RunEnded` when the run has ended."""
         with self._lock:
@@ -155,10 +214,11 @@ class AppLink:
             p.event.set()
 
 
-def wire_replies(replies: Sequence[Reply]) -> tuple[list[WireReply], list[bytes]]:
+def wire_replies(replies: Sequence[Reply],
+                 ) -> tuple[list[WireReply], list[bytes | bytearray | memoryview]]:
     """Replies as they cross the pipe, and their payloads in order."""
     out: list[WireReply] = []
-    payloads: list[bytes] = []
+    payloads: list[bytes | bytearray | memoryview] = []
     for r in replies:
         out.append((r.message_id, int(r.code), r.reason, r.num_examples, r.data is not None))
         if r.data is not None:
@@ -166,7 +226,7 @@ def wire_replies(replies: Sequence[Reply]) -> tuple[list[WireReply], list[bytes]
     return out, payloads
 
 
-def replies_of(wire: Sequence[WireReply], payloads: Sequence[bytes]) -> list[Reply]:
+def replies_of(wire: Sequence[WireReply], payloads: Sequence[bytearray]) -> list[Reply]:
     """The replies back from :func:`wire_replies`."""
     it = iter(payloads)
     return [Reply(mid, data=next(it) if has else None, num_examples=num, code=code,
@@ -181,7 +241,7 @@ class Relay:
     its process ended without saying (a text that says so: each completes
     "the ServerApp ...")."""
 
-    def __init__(self, conn: Connection, exchange: Exchange,
+    def __init__(self, conn: Pipe, exchange: Exchange,
                  on_done: Callable[[str | None], None]) -> None:
         self._conn = conn
         self._exchange = exchange
@@ -205,10 +265,7 @@ class Relay:
     def close(self) -> None:
         """Close the server's end (once the app's process has ended): a reader still
         blocked on it (a process the app forked holds the other end) is woken."""
-        with contextlib.suppress(Exception):
-            sock = socket.socket(fileno=os.dup(self._conn.fileno()))
-            sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+        self._conn.shutdown()
         self.join(1.0)
         with contextlib.suppress(Exception):
             self._conn.close()
@@ -238,7 +295,8 @@ class Relay:
             self._finish(f"could not be served (a malformed request: {type(exc).__name__}: "
                          f"{exc})")
 
-    def _reply(self, rid: int, value: Any, payloads: Sequence[bytes] = ()) -> None:
+    def _reply(self, rid: int, value: Any,
+               payloads: Sequence[bytes | bytearray | memoryview] = ()) -> None:
         # the app's process gone (the reader sees it), or the pipe closed at the end
         with contextlib.suppress(Exception):
             _send(self._conn, self._send_lock, ("ok", rid, value, len(payloads)), payloads)
@@ -248,7 +306,7 @@ class Relay:
             _send(self._conn, self._send_lock, ("ended", rid, why, 0))
 
     def _answer(self, rid: int, op: str, args: tuple[Any, ...],
-                payloads: list[bytes]) -> None:
+                payloads: list[bytearray]) -> None:
         ex = self._exchange
         try:
             if op == "push":

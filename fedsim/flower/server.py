@@ -65,7 +65,6 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +78,7 @@ from fedsim.flower.apps import AppError
 from fedsim.flower.config import FlowerConfig
 from fedsim.flower.content import content_of, header, reply_head, to_bytes, to_model
 from fedsim.flower.exchange import Exchange, Pushed, Reply, client_of, node_of
-from fedsim.flower.link import Relay
+from fedsim.flower.link import Pipe, Relay
 from fedsim.flower.running import set_scenario
 from fedsim.flower.serverapp import Boot
 from fedsim.scenario.plugins import child_env
@@ -156,7 +155,7 @@ class FlowerServer(ServerAlgorithm):
         self._payloads: dict[bytes, tuple[int, Model]] = {}
         self._x = ctx.x0.detach().clone()
         #: the newest content pushed (serialized), not yet read for model()
-        self._newest: bytes | None = None
+        self._newest: bytes | bytearray | None = None
         self._finished = threading.Event()
         self._error: str | None = None
         self._stopped = False
@@ -186,7 +185,7 @@ class FlowerServer(ServerAlgorithm):
              str(os.getpid())],
             pass_fds=(theirs_sock.fileno(),), stdin=subprocess.DEVNULL, env=env)
         theirs_sock.close()
-        ours = Connection(ours_sock.detach())
+        ours = Pipe(ours_sock)
         try:
             ours.send(vars(Boot(self.cfg.server_app, tuple(sys.path), limit,
                                 _crossable(self.ctx.scenario))))
@@ -306,7 +305,7 @@ class FlowerServer(ServerAlgorithm):
         self._newest = p.data      # read when fedsim evaluates (model()), not per push
         return held
 
-    def _take_model(self, data: bytes) -> None:
+    def _take_model(self, data: bytes | bytearray) -> None:
         """The global model fedsim evaluates: the content's first ArrayRecord, when it
         is the scenario model's size and numeric."""
         content = content_of(data)
@@ -360,8 +359,9 @@ class FlowerServer(ServerAlgorithm):
         if self.busy.get(s.client) == upload.task_id:
             self._free(s.client, now, step)
         try:
-            # its head only: the ServerApp's process builds Flower's records from it
-            data = bytes(to_bytes(upload.model))
+            # its head only, read in place: the ServerApp's process builds Flower's
+            # records from it (its bytes cross to that process from the frame they came in)
+            data = to_bytes(upload.model)
             answers, has_error, has_content = reply_head(data)
             if answers != s.message_id:
                 raise ValueError("it answers another message")

@@ -21,12 +21,12 @@ import logging
 import os
 import pickle
 import random
+import socket
 import sys
 import threading
 import time
 import traceback
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 
 from flwr.app import Context, RecordDict
 from flwr.app.user_config import UserConfig
@@ -38,7 +38,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedsim.actors import process
 from fedsim.flower.apps import load
 from fedsim.flower.grid import FedsimGrid
-from fedsim.flower.link import AppLink
+from fedsim.flower.link import AppLink, Pipe
 from fedsim.flower.running import set_scenario
 
 __all__ = ["EXIT_GRACE", "Boot", "main"]
@@ -62,7 +62,7 @@ class Boot:
     scenario: bytes | None = None
 
 
-def main(conn: Connection) -> int:
+def main(conn: Pipe) -> int:
     """The process's body (see the module docstring); its exit code."""
     try:
         boot = Boot(**conn.recv())
@@ -76,7 +76,7 @@ def main(conn: Connection) -> int:
         return 1
 
 
-def _run(conn: Connection, boot: Boot) -> int:
+def _run(conn: Pipe, boot: Boot) -> int:
     if boot.scenario is not None:      # before the app's module: it may read its data
         try:
             set_scenario(pickle.loads(boot.scenario))
@@ -97,8 +97,9 @@ def _run(conn: Connection, boot: Boot) -> int:
         return 0                                       # the run ended before it started
     if kind != "start":
         return 0
-    # the run's clock has started: this process's work counts as the server's
-    process.to_foreground()
+    # the run's clock has started: the strategy's work yields the cores to the event
+    # loops, which keep emulated time, as the torch workers' does (SCHED_IDLE)
+    process.yield_cpu_to_loops()
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)       # as the server's own torch
     run_id, seed, run_config = int(run["run_id"]), int(run["seed"]), dict(run["run_config"])
@@ -138,6 +139,6 @@ def _exit_within(seconds: float, code: int) -> None:
 if __name__ == "__main__":
     if process.become_child(int(sys.argv[2]), "flower-serverapp"):
         process.set_process_name("fedsim-serverapp")
-        code = main(Connection(int(sys.argv[1])))
+        code = main(Pipe(socket.socket(fileno=int(sys.argv[1]))))
         _exit_within(EXIT_GRACE, code)
         sys.exit(code)
