@@ -1,22 +1,25 @@
-"""The server loop's timers beside a Flower ServerApp's thread: lateness with and without it.
+"""The server loop's timers beside a Flower ServerApp: lateness with and without one.
 
-A Flower app's ServerApp is blocking Python run in a thread of fedsim's server
-process (docs/flower.md): its strategy's work (serializing each round's
-content, aggregating the replies, Flower's bookkeeping) shares the GIL with
-the server's event loop, whose timers deliver every update on its emulated
-uplink. This runs the same federation, FedAvg with every client every round
-over a wired LAN, as fedsim's own ``fedavg`` (the strategy on the loop, in
-microseconds) and as a Flower app doing the same (Flower's ``FedAvg`` in the
-ServerApp's thread), at two model sizes, and prints each run's delivery
-lateness: how late netem delivered messages against their emulated schedule
-(p50, p99, max over every delivery of the run, ``summary.json``'s
-``fidelity.lateness_ms``), with the run's verdict. The runs alternate, so
-machine noise hits both alike.
+A Flower app's ServerApp is blocking Python run in a process of its own
+(docs/flower.md): its strategy's work (serializing each round's content,
+aggregating the replies, Flower's bookkeeping) holds no GIL of the server's;
+what the server process still does for it is to file its messages and hand
+each reply's bytes to it over a socket. This runs the same federation,
+FedAvg with every client every round over a wired LAN, as fedsim's own
+``fedavg`` (the strategy on the loop, in microseconds) and as a Flower app
+doing the same (Flower's ``FedAvg`` in the ServerApp's process), at two
+model sizes, and prints each run's delivery lateness: how late netem
+delivered messages against their emulated schedule (p50, p99, max over
+every delivery of the run, ``summary.json``'s ``fidelity.lateness_ms``),
+with the run's verdict; then each direction's realised delay against its
+configured one: the uplink's deliveries are the server loop's timers, the
+downlink's the client hosts'. The runs alternate, so machine noise hits
+both alike.
 
 * ``small``: the overhead benchmark's MLP (60-200-10, 57 KB);
 * ``large``: the same MLP with 35,000 hidden units (2.5 M parameters, 10 MB
-  a message), where the app's thread serializes and averages 10 MB per
-  message: C calls (protobuf, numpy) that may hold the GIL for milliseconds.
+  a message): 10 MB of content into the ServerApp's process and 80 MB of
+  replies out of the server's, every round.
 
 Run: ``python tools/bench_flower_loop.py`` (about 3 minutes; ``--reps``,
 ``--rounds``, ``--sizes small,large``, ``--dilation``). Needs the Flower extra.
