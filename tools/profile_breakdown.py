@@ -33,50 +33,60 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-#: (library, a path fragment that marks its frames), checked in order
+#: (library, a path fragment that marks its frames), checked in order (py-spy names a
+#: frame's file relative to its sys.path entry: ``fedsim/cli.py``, ``torch/nn/...``)
 LIBRARIES = [
-    ("fedsim's Flower bridge", "/fedsim/flower/"),
-    ("Flower", "/flwr/"),
-    ("protobuf", "/google/protobuf/"),
-    ("torch", "/torch/"),
-    ("numpy", "/numpy/"),
-    ("pyzmq", "/zmq/"),
-    ("msgpack", "/msgpack/"),
-    ("netem", "/netem/"),
-    ("fedsim", "/fedsim/"),
-    ("asyncio", "/asyncio/"),
-    ("imports", "<frozen importlib"),
+    ("fedsim's Flower bridge", "fedsim/flower/"),
+    ("Flower", "flwr/"),
+    ("protobuf", "google/protobuf/"),
+    ("torch", "torch/"),
+    ("numpy", "numpy/"),
+    ("pyzmq", "zmq/"),
+    ("msgpack", "msgpack/"),
+    ("netem", "netem/"),
+    ("fedsim", "fedsim/"),
+    ("asyncio", "asyncio/"),
 ]
 
 _FRAME = re.compile(r"^(?P<fn>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
 _PROCESS = re.compile(r'^process (?P<pid>\d+):"(?P<cmd>.*)"$')
 
 
+def _file(frame: str) -> str:
+    m = _FRAME.match(frame)
+    return m.group("file") if m else frame
+
+
+def _is(path: str, mark: str) -> bool:
+    return path.startswith(mark) or f"/{mark}" in path
+
+
 def library(frames: list[str]) -> str:
-    """The library a stack's CPU is spent in: its innermost frame that belongs to one
-    (``frames`` root first); the app's own code when none does."""
-    for frame in reversed(frames):
-        m = _FRAME.match(frame)
-        path = m.group("file") if m else frame
+    """The library a stack's CPU is spent in (``frames`` root first): start-up
+    imports when an import is on the stack, else its innermost frame that
+    belongs to a library, else the app's own code."""
+    files = [_file(f) for f in frames]
+    if any("importlib" in f for f in files):
+        return "imports"
+    for path in reversed(files):
         for name, mark in LIBRARIES:
-            if mark in path:
+            if _is(path, mark):
                 return name
     return "the app's code"
 
 
 def process_kind(cmd: str, frames: list[str]) -> str:
     """What a process of fedsim's tree is, from its command line and a stack of it."""
-    text = ";".join(frames)
-    if "fedsim.flower.serverapp" in cmd or "fedsim/flower/serverapp.py" in text:
+    files = [_file(f) for f in frames]
+    if "fedsim.flower.serverapp" in cmd or any(_is(f, "fedsim/flower/serverapp.py")
+                                               for f in files):
         return "Flower ServerApp"
-    if "/fedsim/actors/worker.py" in text or "trainer" in cmd:
-        return "trainer"
-    if "evaluat" in text and "/fedsim/actors/" in text and "server.py" not in text:
-        return "evaluator"
-    if "fedsim.actors.host" in cmd or "/fedsim/actors/host.py" in text:
-        return "client host"
-    if "zygote" in cmd or "zygote" in text:
+    if any(_is(f, "fedsim/actors/worker.py") for f in files):
+        return "torch worker"
+    if any(_is(f, "fedsim/actors/_zygote_server.py") for f in files):
         return "zygote"
+    if "fedsim.actors.host" in cmd or any(_is(f, "fedsim/actors/host.py") for f in files):
+        return "client host"
     return "server / main"
 
 
