@@ -1,22 +1,25 @@
-"""The server loop's timers beside a Flower ServerApp's thread: lateness with and without it.
+"""The server loop's timers beside a Flower ServerApp: lateness with and without one.
 
-A Flower app's ServerApp is blocking Python run in a thread of fedsim's server
-process (docs/flower.md): its strategy's work (serializing each round's
-content, aggregating the replies, Flower's bookkeeping) shares the GIL with
-the server's event loop, whose timers deliver every update on its emulated
-uplink. This runs the same federation, FedAvg with every client every round
-over a wired LAN, as fedsim's own ``fedavg`` (the strategy on the loop, in
-microseconds) and as a Flower app doing the same (Flower's ``FedAvg`` in the
-ServerApp's thread), at two model sizes, and prints each run's delivery
-lateness: how late netem delivered messages against their emulated schedule
-(p50, p99, max over every delivery of the run, ``summary.json``'s
-``fidelity.lateness_ms``), with the run's verdict. The runs alternate, so
-machine noise hits both alike.
+A Flower app's ServerApp is blocking Python run in a process of its own
+(docs/flower.md): its strategy's work (serializing each round's content,
+aggregating the replies, Flower's bookkeeping) holds no GIL of the server's;
+what the server process still does for it is to file its messages and hand
+each reply's bytes to it over a socket. This runs the same federation,
+FedAvg with every client every round over a wired LAN, as fedsim's own
+``fedavg`` (the strategy on the loop, in microseconds) and as a Flower app
+doing the same (Flower's ``FedAvg`` in the ServerApp's process), at two
+model sizes, and prints each run's delivery lateness: how late netem
+delivered messages against their emulated schedule (p50, p99, max over
+every delivery of the run, ``summary.json``'s ``fidelity.lateness_ms``),
+with the run's verdict; then each direction's realised delay against its
+configured one: the uplink's deliveries are the server loop's timers, the
+downlink's the client hosts'. The runs alternate, so machine noise hits
+both alike.
 
 * ``small``: the overhead benchmark's MLP (60-200-10, 57 KB);
 * ``large``: the same MLP with 35,000 hidden units (2.5 M parameters, 10 MB
-  a message), where the app's thread serializes and averages 10 MB per
-  message: C calls (protobuf, numpy) that may hold the GIL for milliseconds.
+  a message): 10 MB of content into the ServerApp's process and 80 MB of
+  replies out of the server's, every round.
 
 Run: ``python tools/bench_flower_loop.py`` (about 3 minutes; ``--reps``,
 ``--rounds``, ``--sizes small,large``, ``--dilation``). Needs the Flower extra.
@@ -148,9 +151,16 @@ def run_one(work: Path, kind: str, size: str, args: argparse.Namespace) -> dict[
         raise SystemExit(f"{kind} {size}: fedsim run failed:\n{done.stderr[-2000:]}")
     s = json.loads((out / "summary.json").read_text())
     lat = s["fidelity"]["lateness_ms"]
-    return {"p50": lat["p50"], "p99": lat["p99"], "max": lat["max"], "n": lat["n"],
-            "allowed": lat["allowed_p99"], "pass": s["fidelity"]["verdict"] == "pass",
-            "rounds": s["rounds"], "real_s": s["real_seconds"]}
+    out = {"p50": lat["p50"], "p99": lat["p99"], "max": lat["max"], "n": lat["n"],
+           "allowed": lat["allowed_p99"], "pass": s["fidelity"]["verdict"] == "pass",
+           "rounds": s["rounds"], "real_s": s["real_seconds"]}
+    # each direction's realised delay against its configured one (ms): the uplink's
+    # deliveries are the server loop's timers, the downlink's the client hosts'
+    for kind, link in s["fidelity"]["links"].items():
+        side = kind.rsplit("/", 1)[-1]
+        out[f"{side}_excess"] = (link["delay_mean"] - link["configured_mean"]) * 1e3
+        out[f"{side}_std"] = link["delay_std"] * 1e3
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,6 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         passes = sum(bool(r["pass"]) for r in rs)
         print(f"{size + ' ' + kind:14s}{med['p50']:9.3f}{med['p99']:9.3f}{med['max']:9.2f}"
               f"{med['allowed']:13.2f}  {passes}/{len(rs)} pass")
+    print("\nper direction, realised delay minus the configured mean, and its std (ms, "
+          "median over runs;\nthe link's own std is 0.05): up = the server loop's timers, "
+          "down = the client hosts'")
+    print(f"{'':14s}{'up excess':>11s}{'up std':>9s}{'down excess':>13s}{'down std':>10s}")
+    for (kind, size), rs in sorted(got.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        med = {k: statistics.median(r[k] for r in rs)
+               for k in ("up_excess", "up_std", "down_excess", "down_std")}
+        print(f"{size + ' ' + kind:14s}{med['up_excess']:11.3f}{med['up_std']:9.3f}"
+              f"{med['down_excess']:13.3f}{med['down_std']:10.3f}")
     return 0
 
 

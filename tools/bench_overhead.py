@@ -439,6 +439,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--install-flower", default=None, metavar="DIR",
                     help="create that environment in DIR (minutes; ~1.4 GB) and use it")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--keep", default=None, metavar="DIR",
+                    help="write the scenarios, the data and the apps to DIR and keep them (to "
+                         "run or profile a contestant alone: tools/profile_breakdown.py)")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated contestants to run (default: all)")
     args = ap.parse_args(argv)
     if args.reps < 1 or args.rounds < 2:
         ap.error(f"--reps must be >= 1 (got {args.reps}) and --rounds >= 2 (got {args.rounds}): "
@@ -448,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         flower = install_flower(Path(args.install_flower))
     if flower is None and importlib.util.find_spec("flwr") is not None:
         flower = sys.executable           # fedsim[flower]'s (the test extra's) Flower
-    work = Path(tempfile.mkdtemp(prefix="fedsim-bench-overhead-"))
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fedsim-bench-overhead-"))
+    work.mkdir(parents=True, exist_ok=True)
     try:
         (work / "overhead.toml").write_text(SCENARIO.format(rounds=args.rounds))
         sizes = save_data(work / "data.npz")
@@ -468,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.reps + 1):
             order = ["plain", "plain-lean", "fedsim-1host", "fedsim-1host-pin", "fedsim",
                      "fedsim-spawn", *(["flower", "fedsim-flower"] if flower else [])]
+            if args.only:
+                order = [n for n in order if n in args.only.split(",")]
             for name in order if rep % 2 == 0 else order[::-1]:
                 sample = rep == 0
                 if name in ("plain", "plain-lean"):
@@ -494,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  rep {rep} {name:16s} first round {fig['first_round_s']:.2f} s, "
                       f"{fig['s_per_round'] * 1e3:.1f} ms/round", flush=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     med = {name: {**{k: statistics.median(f[k] for f in figs)
                      for k in figs[0] if isinstance(figs[0][k], float | int)},
                   **{k: memory[name][k] for k in ("pss_gb", "rss_gb", "processes")}}
@@ -508,6 +517,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:17s}{m['first_round_s']:>11.2f} s{m['s_per_round']:>10.4f}"
               f"{m['cpu_s']:>8.2f}{m['cpu_per_round']:>11.4f}"
               f"{m['pss_gb']:>10.2f}{m['rss_gb']:>10.2f}{m['processes']:>11.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": runs, "memory": memory, "median": med},
+                                              indent=1))
+    if not {"plain", "plain-lean", "fedsim", "fedsim-1host", "fedsim-1host-pin",
+            "fedsim-spawn"} <= med.keys():
+        return 0                  # --only: the ratios need every native contestant
     p, pl = med["plain"], med["plain-lean"]
     print(f"\nevery fedsim row against the loops (torch.optim loop | lean loop), "
           f"wall and CPU time:\n{'':17s}{'first round':>17s}{'s/round':>17s}{'CPU s':>17s}"
@@ -549,9 +564,6 @@ def main(argv: list[str] | None = None) -> int:
         verdicts = sorted({str(fig.get("verdict")) for n in names for fig in runs.get(n, [])})
         if verdicts:
             print(f"  {names[0]} fidelity verdicts at dilation 1: {', '.join(verdicts)}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"runs": runs, "memory": memory, "median": med},
-                                              indent=1))
     return 0
 
 

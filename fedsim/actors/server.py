@@ -270,6 +270,9 @@ class Server:
                 raise
         finally:
             thaw_heap()
+            # what the server side holds (a process of its own, say) is released
+            # however the run ended, also before its clock started (close is idempotent)
+            self.strategy.close()
             self.checkpointer.wait()
             if self.timers is not None:
                 self.timers.close()

@@ -275,7 +275,7 @@ class TaskMaker:
 
 class Waker:
     """A thread-safe "look at me": how a server side that works beside another
-    thread (a Flower ServerApp's) asks the server's loop to call its
+    thread (the relay of a Flower ServerApp's process) asks the server's loop to call its
     :meth:`ServerAlgorithm.timer` soon. The server binds it once its loop runs;
     before that a call does nothing."""
 
@@ -404,13 +404,13 @@ class ServerAlgorithm(ABC):
         """Restore :meth:`state_dict`."""
 
     def waiting(self) -> bool:
-        """Whether tasks are still to come from elsewhere (a Flower ServerApp's thread,
+        """Whether tasks are still to come from elsewhere (a Flower ServerApp's process,
         which has not pushed yet): a start without tasks is then no failure."""
         return False
 
     def close(self) -> None:  # noqa: B027 - a hook with nothing to do by default
         """The run is over (however it ended): release what the server side holds
-        (a Flower ServerApp's thread). Default: nothing."""
+        (a Flower ServerApp's process). Default: nothing."""
 
 
 class ClientAlgorithm(ABC):
@@ -492,7 +492,7 @@ class AlgorithmSpec:
 _REGISTRY: dict[str, AlgorithmSpec] = {}
 #: built-in names whose home lives outside this package, as ``module:attribute``
 #: references to their spec, imported on first use (a Flower app's: its server
-#: side runs a thread, which this sans-I/O package does not allow)
+#: side runs a process and a thread, which this sans-I/O package does not allow)
 _ELSEWHERE: dict[str, str] = {}
 
 

@@ -12,10 +12,12 @@ on ``PYTHONPATH``, or next to the scenario file), and the app's run config::
     run_config = { "num-server-rounds" = 20, "lr" = 0.05 }
 
 Modules: :mod:`.spec` (the algorithm fedsim registers), :mod:`.config` (its
-``[algorithm]`` table), :mod:`.grid` (the Grid the ServerApp drives, and
-where its thread meets the server's loop), :mod:`.server` (the server side:
-the ServerApp's thread, its messages as tasks), :mod:`.client` (the client
-side: the ClientApp called per client in the trainers), :mod:`.content`
+``[algorithm]`` table), :mod:`.server` (the server side: the ServerApp's
+process, its messages as tasks), :mod:`.serverapp` (that process: the app
+run on :mod:`.grid`'s Grid), :mod:`.link` (the pipe between the two
+processes), :mod:`.exchange` (where the app's calls meet the server's
+loop), :mod:`.client` (the client side: the ClientApp called per client in
+the trainers), :mod:`.content`
 (how a message crosses the wire), :mod:`.apps` (loading an app),
 :mod:`.running` (what the app's code can ask of the run) and :mod:`.data`
 (the helpers an app imports: each client's data, as fedsim partitions it).

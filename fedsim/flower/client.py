@@ -43,7 +43,7 @@ from fedsim.algorithms.api import ClientAlgorithm, ClientContext, Outcome
 from fedsim.flower.apps import load
 from fedsim.flower.config import FlowerConfig
 from fedsim.flower.content import message_at_client, reply_bytes, to_bytes
-from fedsim.flower.grid import node_of
+from fedsim.flower.exchange import node_of
 from fedsim.flower.running import serving, set_scenario
 from fedsim.wire.messages import Task
 

@@ -87,7 +87,7 @@ class FlowerConfig(AlgorithmConfig):
 
     def resumable(self) -> str:
         return ("a Flower app's run cannot resume from a checkpoint: its ServerApp is a "
-                "running thread whose state fedsim cannot save (run it again; its clients' "
+                "running process whose state fedsim cannot save (run it again; its clients' "
                 "Context.state is kept by fedsim clients --state)")
 
     def state_key(self) -> str:

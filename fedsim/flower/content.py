@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import NamedTuple
 
 import numpy as np
 from flwr.app import Message, Metadata, RecordDict
@@ -33,12 +34,13 @@ from flwr.common.serde import (
     recorddict_to_proto,
 )
 from flwr.proto.message_pb2 import Message as ProtoMessage
+from flwr.proto.message_pb2 import Metadata as ProtoMetadata
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from fedsim.wire.tensors import Model, TensorSpec
 
-__all__ = ["SERVER_NODE_ID", "content_bytes", "content_of", "header", "message_at_client",
-           "reply_bytes", "reply_of", "to_bytes", "to_model"]
+__all__ = ["SERVER_NODE_ID", "Head", "content_bytes", "content_of", "head_of", "header",
+           "message_at_client", "reply_bytes", "reply_head", "reply_of", "to_bytes", "to_model"]
 
 #: the node id the ServerApp's messages come from (Flower's SuperLink's)
 SERVER_NODE_ID = 1
@@ -49,7 +51,7 @@ def content_bytes(content: RecordDict) -> bytes:
     return bytes(recorddict_to_proto(content).SerializeToString())
 
 
-def content_of(data: bytes | memoryview) -> RecordDict:
+def content_of(data: bytes | bytearray | memoryview) -> RecordDict:
     """A message's records back from :func:`content_bytes`."""
     return recorddict_from_proto(ProtoRecordDict.FromString(bytes(data)))
 
@@ -59,12 +61,56 @@ def reply_bytes(reply: Message) -> bytes:
     return bytes(message_to_proto(reply).SerializeToString())
 
 
-def reply_of(data: bytes | memoryview) -> Message:
+def reply_of(data: bytes | bytearray | memoryview) -> Message:
     """The reply message back from :func:`reply_bytes`."""
     return message_from_proto(ProtoMessage.FromString(bytes(data)))
 
 
-def to_model(data: bytes) -> Model:
+def _varint(view: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(view) or shift > 63:
+            raise ValueError("a truncated or overlong varint")
+        b = view[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+
+
+def reply_head(data: bytes | bytearray | memoryview) -> tuple[str, bool, bool]:
+    """What the server checks of a serialized reply, read in place without
+    building Flower's records (or parsing the content's bytes): the message id
+    it answers, whether it holds an error, whether it holds content. Only the
+    top-level fields are walked and the small metadata parsed. ValueError (or
+    protobuf's DecodeError) for bytes that are not such a message."""
+    view = memoryview(data).cast("B")
+    answers: str | None = None
+    has_error = has_content = False
+    pos = 0
+    while pos < len(view):
+        key, pos = _varint(view, pos)
+        field, wire = key >> 3, key & 7
+        if wire != 2:             # every field of a Message is length-delimited
+            raise ValueError(f"field {field} has wire type {wire}, not a Flower message's")
+        size, pos = _varint(view, pos)
+        end = pos + size
+        if end > len(view):
+            raise ValueError("a field runs past the message's end")
+        if field == ProtoMessage.METADATA_FIELD_NUMBER:
+            answers = ProtoMetadata.FromString(bytes(view[pos:end])).reply_to_message_id
+        elif field == ProtoMessage.CONTENT_FIELD_NUMBER:
+            has_content = True
+        elif field == ProtoMessage.ERROR_FIELD_NUMBER:
+            has_error = True
+        pos = end
+    if answers is None:
+        raise ValueError("it has no metadata")
+    return answers, has_error, has_content
+
+
+def to_model(data: bytes | bytearray) -> Model:
     """Bytes as a wire model: one uint8 tensor, without a copy."""
     arr = np.frombuffer(data, dtype=np.uint8)
     return Model.from_flat(arr, TensorSpec([("uint8", (arr.size,))]))
@@ -75,12 +121,35 @@ def to_bytes(model: Model) -> memoryview:
     return model.flat().data
 
 
-def header(msg: Message, message_id: str) -> str:
+class Head(NamedTuple):
+    """What the server's side needs of a pushed message's metadata: where it goes,
+    its TTL and kind, and what the client's copy of it is rebuilt from."""
+
+    dst: int
+    ttl: float
+    type: str
+    group: str
+    created: float
+    run: int
+
+    @property
+    def kind(self) -> str:
+        """``train``, ``evaluate``, ``query`` or ``system`` (the type's first part)."""
+        return self.type.split(".")[0]
+
+
+def head_of(msg: Message) -> Head:
+    """A message's :class:`Head`."""
+    md = msg.metadata
+    return Head(int(md.dst_node_id), float(md.ttl), str(md.message_type), str(md.group_id),
+                float(md.created_at), int(md.run_id))
+
+
+def header(head: Head, message_id: str) -> str:
     """The metadata a task carries beside its content (JSON), with the id the
     message was pushed under."""
-    md = msg.metadata
-    return json.dumps({"id": message_id, "type": md.message_type, "group": md.group_id,
-                       "ttl": md.ttl, "created": md.created_at, "run": md.run_id},
+    return json.dumps({"id": message_id, "type": head.type, "group": head.group,
+                       "ttl": head.ttl, "created": head.created, "run": head.run},
                       separators=(",", ":"))
 
 

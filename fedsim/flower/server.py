@@ -1,11 +1,13 @@
-"""The server side of a Flower app: its ServerApp in a thread, its messages as fedsim tasks.
+"""The server side of a Flower app: its ServerApp in a process of its own, its messages as tasks.
 
 :class:`FlowerServer` is an ordinary sans-I/O
-:class:`~fedsim.algorithms.api.ServerAlgorithm`. At the start it runs the
-app's ``ServerApp`` in a thread of the server process (as Flower's own
-simulation does) with a :class:`~.grid.FedsimGrid`. The app's blocking calls
-never touch the server's event loop: a push lands in the
-:class:`~.grid.Exchange` and wakes the loop
+:class:`~fedsim.algorithms.api.ServerAlgorithm`. When it is built (before
+the run's clock starts) it starts the app's ``ServerApp`` in a process of
+its own (:mod:`.serverapp`), so the strategy's Python code and the native
+code it calls never hold the server process's GIL while the event loop's
+timers are due. The app's grid (:class:`~.grid.FedsimGrid`) sends each call
+over a pipe; the server's end (:class:`~.link.Relay`) files it in the
+:class:`~.exchange.Exchange` and wakes the loop
 (:class:`~fedsim.algorithms.api.Waker`), which calls :meth:`timer`; there
 each message becomes a :class:`~fedsim.wire.messages.Task` to its node, and
 each update that comes back becomes the reply the app waits for.
@@ -44,46 +46,42 @@ Rules (docs/flower.md):
 - A round is the app's: it starts with each new train content; a run's
   ``rounds`` count them (and ``run.max_rounds`` can end it early).
 - The run ends when the ServerApp returns (``stop_reason``
-  ``"server_app_finished"``), raises (``"failed: ..."``), or at the
-  scenario's own limits; then the grid refuses further calls.
+  ``"server_app_finished"``), raises or its process ends without returning
+  (``"failed: ..."``), or at the scenario's own limits; then the grid
+  refuses further calls (Flower's ``RunNotRunningException``) and the
+  process is ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import random
+import os
+import pickle
+import socket
+import subprocess
 import sys
 import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.app.user_config import UserConfig
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-from flwr.serverapp import ServerApp
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import ArrayRecord
 
+import fedsim
 from fedsim.algorithms.api import Applied, Discarded, ServerAlgorithm, ServerContext, Step
-from fedsim.flower.apps import load
+from fedsim.flower.apps import AppError
 from fedsim.flower.config import FlowerConfig
-from fedsim.flower.content import content_of, header, reply_of, to_bytes, to_model
-from fedsim.flower.grid import (
-    Exchange,
-    FedsimGrid,
-    Pushed,
-    answer,
-    client_of,
-    error_reply,
-    node_of,
-    node_unavailable,
-    reply_unavailable,
-)
+from fedsim.flower.content import content_of, header, reply_head, to_bytes, to_model
+from fedsim.flower.exchange import Exchange, Pushed, Reply, client_of, node_of
+from fedsim.flower.link import Pipe, Relay
 from fedsim.flower.running import set_scenario
+from fedsim.flower.serverapp import Boot
+from fedsim.scenario.plugins import child_env
 from fedsim.wire.messages import Task, Update
 from fedsim.wire.tensors import Model
 
@@ -95,15 +93,16 @@ log = logging.getLogger(__name__)
 _CONTENTS = 8
 #: how many messages whose TTL ran out stay known, to tell a late reply from a stray one
 _LAPSED = 4096
-#: the GIL's switch interval while a ServerApp's thread runs beside the loop (s)
-SWITCH_INTERVAL = 0.0005
+#: how long the ServerApp's process may take to import the app (s)
+BOOT_TIMEOUT = 120.0
+#: how long it may take to end once the run has (s)
+END_TIMEOUT = 5.0
 
 
 @dataclass
 class _Sent:
     """A message out as a task: what answers it, when it expires."""
 
-    message: Message
     message_id: str
     client: int
     version: int
@@ -119,8 +118,18 @@ class _Queued:
     expires: float
 
 
-def _kind(msg: Message) -> str:
-    return msg.metadata.message_type.split(".")[0]
+def _crossable(scenario: Any) -> bytes | None:
+    """The scenario pickled to cross to the ServerApp's process, or None when it
+    cannot (its data helpers then read the scenario the app's run config names)."""
+    if scenario is None:
+        return None
+    try:
+        return pickle.dumps(scenario)
+    except Exception as exc:
+        log.warning("the scenario cannot cross to the ServerApp's process (%s: %s): its "
+                    "data helpers read the scenario its run config names", type(exc).__name__,
+                    exc)
+        return None
 
 
 class FlowerServer(ServerAlgorithm):
@@ -134,8 +143,8 @@ class FlowerServer(ServerAlgorithm):
             set_scenario(ctx.scenario)
         self.version = 0
         self.round = 0
-        self.exchange = Exchange(wake=ctx.wake,
-                                 limit=cfg.payload_bytes(int(ctx.x0.numel()) * 4) - 4096)
+        limit = cfg.payload_bytes(int(ctx.x0.numel()) * 4) - 4096
+        self.exchange = Exchange(wake=ctx.wake)
         self.available: set[int] = set()
         self.busy: dict[int, int] = {}                     # client -> task id it works on
         self.queued: dict[int, deque[_Queued]] = {}        # client -> messages for later
@@ -146,54 +155,83 @@ class FlowerServer(ServerAlgorithm):
         self._payloads: dict[bytes, tuple[int, Model]] = {}
         self._x = ctx.x0.detach().clone()
         #: the newest content pushed (serialized), not yet read for model()
-        self._newest: bytes | None = None
-        self._thread: threading.Thread | None = None
-        self._finished = False
-        self._error: BaseException | None = None
+        self._newest: bytes | bytearray | None = None
+        self._finished = threading.Event()
+        self._error: str | None = None
         self._stopped = False
-        self._interval = sys.getswitchinterval()
-        #: imported before the clock starts (its module may import torch and data)
-        self._app = load(cfg.server_app, ServerApp)
+        self._closed = False
+        self._started = False
         #: replies after their message's TTL
         self.late_replies = 0
+        self._process, self._relay = self._boot(limit)
 
-    # -- the ServerApp's thread -----------------------------------------------------------
-    def _serve(self, app: ServerApp, grid: FedsimGrid, context: Context) -> None:
+    # -- the ServerApp's process --------------------------------------------------------
+    def _boot(self, limit: int) -> tuple[subprocess.Popen[bytes], Relay]:
+        """Start the ServerApp's process and wait until it has imported the app
+        (before the clock starts: its module may import torch and data).
+
+        A fresh interpreter (``python -P -m fedsim.flower.serverapp``) over a
+        Unix socket pair, not ``multiprocessing``'s spawn, which would import
+        the parent's ``__main__`` (a user's script) again; ``-P``: the working
+        directory does not shadow what the server imported."""
+        ours_sock, theirs_sock = socket.socketpair()
+        env = child_env() or dict(os.environ)
+        root = str(Path(fedsim.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join([root, *(p for p in env.get("PYTHONPATH", "")
+                                                      .split(os.pathsep) if p and p != root)])
+        env["PYTHONUNBUFFERED"] = "1"     # its prints are not lost if it is killed
+        process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "fedsim.flower.serverapp", str(theirs_sock.fileno()),
+             str(os.getpid())],
+            pass_fds=(theirs_sock.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        theirs_sock.close()
+        ours = Pipe(ours_sock)
         try:
-            app(grid=grid, context=context)
-        except BaseException as exc:
-            if not self.exchange.closed:
-                self._error = exc
-                log.error("the ServerApp raised %s: %s", type(exc).__name__, exc)
-        finally:
-            self._finished = True
-            self.exchange.wake()
+            ours.send(vars(Boot(self.cfg.server_app, tuple(sys.path), limit,
+                                _crossable(self.ctx.scenario))))
+            if not ours.poll(BOOT_TIMEOUT):
+                raise AppError(f"{self.cfg.server_app!r}: the ServerApp's process did not "
+                               f"load it within {BOOT_TIMEOUT:.0f} s")
+            kind, _, value, _ = ours.recv()
+        except (EOFError, OSError):
+            try:
+                code: int | None = process.wait(END_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                code = None
+            kind, value = "failed", (f"{self.cfg.server_app!r}: the ServerApp's process ended "
+                                     f"while loading it (exit code {code}; its error is "
+                                     "above)")
+        except BaseException:
+            process.kill()
+            process.wait()
+            ours.close()
+            raise
+        if kind != "ready":
+            process.kill()
+            process.wait()
+            ours.close()
+            raise AppError(str(value))
+        return process, Relay(ours, self.exchange, self._done)
+
+    def _done(self, error: str | None) -> None:
+        """The ServerApp returned (None) or raised, or its process ended (from the relay)."""
+        if not self.exchange.closed:
+            self._error = error
+            if error is not None:
+                log.error("the ServerApp %s", error)
+        self._finished.set()
+        self.exchange.wake()
 
     def start(self, clients: Sequence[int], now: float) -> Step:
-        run_id = int(self.ctx.seed) + 1
-        TaskIdentity.run_id = run_id
-        TaskIdentity.task_id = 1
-        TaskIdentity.node_id = SUPERLINK_NODE_ID
         self.available = set(clients)
         self.exchange.set_nodes(node_of(c) for c in self.available)
-        # Flower's strategies sample nodes with Python's global random (sample_nodes):
-        # seeded from the scenario, a run samples the same nodes each time it is run
-        random.seed(int(self.ctx.seed))
-        app = self._app
-        run = Run.create_empty(run_id)
-        run.override_config = UserConfig(self.cfg.run_config)
-        context = Context(run_id=run_id, node_id=SUPERLINK_NODE_ID, node_config=UserConfig(),
-                          state=RecordDict(), run_config=UserConfig(self.cfg.run_config))
-        grid = FedsimGrid(self.exchange, run)
-        # The ServerApp's Python code and the server's event loop share the GIL:
-        # a thread computing keeps it up to the switch interval (5 ms by default)
-        # before a due timer's callback can run. 0.5 ms bounds that wait below the
-        # fidelity allowance of the smallest link (1 ms).
-        self._interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._interval, SWITCH_INTERVAL))
-        self._thread = threading.Thread(target=self._serve, args=(app, grid, context),
-                                        name="flower-serverapp", daemon=True)
-        self._thread.start()
+        self._started = True
+        self._relay.start()
+        # (its process gone: the relay sees the pipe end and says so)
+        with contextlib.suppress(OSError):
+            self._relay.send(("start", 0, {"run_id": int(self.ctx.seed) + 1,
+                                           "seed": int(self.ctx.seed),
+                                           "run_config": dict(self.cfg.run_config)}, 0))
         return Step()
 
     # -- the loop's side ------------------------------------------------------------------
@@ -204,17 +242,16 @@ class FlowerServer(ServerAlgorithm):
                 self._route(p, now, step)
             except Exception as exc:
                 log.error("a Flower message could not be sent: %s: %s", type(exc).__name__, exc)
-                self.exchange.deliver(error_reply(
-                    p.message, ErrorCode.UNKNOWN,
-                    f"fedsim could not send the message: {type(exc).__name__}: {exc}"[:300],
-                    p.message_id))
+                self.exchange.deliver(Reply.error(
+                    p.message_id,
+                    f"fedsim could not send the message: {type(exc).__name__}: {exc}"[:300]))
         self._expire(now, step)
-        if self._finished and not self._stopped:
+        if self._finished.is_set() and not self._stopped:
             self._stopped = True
             step.rounds_closed += 1 if self.round else 0     # the app's last round
             err = self._error
             step.stop = ("server_app_finished" if err is None else
-                         f"failed: the ServerApp raised {type(err).__name__}: {err}"[:300])
+                         f"failed: the ServerApp {err}"[:300])
         return step
 
     def next_timer(self) -> float | None:
@@ -229,31 +266,29 @@ class FlowerServer(ServerAlgorithm):
         return min(times) if times else None
 
     def _route(self, p: Pushed, now: float, step: Step) -> None:
-        client = client_of(p.message.metadata.dst_node_id)
+        client = client_of(p.head.dst)
         if client is None or client not in self.available:
-            self.exchange.deliver(node_unavailable(p.message, p.message_id))
+            self.exchange.deliver(Reply.node_unavailable(p.message_id))
             return
         if client in self.busy:
-            self.queued.setdefault(client, deque()).append(
-                _Queued(p, now + p.message.metadata.ttl))
+            self.queued.setdefault(client, deque()).append(_Queued(p, now + p.head.ttl))
             return
-        self._send(p, client, now, now + p.message.metadata.ttl, step)
+        self._send(p, client, now, now + p.head.ttl, step)
 
     def _send(self, p: Pushed, client: int, now: float, expires: float, step: Step) -> None:
-        msg = p.message
         round_ = self.round
         version, model = self._payload(p)
         if self.round > round_ > 0:   # a new train content: the app's previous round is over
             step.rounds_closed += 1
         tasks = self.ctx.tasks
         task_id, tasks.next_id = tasks.next_id, tasks.next_id + 1
-        self.sent[task_id] = _Sent(msg, p.message_id, client, version, expires,
-                                   _kind(msg) == "train")
+        self.sent[task_id] = _Sent(p.message_id, client, version, expires,
+                                   p.head.kind == "train")
         self.busy[client] = task_id
         self.exchange.sent(p.batch, now)
         step.tasks.append(Task(client=client, task_id=task_id, version=version,
                                round=self.round, work=None, model=model,
-                               tag=header(msg, p.message_id)))
+                               tag=header(p.head, p.message_id)))
 
     def _payload(self, p: Pushed) -> tuple[int, Model]:
         """The payload version of a pushed content: a recent one's for the same
@@ -265,12 +300,12 @@ class FlowerServer(ServerAlgorithm):
         held = self._payloads[p.digest] = (self.version, to_model(p.data))
         while len(self._payloads) > _CONTENTS:
             del self._payloads[next(iter(self._payloads))]
-        if _kind(p.message) == "train":
+        if p.head.kind == "train":
             self.round += 1
         self._newest = p.data      # read when fedsim evaluates (model()), not per push
         return held
 
-    def _take_model(self, data: bytes) -> None:
+    def _take_model(self, data: bytes | bytearray) -> None:
         """The global model fedsim evaluates: the content's first ArrayRecord, when it
         is the scenario model's size and numeric."""
         content = content_of(data)
@@ -291,13 +326,13 @@ class FlowerServer(ServerAlgorithm):
             self._lapsed[task_id] = None
             while len(self._lapsed) > _LAPSED:
                 del self._lapsed[next(iter(self._lapsed))]
-            self.exchange.deliver(reply_unavailable(s.message, s.message_id))
+            self.exchange.deliver(Reply.reply_unavailable(s.message_id))
             if self.busy.get(s.client) == task_id:
                 self._free(s.client, now, step)
         for queue in self.queued.values():
             while queue and queue[0].expires <= now:
                 q = queue.popleft().pushed
-                self.exchange.deliver(reply_unavailable(q.message, q.message_id))
+                self.exchange.deliver(Reply.reply_unavailable(q.message_id))
         self.exchange.expire(now)
 
     def _free(self, client: int, now: float, step: Step) -> None:
@@ -307,7 +342,7 @@ class FlowerServer(ServerAlgorithm):
         while queue and client not in self.busy:
             q = queue.popleft()
             if q.expires <= now:
-                self.exchange.deliver(reply_unavailable(q.pushed.message, q.pushed.message_id))
+                self.exchange.deliver(Reply.reply_unavailable(q.pushed.message_id))
                 continue
             self._send(q.pushed, client, now, q.expires, step)
 
@@ -324,27 +359,27 @@ class FlowerServer(ServerAlgorithm):
         if self.busy.get(s.client) == upload.task_id:
             self._free(s.client, now, step)
         try:
-            theirs = reply_of(to_bytes(upload.model))
-            if theirs.metadata.reply_to_message_id != s.message_id:
+            # its head only, read in place: the ServerApp's process builds Flower's
+            # records from it (its bytes cross to that process from the frame they came in)
+            data = to_bytes(upload.model)
+            answers, has_error, has_content = reply_head(data)
+            if answers != s.message_id:
                 raise ValueError("it answers another message")
-            # the reply's metadata is the server's: only its content or error is the client's
-            reply = answer(s.message, s.message_id,
-                           theirs.error if theirs.has_error() else theirs.content)
+            if has_error == has_content:
+                raise ValueError("it must hold either content or an error")
         except Exception as exc:
-            self.exchange.deliver(error_reply(
-                s.message, ErrorCode.UNKNOWN,
-                f"fedsim refused the reply of node {node_of(s.client)}: {exc}"[:300],
-                s.message_id))
+            self.exchange.deliver(Reply.error(
+                s.message_id, f"fedsim refused the reply of node {node_of(s.client)}: {exc}"[:300]))
             step.discarded.append(Discarded(upload.client, f"malformed Flower reply: {exc}"[:200]))
             return step
-        if s.train and reply.has_content():
-            for record in reply.content.values():
-                if isinstance(record, MetricRecord) and "num-examples" in record:
-                    record["num-examples"] = upload.num_samples
-        if not self.exchange.deliver(reply, (s.expires, s.message)):
+        # the reply's metadata is the server's: the ServerApp's process takes only its
+        # content or error, and a train reply's num-examples is the server's record
+        reply = Reply(s.message_id, data=data,
+                      num_examples=upload.num_samples if s.train else None)
+        if not self.exchange.deliver(reply, s.expires):
             step.discarded.append(Discarded(upload.client, "a second reply to its message"))
             return step
-        if s.train and not reply.has_error():
+        if s.train and not has_error:
             step.applied.append(Applied(version=self.version, clients=(upload.client,),
                                         staleness=(self.version - s.version,),
                                         round=self.round))
@@ -355,7 +390,7 @@ class FlowerServer(ServerAlgorithm):
         task_id = self.busy.pop(client, None)
         s = self.sent.pop(task_id, None) if task_id is not None else None
         if s is not None:
-            self.exchange.deliver(node_unavailable(s.message, s.message_id))
+            self.exchange.deliver(Reply.node_unavailable(s.message_id))
 
     def rejoin(self, client: int, now: float, reset: bool) -> Step:
         step = Step()
@@ -370,7 +405,7 @@ class FlowerServer(ServerAlgorithm):
         self.available.discard(client)
         self.exchange.set_nodes(node_of(c) for c in self.available)
         for q in self.queued.pop(client, deque()):
-            self.exchange.deliver(node_unavailable(q.pushed.message, q.pushed.message_id))
+            self.exchange.deliver(Reply.node_unavailable(q.pushed.message_id))
         return Step()
 
     def least_steps(self, task_steps: int, upload_round: int) -> int:
@@ -389,20 +424,34 @@ class FlowerServer(ServerAlgorithm):
         return self._x
 
     def close(self) -> None:
+        """End the run for the ServerApp: its waits return, its next call raises,
+        and its process is given END_TIMEOUT to end before it is killed."""
+        if self._closed:
+            return
+        self._closed = True
         if self.late_replies:
             log.warning("%d Flower replies came after their message's TTL and were discarded",
                         self.late_replies)
         self.exchange.close()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-            if self._thread.is_alive():
-                log.warning("the ServerApp's thread did not end within 5 s of the run's end")
-            sys.setswitchinterval(self._interval)
+        process = self._process
+        if not self._started:             # it waits for its start: it has nothing to end
+            with contextlib.suppress(OSError):
+                self._relay.send(("stop", 0, None, 0))
+        try:
+            process.wait(END_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            log.warning("the ServerApp's process did not end within %.0f s of the run's end: "
+                        "ended", END_TIMEOUT)
+            process.kill()
+            process.wait()
+        if self._started:
+            self._relay.join(END_TIMEOUT)
+        self._relay.close()
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": self.version, "round": self.round}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise RuntimeError("a Flower app's run cannot resume from a checkpoint: its ServerApp "
-                           "is a running thread whose state fedsim cannot save; run it again "
+                           "is a running process whose state fedsim cannot save; run it again "
                            "(its clients' Context.state is kept by --state)")

@@ -2,7 +2,7 @@
 
 The scenario loader finds it by name, as a built-in whose home lives
 outside :mod:`fedsim.algorithms` (:func:`fedsim.algorithms.api.get`
-imports this module on first use): the server side runs a thread and the
+imports this module on first use): the server side runs a process and the
 client side measures CPU time, which the sans-I/O algorithms package does
 not allow. Nothing here imports Flower; the builders do, when a run is
 built, and say which extra to install when it is missing.

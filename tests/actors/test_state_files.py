@@ -39,7 +39,7 @@ def _encoded(value: object) -> bytes:
     return statefile.encode(value, "x").to_bytes()
 
 
-# a Flower app's server side is a running thread, whose state no checkpoint holds
+# a Flower app's server side is a running process, whose state no checkpoint holds
 # (tests/flower: its clients' Context.state through the state file, its refusal)
 @pytest.mark.parametrize("name", [n for n in algorithm_names() if n != "flower"])
 def test_every_algorithms_checkpoint_and_client_state_load_back(tmp_path: Path,

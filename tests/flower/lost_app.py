@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import time
 
+import applog
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 server_app = ServerApp()
-#: (message index, error code or None) in the order the answers came
-GOT: list[tuple[int, int | None]] = []
 
 
 @server_app.main()
@@ -21,8 +20,10 @@ def main(grid: Grid, context: Context) -> None:
     (node,) = grid.get_node_ids()
     ids = list(grid.push_messages([Message(content, node, "train", ttl=5.0),
                                    Message(content, node, "train", ttl=100.0)]))
-    while len(GOT) < 2:
+    got = 0
+    while got < 2:      # (message index, error code or None) in the order the answers came
         for r in grid.pull_messages(ids):
-            GOT.append((ids.index(r.metadata.reply_to_message_id),
-                        r.error.code if r.has_error() else None))
+            got += 1
+            applog.write(context, got=[ids.index(r.metadata.reply_to_message_id),
+                                       r.error.code if r.has_error() else None])
         time.sleep(0.001)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import time
 
+import applog
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 server_app = ServerApp()
-ORDER: list[int] = []
 
 
 @server_app.main()
@@ -39,7 +39,7 @@ def main(grid: Grid, context: Context) -> None:
             continue
         for r in replies:
             waiting.discard(r.metadata.reply_to_message_id)
-            ORDER.append(r.metadata.src_node_id - 1000)
+            applog.write(context, node=r.metadata.src_node_id - 1000)
             if r.has_error():
                 continue
             x = (1 - alpha) * x + alpha * r.content["arrays"].to_numpy_ndarrays()[0]

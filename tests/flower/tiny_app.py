@@ -5,6 +5,7 @@ fixed per-partition problem, so runs are deterministic."""
 
 from __future__ import annotations
 
+import applog
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -51,15 +52,27 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 
 server_app = ServerApp()
-RESULT: dict[str, object] = {}
 
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
+    receive = grid.send_and_receive
+
+    def recorded(messages, **kw):  # type: ignore[no-untyped-def]
+        """The train replies' num-examples as the strategy receives them (for the tests)."""
+        replies = list(receive(messages, **kw))
+        applog.write(context, seen=[[r.metadata.src_node_id - 1000,
+                                     int(r.content["metrics"]["num-examples"])]
+                                    for r in replies if r.has_content()
+                                    and "calls" in r.content["metrics"]])
+        return replies
+
+    grid.send_and_receive = recorded  # type: ignore[method-assign]
     kind = getattr(strategies, str(context.run_config.get("strategy", "FedAvg")))
     strategy = kind(fraction_train=1.0, fraction_evaluate=1.0,
                     min_train_nodes=2, min_evaluate_nodes=2, min_available_nodes=2)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord([np.zeros(DIM, np.float32)]),
                             num_rounds=int(context.run_config.get("num-server-rounds", 3)),
                             train_config=ConfigRecord({"lr": 0.05}))
-    RESULT["arrays"] = result.arrays.to_numpy_ndarrays()[0] if result.arrays else None
+    arrays = result.arrays.to_numpy_ndarrays()[0].tolist() if result.arrays else None
+    applog.write(context, arrays=arrays)
