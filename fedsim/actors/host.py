@@ -50,17 +50,17 @@ import numpy as np
 from fedsim.actors import process
 from fedsim.actors._refusal import Refusal
 from fedsim.actors.client import ClientActor, Received, Trainer
+from fedsim.actors.host_clock import ServerClock
+from fedsim.actors.host_events import CHUNK, EventOutbox
 from fedsim.actors.server_gate import BYE_HEADER_BYTES
 from fedsim.actors.setup import local_config
 from fedsim.actors.workers import WorkerDied, WorkerHandle
-from fedsim.results.phases import PHASES, PhaseStats
 from fedsim.results.writer import boot_id
 from fedsim.scenario import Scenario, parse, scenario_hash
 from fedsim.scenario.ids import format_ids, parse_id_list
 from fedsim.scenario.network import NetPlan
 from fedsim.wire.codec import (
     DEFAULT_MAX_BYTES,
-    MAX_HEADER_BYTES,
     decode,
     encode,
     encode_body,
@@ -72,17 +72,13 @@ from fedsim.wire.codec import (
 )
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import (
-    HOST_PHASES,
     Advance,
     Average,
     ClockProbe,
     ClockReply,
-    Event,
-    EventBatch,
     HostBye,
     HostHello,
     Message,
-    PhaseSample,
     Ready,
     Refused,
     Start,
@@ -109,10 +105,8 @@ EXIT_REFUSED = 4
 #: ``--state`` file it must not read, data it cannot build).
 EXIT_NO_WORKER = 2
 
-#: Clients started, or event records sent in one batch, between two returns to the event
-#: loop: t = 0 starts every client, and each away one records it, so at 50,000 clients a
-#: host's start and its first batch held the loop for 80-90 ms; 500 at a time, 2-4 ms.
-_CHUNK = 500
+#: Clients started between two returns to the event loop (as event records sent)
+_CHUNK = CHUNK
 
 
 class ClientHost:
@@ -152,9 +146,9 @@ class ClientHost:
         #: the rounds whose average the trainer holds (a pipelined session can have
         #: several rounds under way at once: a longer window than the versions')
         self.rounds_to_trainer = SentVersions(2 * WINDOW)
-        self.events: list[Event] = []
-        #: this host's phases since its last event batch (sent with the next one)
-        self.phases = PhaseStats([p for p in PHASES if p in HOST_PHASES], capacity=256)
+        #: the event-log records and phase durations on their way to the server
+        self.outbox = EventOutbox(name, self._control)
+        self.phases = self.outbox.phases
         self.overruns = 0
         self.compute_deadlines = 0
         self.rejected = 0
@@ -163,12 +157,8 @@ class ClientHost:
         self._tg: asyncio.TaskGroup | None = None
         #: set once the server's Start has arrived and the clients run
         self.started = asyncio.Event()
-        # clock offset to the server (server monotonic - ours), real seconds
-        self.clock_offset = 0.0
-        self.clock_uncertainty = 0.0
-        self.offsets: list[float] = []
-        self._best_rtt = float("inf")
-        self._heard = real_clock()
+        #: the server's clock as this host measures it (offset, drift, heartbeat)
+        self.server_clock = ServerClock(real_clock, self._control, self._recv_control)
         self.exit_code = 0
         #: the incarnation of the server that started this host's clients (its Start),
         #: and whether a reply from another one came (it restarted: register again)
@@ -187,9 +177,7 @@ class ClientHost:
     # -- what client actors use ------------------------------------------------------
     def emit(self, ev: str, **fields: Any) -> None:
         """Queue an event-log record for the server."""
-        self.events.append(Event.of(round(self.clock.now(), 6),
-                                    round(self.clock.real() - self.clock.epoch, 6), ev,
-                                    **fields))
+        self.outbox.emit(self.clock, ev, **fields)
 
     async def send(self, msg: Message) -> None:
         """Stamp a client's message with the emulated send time and send it."""
@@ -259,37 +247,9 @@ class ClientHost:
         await self.conn.send(encode(msg, seq=next(self.seq)))
 
     async def sync_clock(self, probes: int = 8, first_timeout: float | None = None) -> None:
-        """Estimate the server's clock from the fastest of ``probes`` round trips (NTP-style).
-
-        offset = t_server - (t_sent + t_received) / 2 of the exchange with the
-        smallest round trip, uncertainty half that round trip. Never assumed
-        zero, even on one machine. Raises TimeoutError if the server does not
-        answer (the first probe waits ``first_timeout``: the server may not be
-        up yet).
-        """
-        best: tuple[float, float] | None = None
-        for i in range(probes):
-            t0 = self.real_clock()
-            await self._control(ClockProbe(seq=i, t_sent=t0))
-            wait = (first_timeout or self.sc.deploy.start_timeout) if i == 0 else 5.0
-            deadline = self.real_clock() + wait
-            while True:
-                left = deadline - self.real_clock()
-                if left <= 0:
-                    raise TimeoutError
-                msg = await self._recv_control(left)
-                if isinstance(msg, ClockReply) and msg.seq == i and msg.t_sent == t0:
-                    break
-                if isinstance(msg, Refused | Stop):
-                    raise ConnectionRefusedError(msg.reason)
-            t1 = self.real_clock()
-            rtt = t1 - t0
-            if best is None or rtt < best[0]:
-                best = (rtt, msg.t_server - (t0 + t1) / 2)
-        assert best is not None
-        self._best_rtt = best[0]
-        self.clock_offset, self.clock_uncertainty = best[1], best[0] / 2
-        self.offsets = [best[1]]
+        """Measure the server's clock (:meth:`ServerClock.sync`); the first probe waits
+        ``first_timeout`` (default ``deploy.start_timeout``: the server may not be up yet)."""
+        await self.server_clock.sync(probes, first_timeout or self.sc.deploy.start_timeout)
 
     # -- the connection's state (a ZeroMQ connection's monitor) ----------------------
     def connection_state(self, state: str, detail: str) -> None:
@@ -348,31 +308,14 @@ class ClientHost:
             return None
         return msg
 
-    def _clock_sample(self, reply: ClockReply) -> None:
-        """A periodic probe's answer: keep offsets measured with a near-best round trip."""
-        t1 = self.real_clock()
-        rtt = t1 - reply.t_sent
-        if 0 <= rtt <= max(2 * self._best_rtt, self._best_rtt + 1e-3):
-            self.offsets.append(reply.t_server - (reply.t_sent + t1) / 2)
-            if len(self.offsets) > 1000:
-                del self.offsets[1:2]
-
     async def _prober(self) -> None:
-        """Probe the server's clock every 2 real seconds: drift, and a heartbeat.
-
-        A server silent for ``deploy.host_timeout`` real seconds is gone:
-        the host stops.
-        """
-        seq = itertools.count(1000)
-        while True:
-            await asyncio.sleep(2.0)
-            await self._control(ClockProbe(seq=next(seq), t_sent=self.real_clock()))
-            if self.real_clock() - self._heard > self.sc.deploy.host_timeout:
-                log.error("%s: the server has been silent for %.0f s; stopping", self.name,
-                          self.real_clock() - self._heard)
-                self.exit_code = 3
-                self._stop.set()
-                return
+        """Probe the server's clock (drift, and a heartbeat); a server silent for
+        ``deploy.host_timeout`` real seconds is gone: the host stops."""
+        await self.server_clock.probe(self.sc.deploy.host_timeout)
+        log.error("%s: the server has been silent for %.0f s; stopping", self.name,
+                  self.server_clock.silent_for())
+        self.exit_code = 3
+        self._stop.set()
 
     async def run(self) -> int:
         """Register, run the clients until the server says stop, say goodbye."""
@@ -421,13 +364,14 @@ class ClientHost:
             log.error("%s: the server refused this host: %s", self.name, exc)
             return None
         log.info("%s: connected to the server (clock offset %+.6f s +- %.3f ms)", self.name,
-                 self.clock_offset, self.clock_uncertainty * 1e3)
+                 self.server_clock.offset, self.server_clock.uncertainty * 1e3)
         self._hello_again = False  # registered afresh now
         self._hello = HostHello(
             host=self.name, pid=os.getpid(), clients=tuple(self.client_ids),
             samples=tuple(samples[c] for c in self.client_ids), boot_id=boot_id(),
             fedsim_version=self.fedsim_version, scenario_hash=self.scenario_hash,
-            clock_offset=self.clock_offset, clock_uncertainty=self.clock_uncertainty)
+            clock_offset=self.server_clock.offset,
+            clock_uncertainty=self.server_clock.uncertainty)
         await self._control(self._hello)
         log.info("%s: registered clients %s; waiting for the federation to start",
                  self.name, format_ids(self.client_ids))
@@ -440,7 +384,7 @@ class ClientHost:
     async def _session(self, start: Start) -> bool:
         """Run the clients from ``start`` until the server says stop (then say goodbye:
         False) or turns out to have restarted (True)."""
-        self._heard = self.real_clock()
+        self.server_clock.heard_now()
         self.begin(start)
         log.info("%s: the federation started (dilation %g): %d clients", self.name,
                  start.dilation, len(self.clients))
@@ -448,7 +392,7 @@ class ClientHost:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 reader = tg.create_task(self._read(), name=f"{self.name}-reader")
-                flusher = tg.create_task(self._flusher(), name=f"{self.name}-events")
+                flusher = tg.create_task(self.outbox.run(), name=f"{self.name}-events")
                 prober = tg.create_task(self._prober(), name=f"{self.name}-clock")
                 watcher = tg.create_task(self._watch_refusal(), name=f"{self.name}-refusal")
                 await self.timers.sleep_until(start.t0)
@@ -458,7 +402,7 @@ class ClientHost:
                         await asyncio.sleep(0)  # let timers due meanwhile run
                 # what t = 0 recorded (every client that starts away): sent now, while
                 # nothing is due, not with the first batch when deliveries are
-                await self.flush_events()
+                await self.outbox.flush()
                 await self._stop.wait()
                 # a restarted server knows nothing of the work under way: drop it now
                 await self.stop_clients(wait=0.0 if self.server_restarted else 5.0)
@@ -468,7 +412,7 @@ class ClientHost:
                 watcher.cancel()
             if self.server_restarted:
                 return True
-            await self.flush_events()
+            await self.outbox.flush()
             kinds: set[str] = set()
             for a in self.clients.values():
                 if a.has_link:
@@ -502,8 +446,7 @@ class ClientHost:
         self.started.clear()
         self.server_restarted = False
         self.server_id = ""
-        self.events = []
-        self.phases.take()
+        self.outbox.clear()
         self.overruns = self.compute_deadlines = self.rejected = 0
         # the restarted server numbers its versions again from its checkpoint: a
         # version's model may differ from the one of that number before
@@ -519,7 +462,8 @@ class ClientHost:
         while True:
             bye = HostBye(host=self.name, overruns=self.overruns,
                           compute_deadlines=self.compute_deadlines, rejected=rejected,
-                          fidelity=self.monitor.export(samples), clock_offsets=tuple(self.offsets))
+                          fidelity=self.monitor.export(samples),
+                          clock_offsets=tuple(self.server_clock.offsets))
             if samples <= 16 or encode_body(bye).nbytes < BYE_HEADER_BYTES - 1024:
                 return bye
             samples //= 2
@@ -545,8 +489,7 @@ class ClientHost:
             self.plan = NetPlan(self.sc, host_step_time=start.host_step_time)
             self.plan.draw_devices()
         # the server's epoch on our clock
-        clock = Clock(dilation=start.dilation, epoch=start.epoch - self.clock_offset,
-                      real_clock=self.real_clock)
+        clock = self.server_clock.emulated(start)
         self.clock = clock
         self.timers = TimerHeap(clock, use_timerfd=self.use_timerfd, spin_max=SPIN_MAX)
         self.monitor = FidelityMonitor(dilation=start.dilation)
@@ -594,7 +537,7 @@ class ClientHost:
         """Route every message: a client's to its downlink, control messages here."""
         while True:
             frames = await self.conn.recv()
-            self._heard = self.real_clock()
+            self.server_clock.heard_now()
             try:
                 t0 = perf_counter()
                 msg, meta = decode(frames, max_bytes=self.max_bytes, max_header=self.max_header)
@@ -626,43 +569,13 @@ class ClientHost:
                         if self._hello_again and self._hello is not None:
                             self._hello_again = False
                             self._in_background(self._control(self._hello))
-                        self._clock_sample(msg)
+                        self.server_clock.sample(msg)
                 else:
                     raise Refusal("unexpected_kind", f"a {type(msg).__name__} is not for a host")
             except (WireError, Refusal) as exc:
                 self.rejected += 1
                 log.warning("%s rejected a message: %s", self.name, exc)
                 self.emit("reject", reason=exc.reason, detail=str(exc)[:300])
-
-    async def _flusher(self) -> None:
-        while True:
-            await asyncio.sleep(0.25)
-            await self.flush_events()
-
-    async def flush_events(self) -> None:
-        """Send the pending event-log records, and the phase durations since the last batch."""
-        phases = tuple(PhaseSample(phase=name, count=d["count"], sum=d["sum"], max=d["max"],
-                                   values=tuple(d["values"]))
-                       for name, d in self.phases.take())
-        events, self.events = self.events, []
-        for i in range(0, max(1, len(events)), _CHUNK):
-            if i:
-                await asyncio.sleep(0)  # let timers due meanwhile run
-            batch = tuple(events[i:i + _CHUNK])
-            if batch or phases:
-                for part in _fitting(EventBatch(host=self.name, events=batch, phases=phases)):
-                    await self._control(part)
-            phases = ()
-
-
-def _fitting(batch: EventBatch) -> list[EventBatch]:
-    """``batch``, split until each part's header is within the server's limit."""
-    if len(batch.events) <= 1 or encode_body(batch).nbytes < MAX_HEADER_BYTES - 1024:
-        return [batch]
-    half = len(batch.events) // 2
-    return [*_fitting(EventBatch(host=batch.host, events=batch.events[:half],
-                                 phases=batch.phases)),
-            *_fitting(EventBatch(host=batch.host, events=batch.events[half:]))]
 
 
 async def serve_host(sc: Scenario, scenario_file: str, raw: dict[str, Any], *, connect: str,

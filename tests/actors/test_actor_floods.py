@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from actor_scenarios import build, of
 
-from fedsim.actors.host import _fitting
+from fedsim.actors.host_events import fitting as _fitting
 from fedsim.actors.hosts import HostTable
 from fedsim.actors.server_gate import (
     BASE,

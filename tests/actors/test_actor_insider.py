@@ -94,7 +94,7 @@ def test_a_back_dated_update_takes_the_emulated_time_and_fails_the_verdict_by_na
         async def wide(self: ClientHost, *args: Any, **kwargs: Any) -> None:
             await sync(self, *args, **kwargs)
             if self.name == f"host-{INSIDER}":
-                self.clock_uncertainty = 0.5
+                self.server_clock.uncertainty = 0.5
 
         monkeypatch.setattr(ClientHost, "sync_clock", wide)
     run, results = _insider_run(tmp_path, {"name": "fedasync", "concurrency": 6})
