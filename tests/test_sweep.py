@@ -801,3 +801,38 @@ def test_sweeps_run_together_in_one_pool_each_with_its_own_tables(
     sw.run_sweeps([(a, tmp_path / "a"), (b, tmp_path / "b")], python=fake_python,
                   report=again.append)
     assert "10 points, 10 already finished" in again[0]
+
+
+def test_measured_times_order_the_pool_before_budgets(
+        tmp_path: Path, fake_python: str) -> None:
+    """Real times measured by an earlier run order the pool, longest first, over the
+    budget-times-dilation guess: a point that took longest goes first, though its
+    budget is the shorter one (the claims' rounds-bound runs)."""
+    a = sw.load_sweep(_sweep(tmp_path, BASIC))                        # 8 points of 5 s
+    b = sw.sweep_from_scenario(QUICK, grid=["algorithm.staleness=const,poly"], seeds=1,
+                               sets=["run.time_budget=9"])             # 2 points of 9 s
+    first = next(iter(a.points())).key
+    lines: list[str] = []
+    sw.run_sweeps([(a, tmp_path / "a"), (b, tmp_path / "b")], python=fake_python,
+                  report=lines.append, expected={(0, first): 100.0})
+    done = [line.split("] ", 1)[1].split(": ", 1)[0] for line in lines if line.startswith("[")]
+    assert done[0] == f"{a.name or 'a'}/{first}"
+    assert done[1:3] == [f"{b.name or 'b'}/{p.key}" for p in b.points()]
+
+
+def test_no_doubling_when_the_cap_on_runs_leaves_less_work_per_second() -> None:
+    """7 light runs at once crowd each other; at twice their dilation only 8 could go
+    (max_jobs): 4 runs' worth per unit of time against 6 at their own dilation, so the
+    sweep keeps the dilation and runs fewer at once (2026-11-29: a pool of every
+    claim's sweep went to 4x with 8 at once, an idle machine)."""
+    sched = _Scheduler("auto", max_jobs=8)
+    sched.cores = 2
+    for _ in range(8):
+        sched.finished(0.05, "pass")          # a 40th of a core each: 8 fit
+    assert sched.allowed() == 8
+    sched.finished(0.05, "fail", at=7)
+    assert sched.scale == 1.0
+    assert (sched.cap, sched.allowed()) == (6, 3)     # halved, then up by one per pass
+    for _ in range(5):
+        sched.finished(0.05, "pass")
+    assert sched.allowed() == 6

@@ -210,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-run", action="store_true", help="evaluate the sweeps on disk")
     ap.add_argument("--together", action="store_true",
                     help="run every claim's sweep in one pool of runs, then evaluate each")
+    ap.add_argument("--hints", type=Path, default=None, metavar="DIR",
+                    help="an earlier regeneration's --out: its runs' real times order "
+                         "the pool of runs, longest first")
     ap.add_argument("--pending-only", action="store_true",
                     help="run nothing: rewrite the docs from what is recorded")
     args = ap.parse_args(argv)
@@ -233,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     table_seconds, resumed = 0.0, False
     if args.together and not args.no_run and wanted:
         print(f"{', '.join(wanted)}: every sweep in one pool", flush=True)
-        table_seconds, resumed = run_together([known[c] for c in wanted], args.out, args.jobs)
+        table_seconds, resumed = run_together([known[c] for c in wanted], args.out, args.jobs,
+                                              args.hints)
         print(f"all sweeps ran in {table_seconds / 60:.1f} min", flush=True)
     for cid in wanted:
         print(f"{cid}: {known[cid].claim}", flush=True)

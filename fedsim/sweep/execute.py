@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -113,13 +113,17 @@ class _Item(NamedTuple):
 def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = "auto",
                max_jobs: int = 8, max_attempts: int = 3, python: str | None = None,
                report: Callable[[str], None] | None = None, run_plots: bool = False,
-               max_scale: float = 4.0) -> list[SweepResult]:
+               max_scale: float = 4.0,
+               expected: Mapping[tuple[int, str], float] | None = None) -> list[SweepResult]:
     """:func:`run_sweep` of several sweeps at once: their points in one queue, run by
     one scheduler, so that the machine fills with the runs of all of them (no
     sweep's first run alone, nor its last ones, leaves it idle); each sweep's
     tables and figures are written in its own ``out`` once all have run. The
-    points go longest first (by their emulated budget times their dilation),
-    so that the shortest fill the gaps at the end."""
+    points go longest first, so that the shortest fill the gaps at the end: by
+    ``expected`` (real seconds per (sweep index, point key), e.g. measured by
+    an earlier run of the same sweeps) where it has the point, else by their
+    emulated budget times their dilation (an upper bound: a run that ends by
+    its rounds ends sooner)."""
     say = report or (lambda _: None)
     many = len(sweeps) > 1
     items: list[_Item] = []
@@ -149,6 +153,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     if many:
         expect = {(i, k): v for i, (sw, _) in enumerate(sweeps)
                   for k, v in sw.expected_real().items()}
+        expect.update(expected or {})
         todo.sort(key=lambda it: -expect.get(it.key, 0.0))
     kept = len(items) - len(todo)
     names = ", ".join(sw.name or Path(o).name for sw, o in sweeps)

@@ -81,7 +81,12 @@ class _Scheduler:
         and runs twice as many at once, minus one, from then on: each then
         uses half the CPU and has twice the timing margin, so it finishes its
         work sooner overall than one run at a time (a ramp back up from the
-        old count would do less, while it lasted, than one run at a time). Otherwise it halves the
+        old count would do less, while it lasted, than one run at a time);
+        only if that does more work per unit of time than one fewer run at
+        once at today's dilation would: with ``max_jobs`` at once the most,
+        doubling the dilation of 7 runs to run 8 is half the work of 6
+        (2026-11-29: a pool of every claim's sweep went to 4x its dilation
+        with 8 runs at once, 0.06 cores each, on an idle machine). Otherwise it halves the
         concurrency, and never again goes as high as where it failed; once
         the runs allowed at once are no more than the multiple of their
         dilation, one run at a time at its own dilation does as much, and the
@@ -94,8 +99,11 @@ class _Scheduler:
             if scale < self.scale:         # it ran before the last doubling: already answered
                 return
             level = at if at is not None else self.allowed()
+            doubled = min(self.max_jobs, 2 * level - 1)
             if (self.scale * 2 <= self.max_scale and self.load is not None
-                    and self._fit(2 * self.scale) >= 2 * level - 1 > max(1, level - 1)):
+                    and self._fit(2 * self.scale) >= doubled
+                    # runs' worth per unit of time: doubled at 2x against level - 1 at 1x
+                    and doubled > 2 * max(1, level - 1)):
                 if self.scale == 1.0:
                     self.cap_at_one = max(1, level - 1)
                 self.scale *= 2
@@ -104,7 +112,7 @@ class _Scheduler:
                 # sweep would do less work per unit of time than one run at a time
                 # at its own dilation (2026-11-29: FA-1's last runs went 3 at once
                 # at 4x, 110 real s each for 27 emulated s)
-                self.cap = self.ceiling = min(self.max_jobs, 2 * level - 1)
+                self.cap = self.ceiling = doubled
                 return
             self.cap = max(1, min(self.cap, level - 1))
             self.ceiling = max(1, level // 2)

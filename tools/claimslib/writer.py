@@ -8,6 +8,7 @@ measured. From the records :func:`write_docs` writes docs/claims.md and
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -124,10 +125,15 @@ def run_claim(c: Claim, out: Path, jobs: str, execute: bool) -> dict[str, Any]:
             "command": f"python tools/claims.py --only {c.id}"}
 
 
-def run_together(claims: Sequence[Claim], out: Path, jobs: str) -> tuple[float, bool]:
+def run_together(claims: Sequence[Claim], out: Path, jobs: str,
+                 hints: Path | None = None) -> tuple[float, bool]:
     """Run every sweep of ``claims`` (their own and those they also read, each once)
     in one pool (:func:`fedsim.sweep.run_sweeps`): the real seconds it took, and
-    whether any of them was resumed. Evaluate the claims afterwards from disk."""
+    whether any of them was resumed. Evaluate the claims afterwards from disk.
+
+    ``hints``: an earlier regeneration's directory, whose runs' real times
+    order the pool, longest first (a point's emulated budget times its
+    dilation overstates the runs that end by their rounds)."""
     pairs: dict[str, tuple[sw.Sweep, Path]] = {}
     for c in claims:
         for name in (c.sweep, *c.also):
@@ -136,10 +142,26 @@ def run_together(claims: Sequence[Claim], out: Path, jobs: str) -> tuple[float, 
                                out / Path(name).name.removesuffix(".sweep.toml"))
     resumed = any((sdir / "runs" / pt.key / "summary.json").exists()
                   for spec, sdir in pairs.values() for pt in spec.points())
+    expected: dict[tuple[int, str], float] = {}
+    for i, (spec, sdir) in enumerate(pairs.values()):
+        for pt in spec.points():
+            seconds = _measured(hints / sdir.name / "runs" / pt.key) if hints else None
+            if seconds is not None:
+                expected[(i, pt.key)] = seconds
     t0 = time.monotonic()
     sw.run_sweeps(list(pairs.values()), jobs=jobs if jobs == "auto" else int(jobs),
-                  report=lambda line: print(f"  {line}", flush=True))
+                  report=lambda line: print(f"  {line}", flush=True), expected=expected)
     return time.monotonic() - t0, resumed
+
+
+def _measured(run: Path) -> float | None:
+    """The real seconds an earlier run of a point took (None: none on disk)."""
+    try:
+        summary = json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    seconds = summary.get("real_seconds") if isinstance(summary, dict) else None
+    return float(seconds) if isinstance(seconds, int | float) else None
 
 
 def _point_name(r: sw.PointResult) -> str:
