@@ -19,7 +19,10 @@ by up to 2x with the state of each connection):
   the event loop fedsim runs (uvloop; ``--loop asyncio`` for asyncio's):
   ``await conn.send`` -> ``await endpoint.recv()``, the very same frames as
   ``raw``; ``+ codec``: the whole path of an Update from a host to the
-  server (build, encode, send, receive, decode with the checks);
+  server as the server takes it (build, encode, send, receive, decode; from
+  1 MB the value pass handed to the server's value-check thread,
+  ``fedsim.actors.uplinks``, which does it while the update crosses its
+  uplink), and ``(on loop)`` the same with that pass in ``decode``;
   ``transport down``: ``endpoint.send`` -> ``conn.recv()`` against ``raw
   down`` (what a host receives).
 
@@ -43,6 +46,13 @@ model      transport up  transport down  + codec (up)     codec alone
 10 MB      1.03-1.07     1.01-1.09       1.25-1.30        1.22-1.26
 =========  ============  ==============  ===============  ===================
 
+Measured 2026-11-29 (quiet machine, load average 0.5): transport up 1.05,
+down 0.98; + codec (the server's path) 1.59-1.74 at 100 KB (the value
+pass on the loop: handing 100 KB over to a thread cost as much), 1.06 at
+10 MB (the pass in the server's value-check thread; 1.19-1.32 with it on
+the loop, before); the codec alone 1.61-1.64 and 1.20-1.30 (1.33 and 1.03
+without the pass).
+
 On ``zmq.asyncio`` sockets (fedsim before it read its sockets itself,
 commit 4f7fdf4), the same runs: 1.64-1.66 up, 1.45-1.46 down, 2.41-2.43
 with the codec at 100 KB; 1.11-1.16, 1.03-1.09 and 1.24-1.40 at 10 MB.
@@ -62,6 +72,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from fedsim.actors.uplinks import CHECK_OFF_LOOP_BYTES, ValueChecks
 from fedsim.wire.codec import decode, encode
 from fedsim.wire.messages import Update
 from fedsim.wire.tensors import Model, TensorSpec
@@ -136,6 +147,9 @@ def sides(sockets: tuple[Any, Any], endpoint: Endpoint, conn: Connection,
     """Every side, as a coroutine moving message ``i`` and returning its time in seconds."""
     router, dealer = sockets
     down = [b"c1", *frames]
+    checker = ValueChecks()      # the server's: fedsim.actors.uplinks
+    # the server's reader knows a message's size from its envelope (peek), before decode
+    later = sum(len(f) for f in frames) >= CHECK_OFF_LOOP_BYTES
 
     def rearm() -> None:
         # A blocking recv returns without libzmq noting the queue empty, so the next
@@ -176,6 +190,23 @@ def sides(sockets: tuple[Any, Any], endpoint: Endpoint, conn: Connection,
         return dt
 
     async def transport_codec(i: int) -> float:
+        """The server's path: a large update is decoded without the value pass,
+        which goes to a thread of its own (fedsim.actors.uplinks: done while the
+        update crosses its uplink); the loop's time, then (untimed) the pass's end."""
+        t0 = time.perf_counter()
+        await conn.send(encode(update(flat, spec, i), sent_at=0.0, seq=i))
+        _, got = await endpoint.recv()
+        msg, _ = decode(got, spec=spec, max_bytes=1 << 30, check_finite=not later)
+        assert isinstance(msg, Update)
+        values = checker.submit(msg.model) if later else None
+        dt = time.perf_counter() - t0
+        if values is not None:
+            values.result()
+        assert msg.task_id == i
+        return dt
+
+    async def transport_codec_inline(i: int) -> float:
+        """The same with the value pass on the loop (decode's check_finite)."""
         t0 = time.perf_counter()
         await conn.send(encode(update(flat, spec, i), sent_at=0.0, seq=i))
         _, got = await endpoint.recv()
@@ -203,13 +234,13 @@ def sides(sockets: tuple[Any, Any], endpoint: Endpoint, conn: Connection,
         return dt
 
     return {"raw": raw, "codec": codec, "unchecked": unchecked, "transport": transport,
-            "transport_codec": transport_codec, "raw_down": raw_down,
-            "transport_down": transport_down}
+            "transport_codec": transport_codec, "transport_codec_inline": transport_codec_inline,
+            "raw_down": raw_down, "transport_down": transport_down}
 
 
 #: Each side and the raw side of its direction it is timed against, just before it.
-PAIRS = (("transport", "raw"), ("transport_codec", "raw"), ("transport_down", "raw_down"),
-         ("codec", "raw"), ("unchecked", "raw"))
+PAIRS = (("transport", "raw"), ("transport_codec", "raw"), ("transport_codec_inline", "raw"),
+         ("transport_down", "raw_down"), ("codec", "raw"), ("unchecked", "raw"))
 
 
 async def run_sides(named: dict[str, Side], messages: int, warmup: int = 5,
@@ -267,12 +298,16 @@ async def measure(args: argparse.Namespace) -> None:
         print("\nfedsim's transport (ZmqContext.connect <-> ZmqContext.endpoint, on the event loop)"
               " against raw blocking pyzmq, the same frames")
         print(f"{'model':>8} {'raw up':>10} {'transport':>10} {'ratio':>6}"
-              f" {'+ codec':>10} {'ratio':>6} {'raw down':>10} {'transport':>10} {'ratio':>6}")
+              f" {'+ codec':>10} {'ratio':>6} {'(on loop)':>10} {'ratio':>6}"
+              f" {'raw down':>10} {'transport':>10} {'ratio':>6}")
         for label, _, _, unit, k, m, r in rows:
             print(f"{label:>8} {m['raw'] * k:>7.1f} {unit} {m['transport'] * k:>7.1f} {unit}"
                   f" {r['transport']:>6.2f} {m['transport_codec'] * k:>7.1f} {unit}"
-                  f" {r['transport_codec']:>6.2f} {m['raw_down'] * k:>7.1f} {unit}"
+                  f" {r['transport_codec']:>6.2f} {m['transport_codec_inline'] * k:>7.1f} {unit}"
+                  f" {r['transport_codec_inline']:>6.2f} {m['raw_down'] * k:>7.1f} {unit}"
                   f" {m['transport_down'] * k:>7.1f} {unit} {r['transport_down']:>6.2f}")
+        print("(+ codec: the server's path: from 1 MB the value pass in a thread while the "
+              "update crosses its uplink;\n (on loop): that pass in decode, on the loop)")
         count_copies(sockets)
     finally:
         endpoint.close()

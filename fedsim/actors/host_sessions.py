@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Mapping
 from time import perf_counter
 
+from fedsim.actors import uplinks as uplinks_module
 from fedsim.actors._refusal import Refusal
 from fedsim.actors._server_queue import HostExited, HostJoined, Item
 from fedsim.actors._server_view import RunView
@@ -28,7 +29,7 @@ from fedsim.actors.client_links import ClientLinks
 from fedsim.actors.downlinks import Downlinks
 from fedsim.actors.hosts import HostInfo, HostTable, RateLimit
 from fedsim.actors.server_gate import Gate, RecordBudget, Rejections
-from fedsim.actors.uplinks import Uplinks
+from fedsim.actors.uplinks import Uplinks, ValueCheck
 from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids
@@ -142,11 +143,17 @@ class HostSessions:
                 envelope = peek(frames, max_bytes=self.max_bytes)
                 host = self._admit(peer, envelope)
                 limit = self.gate.header_limit(envelope.kind, self.endpoint.user(peer))
+                # a large update's values are checked off the loop, while it crosses
+                # its uplink (Uplinks.check): it is rejected at its delivery if they fail
+                later = (envelope.kind == "Update"
+                         and envelope.nbytes >= uplinks_module.CHECK_OFF_LOOP_BYTES)
                 msg, meta = decode(frames, max_bytes=self.max_bytes, max_header=limit,
-                                   spec=self.update_spec)
+                                   spec=self.update_spec, check_finite=not later)
+                values = (self.uplinks.check(msg.model) if later and isinstance(msg, Update)
+                          and msg.model is not None else None)
                 if isinstance(msg, Update | Ready | Failed | Leave):
                     self.phases.add("decode.server", perf_counter() - t0)
-                await self._route(peer, msg, meta, host)
+                await self._route(peer, msg, meta, host, values)
             except (WireError, Refusal) as exc:
                 self.reject(peer, exc.reason, exc.detail)
             except Exception as exc:
@@ -226,7 +233,8 @@ class HostSessions:
                           f"deploy.max_control_mb = {self.sc.deploy.max_control_mb:g})")
         return host
 
-    async def _route(self, peer: bytes, msg: Message, meta: Meta, host: HostInfo | None) -> None:
+    async def _route(self, peer: bytes, msg: Message, meta: Meta, host: HostInfo | None,
+                     values: ValueCheck | None = None) -> None:
         if isinstance(msg, HostHello):
             await self._hello(peer, msg, meta)
             return
@@ -250,7 +258,7 @@ class HostSessions:
                 raise Refusal("rate_limited", f"client {msg.client} sent over "
                               f"{self.sc.deploy.max_client_rate:g} messages/s")
             self.records.received(msg.client)
-            self.uplinks.receive(host, msg.client, msg, meta)
+            self.uplinks.receive(host, msg.client, msg, meta, values)
             return
         if isinstance(msg, EventBatch):
             if msg.host != host.name or self.run.state is None:

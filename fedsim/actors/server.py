@@ -212,6 +212,9 @@ class Server:
                                      phases=self.phases, update_spec=self.update_spec,
                                      max_bytes=self.max_bytes, allowed=allowed,
                                      real_clock=real_clock, incarnation=self.incarnation)
+        # an update whose values fail the checks made off the loop is the reader's to reject
+        self.uplinks.on_refused = lambda host, exc: self.sessions.reject(host.peer, exc.reason,
+                                                                        exc.detail)
         #: the fidelity verdict and the run's totals, read from the parts above
         self.measures = RunMeasures(self.monitor, self.plan, self.client_links, self.hosts,
                                     self.send_times, self.sessions.rejections,
@@ -273,6 +276,7 @@ class Server:
             # what the server side holds (a process of its own, say) is released
             # however the run ended, also before its clock started (close is idempotent)
             self.strategy.close()
+            self.uplinks.close()
             self.checkpointer.wait()
             if self.timers is not None:
                 self.timers.close()

@@ -26,6 +26,7 @@ from fedsim.scenario import Scenario
 from fedsim.testing.federation import InMemoryRun, run_in_memory
 from fedsim.wire.codec import decode, encode_body, stamp
 from fedsim.wire.messages import Update, WorkerReady
+from fedsim.wire.tensors import Model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -302,3 +303,55 @@ def test_a_host_registering_other_sample_counts_is_refused(
             f"gives it {n} (3 of 3 counts differ") in refusal["detail"]
     assert run.summary["clients_missing"] == [1, 3, 5]
     assert run.summary["status"] == "completed"
+
+
+def test_an_insiders_non_finite_update_is_refused_at_its_delivery(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host-1 is registered and its updates well-formed, but one carries NaN: the
+    server checks a large update's values off its event loop while the update
+    crosses its uplink (here every update is large enough), and at its delivery
+    refuses it (reject event, reason non_finite, sender host-1) instead of
+    handing it to the algorithm; the run goes on."""
+    from fedsim.actors import uplinks
+
+    monkeypatch.setattr(uplinks, "CHECK_OFF_LOOP_BYTES", 0)
+    sc = build({"name": "fedasync", "concurrency": 6}, run={"time_budget": 4.0},
+               network={"up": {"delay": UP}, "down": {"delay": DOWN}},
+               devices={"step_time": STEP}, client={"local_steps": STEPS})
+    watched: dict[str, list[Update]] = {}
+    poisoned: list[int] = []
+    sent: list[float] = []
+
+    async def during(run: InMemoryRun) -> None:
+        host = run.hosts[INSIDER]
+        forward = host.forward
+
+        async def poison(update: list[Any], client: int) -> None:
+            if poisoned:
+                await forward(update, client)
+                return
+            msg, _ = decode(update, check_finite=False)
+            assert isinstance(msg, Update)
+            assert msg.model is not None
+            flat = msg.model.flat().copy()
+            flat[len(flat) // 2] = float("nan")
+            bad = replace(msg, model=Model.from_flat(flat, msg.model.spec))
+            poisoned.append(msg.task_id)
+            sent.append(host.clock.now())
+            await host.conn.send(stamp(encode_body(bad), sent_at=sent[0], seq=next(host.seq)))
+
+        host.forward = poison  # type: ignore[method-assign]
+        watched["results"] = _watch_results(run)
+
+    run = run_in_memory(sc, tmp_path / "run", hosts=2, during=during)
+    assert run.summary["status"] == "completed", run.summary["status"]
+    assert len(poisoned) == 1
+    (refused,) = [e for e in of(run.events(), "reject") if e["reason"] == "non_finite"]
+    assert refused["sender"] == f"host-{INSIDER}"
+    # refused at its delivery, once it crossed its uplink (the check ran meanwhile,
+    # off the loop), not when it arrived
+    assert refused["t"] >= sent[0] + UP - 0.01, (refused["t"], sent[0])
+    assert run.summary["rejected_messages"]["server"] == {"non_finite": 1}
+    assert all(u.task_id != poisoned[0] or u.client % 2 != INSIDER
+               for u in watched["results"])
+    assert len(watched["results"]) >= 10             # the run went on
