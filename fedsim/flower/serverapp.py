@@ -139,6 +139,9 @@ def _exit_within(seconds: float, code: int) -> None:
 if __name__ == "__main__":
     if process.become_child(int(sys.argv[2]), "flower-serverapp"):
         process.set_process_name("fedsim-serverapp")
+        # Flower's logger has a console handler of its own: its lines once, not again
+        # through the root handler fedsim's child logging sets
+        logging.getLogger("flwr").propagate = False
         code = main(Pipe(socket.socket(fileno=int(sys.argv[1]))))
         _exit_within(EXIT_GRACE, code)
         sys.exit(code)
