@@ -146,8 +146,9 @@ class ClientHost:
         #: the rounds whose average the trainer holds (a pipelined session can have
         #: several rounds under way at once: a longer window than the versions')
         self.rounds_to_trainer = SentVersions(2 * WINDOW)
-        #: the event-log records and phase durations on their way to the server
-        self.outbox = EventOutbox(name, self._control)
+        #: the event-log records and phase durations on their way to the server (its
+        #: sends go through the host's control channel, whatever it is at the time)
+        self.outbox = EventOutbox(name, lambda msg: self._control(msg))
         self.phases = self.outbox.phases
         self.overruns = 0
         self.compute_deadlines = 0
@@ -158,7 +159,8 @@ class ClientHost:
         #: set once the server's Start has arrived and the clients run
         self.started = asyncio.Event()
         #: the server's clock as this host measures it (offset, drift, heartbeat)
-        self.server_clock = ServerClock(real_clock, self._control, self._recv_control)
+        self.server_clock = ServerClock(real_clock, lambda msg: self._control(msg),
+                                        lambda wait: self._recv_control(wait))
         self.exit_code = 0
         #: the incarnation of the server that started this host's clients (its Start),
         #: and whether a reply from another one came (it restarted: register again)

@@ -90,13 +90,13 @@ async def _insider(args: argparse.Namespace, sc: Any, data: dict[str, Any],
     host.forward = lying_forward  # type: ignore[method-assign]
 
     # -- what the host itself sends: its records held back while it attacks, counted --
-    honest_flush = host.flush_events
+    honest_flush = host.outbox.flush
 
     async def flush_unless_attacking() -> None:
         if not attacking.is_set():
             await honest_flush()
 
-    host.flush_events = flush_unless_attacking  # type: ignore[method-assign]
+    host.outbox.flush = flush_unless_attacking  # type: ignore[method-assign]
     honest_control = host._control
 
     async def counted_control(msg: Message) -> None:
@@ -107,7 +107,7 @@ async def _insider(args: argparse.Namespace, sc: Any, data: dict[str, Any],
         await honest_control(msg)
 
     host._control = counted_control  # type: ignore[method-assign]
-    sample = host._clock_sample
+    sample = host.server_clock.sample
 
     def counted_sample(reply: Any) -> None:
         if reply.seq >= FLOOD_SEQ:
@@ -116,7 +116,7 @@ async def _insider(args: argparse.Namespace, sc: Any, data: dict[str, Any],
             report["prober_answered"].append(reply.seq)
         sample(reply)
 
-    host._clock_sample = counted_sample  # type: ignore[method-assign]
+    host.server_clock.sample = counted_sample  # type: ignore[method-assign]
 
     # -- the attack on its own connection --------------------------------------------
     async def send(frames: list[Any], what: str) -> None:
