@@ -135,6 +135,15 @@ class _Batch:
     missing: int = 0
     #: set when its wait returns: every reply came, its deadline passed, or the run ended
     done: threading.Event = field(default_factory=threading.Event)
+    #: called then too (:meth:`Exchange.watch`), once
+    notify: Callable[[], None] | None = None
+
+    def fire(self) -> None:
+        """Its wait may return now."""
+        if not self.done.is_set():
+            self.done.set()
+            if self.notify is not None:
+                self.notify()
 
 
 @dataclass
@@ -203,17 +212,38 @@ class Exchange:
 
     def wait(self, number: int) -> list[Reply]:
         """Block until batch ``number`` has every reply or its deadline passed; then
-        its replies (in arrival order). Raises :class:`RunEnded` when the run
-        ended before (what came is not handed to a strategy that cannot go on)."""
+        its replies (in arrival order, :meth:`finish`)."""
         with self.lock:
             b = self.batches.get(number)
             if b is None:
                 return []
             if b.missing <= 0 or b.expired or self.closed:
-                b.done.set()
+                b.fire()
         b.done.wait()
+        return self.finish(number)
+
+    def watch(self, number: int, notify: Callable[[], None]) -> None:
+        """Call ``notify`` once batch ``number``'s wait may return (every reply came,
+        its deadline passed, or the run ended): at once if it may now, else from
+        the thread that completes it (keep it short: a queue's put). Then
+        :meth:`finish` gives its replies without waiting."""
         with self.lock:
-            del self.batches[number]
+            b = self.batches.get(number)
+            if b is not None:
+                b.notify = notify
+                if not (b.done.is_set() or b.missing <= 0 or b.expired or self.closed):
+                    return        # the delivery, deadline or end that completes it tells
+                b.done.set()
+        notify()                  # complete already (perhaps before anyone watched)
+
+    def finish(self, number: int) -> list[Reply]:
+        """Batch ``number``'s replies, in arrival order, once its wait may return.
+        Raises :class:`RunEnded` when the run ended before they all came (what
+        came is not handed to a strategy that cannot go on)."""
+        with self.lock:
+            b = self.batches.pop(number, None)
+            if b is None:
+                return []
             for key in b.ids:
                 self.batch_of.pop(key, None)
             if self.closed and b.missing > 0 and not b.expired:
@@ -267,7 +297,7 @@ class Exchange:
             if b is not None:
                 b.missing -= 1
                 if b.missing <= 0:
-                    b.done.set()
+                    b.fire()
             return True
 
     def expire(self, now: float) -> None:
@@ -281,7 +311,7 @@ class Exchange:
             for b in self.batches.values():
                 if b.deadline is not None and not b.expired and b.deadline <= now:
                     b.expired = True
-                    b.done.set()
+                    b.fire()
 
     def next_lapse(self) -> float | None:
         """When the next unpulled reply expires, if any."""
@@ -303,4 +333,4 @@ class Exchange:
         with self.lock:
             self.closed = True
             for b in self.batches.values():
-                b.done.set()
+                b.fire()

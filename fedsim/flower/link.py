@@ -16,8 +16,10 @@ The app's end is :class:`AppLink`: any thread of the app may call
 first waits in ``send_and_receive``); a reader thread hands each answer to
 the call that waits for it. The server's end is :class:`Relay`: a thread
 that only waits on the pipe and answers each request from the
-:class:`~.exchange.Exchange`; a ``send_and_receive`` waits in a short
-thread of its own, so no request waits behind another.
+:class:`~.exchange.Exchange`; a ``send_and_receive`` is answered by a
+second thread once the exchange says its replies are in
+(:meth:`~.exchange.Exchange.watch`), so no request waits behind another and
+no thread is made per round.
 
 Requests (the app's end to the server's), ``(op, id, args, payloads)``:
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pickle
+import queue
 import select
 import socket
 import struct
@@ -250,9 +253,14 @@ class Relay:
         self._send_lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name="fedsim-flower-relay",
                                         daemon=True)
+        #: the waits whose replies are in: (request id, batch number); None ends it
+        self._ready: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+        self._answerer = threading.Thread(target=self._answer_waits,
+                                          name="fedsim-flower-answers", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._answerer.start()
 
     def send(self, header: tuple[Any, ...]) -> None:
         """A command to the app's process (``start``), outside any request."""
@@ -261,6 +269,9 @@ class Relay:
     def join(self, timeout: float) -> None:
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self._ready.put(None)
+        if self._answerer.is_alive():
+            self._answerer.join(timeout)
 
     def close(self) -> None:
         """Close the server's end (once the app's process has ended): a reader still
@@ -283,8 +294,7 @@ class Relay:
                 if op == "done":
                     self._finish(args[0])
                 elif op == "wait":
-                    threading.Thread(target=self._wait, args=(rid, args[0]),
-                                     name="fedsim-flower-wait", daemon=True).start()
+                    self._watch(rid, args[0])
                 else:
                     self._answer(rid, op, args, payloads)
         except (EOFError, OSError):
@@ -323,12 +333,23 @@ class Relay:
         except RunEnded as exc:
             self._ended(rid, str(exc))
 
-    def _wait(self, rid: int, number: int) -> None:
-        try:
-            self._reply(rid, *wire_replies(self._exchange.wait(number)))
-        except RunEnded as exc:
-            self._ended(rid, str(exc))
-        except Exception as exc:      # never leave the app's call waiting
-            log.error("a send_and_receive could not be answered: %s: %s",
-                      type(exc).__name__, exc)
-            self._ended(rid, f"fedsim could not answer it: {type(exc).__name__}: {exc}")
+    def _watch(self, rid: int, number: int) -> None:
+        def ready() -> None:
+            self._ready.put((rid, number))
+
+        self._exchange.watch(number, ready)
+
+    def _answer_waits(self) -> None:
+        while True:
+            item = self._ready.get()
+            if item is None:
+                return
+            rid, number = item
+            try:
+                self._reply(rid, *wire_replies(self._exchange.finish(number)))
+            except RunEnded as exc:
+                self._ended(rid, str(exc))
+            except Exception as exc:      # never leave the app's call waiting
+                log.error("a send_and_receive could not be answered: %s: %s",
+                          type(exc).__name__, exc)
+                self._ended(rid, f"fedsim could not answer it: {type(exc).__name__}: {exc}")

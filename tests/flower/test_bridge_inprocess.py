@@ -360,3 +360,39 @@ def test_a_flower_outside_the_tested_range_is_refused_naming_it(
         config.require_flower()
     monkeypatch.setattr(config.importlib.metadata, "version", lambda name: "1.42.0")
     config.require_flower()
+
+
+def test_the_exchange_says_when_a_wait_may_return_without_a_thread_per_wait() -> None:
+    """watch(): the relay's one answering thread is told when a send_and_receive's
+    replies are in (by the delivery that completes it, at once if already done, or
+    by the run's end), and finish() hands them over without waiting."""
+    from fedsim.flower.content import Head
+    from fedsim.flower.exchange import Exchange, Pushed, RunEnded
+
+    head = Head(dst=1000, ttl=10.0, type="train", group="1", created=0.0, run=1)
+    ex = Exchange()
+    _, number = ex.push([Pushed(head, "a", b"", b""), Pushed(head, "b", b"", b"")],
+                          batch=True)
+    assert number is not None
+    told: list[int] = []
+    ex.watch(number, lambda: told.append(number))
+    ex.deliver(Reply("b", data=b"x"))
+    assert told == []                                 # one of two
+    ex.deliver(Reply.node_unavailable("a"))
+    assert told == [number]                           # by the delivery that completed it
+    assert [r.message_id for r in ex.finish(number)] == ["b", "a"]   # arrival order
+    _, done = ex.push([Pushed(head, "c", b"", b"")], batch=True)
+    assert done is not None
+    ex.deliver(Reply("c", data=b"y"))
+    late: list[int] = []
+    ex.watch(done, lambda: late.append(done))        # already complete: at once
+    assert late == [done]
+    assert [r.message_id for r in ex.finish(done)] == ["c"]
+    _, open_ = ex.push([Pushed(head, "d", b"", b"")], batch=True)
+    assert open_ is not None
+    ended: list[int] = []
+    ex.watch(open_, lambda: ended.append(open_))
+    ex.close()                                        # the run ends before its reply
+    assert ended == [open_]
+    with pytest.raises(RunEnded):
+        ex.finish(open_)
