@@ -14,10 +14,10 @@ reports, and gives a verdict with the reason. It writes
 stamped with the date and the commit measured. Nothing here is tuned to
 agree: a claim fedsim does not reproduce is reported as such, with why.
 
-    python tools/claims.py                   # every claim (about 2 hours on 2 cores)
+    python tools/claims.py                   # every claim: every sweep in one pool of runs
     python tools/claims.py --only DG-1,FA-1  # some; the others keep their last result
     python tools/claims.py --no-run          # re-evaluate the sweeps already on disk
-    python tools/claims.py --together        # every sweep in one pool of runs, then each claim
+    python tools/claims.py --one-by-one      # each claim's sweep after the last one's
 
 Sweeps go to sweeps/claims/<sweep file's name>/ and resume: an interrupted
 regeneration picks up where it stopped, and a claim that also reads another
@@ -208,14 +208,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="where the sweeps run (they resume)")
     ap.add_argument("--jobs", default="auto", help="runs at once: N or auto")
     ap.add_argument("--no-run", action="store_true", help="evaluate the sweeps on disk")
-    ap.add_argument("--together", action="store_true",
-                    help="run every claim's sweep in one pool of runs, then evaluate each")
+    ap.add_argument("--one-by-one", action="store_true",
+                    help="run each claim's sweep after the last (default: every claim's sweep "
+                         "in one pool of runs, longest first, then evaluate each)")
+    ap.add_argument("--together", action="store_true", help=argparse.SUPPRESS)  # the default
     ap.add_argument("--hints", type=Path, default=None, metavar="DIR",
                     help="an earlier regeneration's --out: its runs' real times order "
                          "the pool of runs, longest first")
     ap.add_argument("--pending-only", action="store_true",
                     help="run nothing: rewrite the docs from what is recorded")
     args = ap.parse_args(argv)
+    args.together = not args.one_by_one
     known = {c.id: c for c in CLAIMS}
     wanted = [s.strip() for s in args.only.split(",")] if args.only else list(known)
     unknown = [w for w in wanted if w not in known]

@@ -258,7 +258,7 @@ def write_docs(records: list[dict[str, Any]]) -> None:
              "",
              *([f"Regenerating all of them took {'at least ' if partial else ''}"
                 f"{together / 60:.0f} minutes of real time here (2 cores, every claim's sweep in "
-                "one pool of runs: `python tools/claims.py --together`"
+                "one pool of runs: `python tools/claims.py`"
                 f"{RESUMED if partial else ''}); one after another, their runs took "
                 f"{total / 60:.0f} minutes."]
               if together else
