@@ -54,34 +54,24 @@ Rules (docs/flower.md):
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import pickle
-import socket
-import subprocess
 import sys
 import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-import fedsim
 from fedsim.algorithms.api import Applied, Discarded, ServerAlgorithm, ServerContext, Step
-from fedsim.flower.apps import AppError
 from fedsim.flower.config import FlowerConfig
 from fedsim.flower.content import content_of, header, reply_head, to_bytes, to_model
 from fedsim.flower.exchange import Exchange, Pushed, Reply, client_of, node_of
-from fedsim.flower.link import Pipe, Relay
 from fedsim.flower.running import set_scenario
-from fedsim.flower.serverapp import Boot
-from fedsim.scenario.plugins import child_env
+from fedsim.flower.serverapp import Boot, ServerAppProcess, crossable
 from fedsim.wire.messages import Task, Update
 from fedsim.wire.tensors import Model
 
@@ -93,10 +83,6 @@ log = logging.getLogger(__name__)
 _CONTENTS = 8
 #: how many messages whose TTL ran out stay known, to tell a late reply from a stray one
 _LAPSED = 4096
-#: how long the ServerApp's process may take to import the app (s)
-BOOT_TIMEOUT = 120.0
-#: how long it may take to end once the run has (s)
-END_TIMEOUT = 5.0
 
 
 @dataclass
@@ -116,20 +102,6 @@ class _Queued:
 
     pushed: Pushed
     expires: float
-
-
-def _crossable(scenario: Any) -> bytes | None:
-    """The scenario pickled to cross to the ServerApp's process, or None when it
-    cannot (its data helpers then read the scenario the app's run config names)."""
-    if scenario is None:
-        return None
-    try:
-        return pickle.dumps(scenario)
-    except Exception as exc:
-        log.warning("the scenario cannot cross to the ServerApp's process (%s: %s): its "
-                    "data helpers read the scenario its run config names", type(exc).__name__,
-                    exc)
-        return None
 
 
 class FlowerServer(ServerAlgorithm):
@@ -160,59 +132,13 @@ class FlowerServer(ServerAlgorithm):
         self._error: str | None = None
         self._stopped = False
         self._closed = False
-        self._started = False
         #: replies after their message's TTL
         self.late_replies = 0
-        self._process, self._relay = self._boot(limit)
+        #: the ServerApp's process, its app loaded (before the run's clock starts)
+        self.app = ServerAppProcess(Boot(cfg.server_app, tuple(sys.path), limit,
+                                         crossable(ctx.scenario)), self.exchange, self._done)
 
     # -- the ServerApp's process --------------------------------------------------------
-    def _boot(self, limit: int) -> tuple[subprocess.Popen[bytes], Relay]:
-        """Start the ServerApp's process and wait until it has imported the app
-        (before the clock starts: its module may import torch and data).
-
-        A fresh interpreter (``python -P -m fedsim.flower.serverapp``) over a
-        Unix socket pair, not ``multiprocessing``'s spawn, which would import
-        the parent's ``__main__`` (a user's script) again; ``-P``: the working
-        directory does not shadow what the server imported."""
-        ours_sock, theirs_sock = socket.socketpair()
-        env = child_env() or dict(os.environ)
-        root = str(Path(fedsim.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join([root, *(p for p in env.get("PYTHONPATH", "")
-                                                      .split(os.pathsep) if p and p != root)])
-        env["PYTHONUNBUFFERED"] = "1"     # its prints are not lost if it is killed
-        process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "fedsim.flower.serverapp", str(theirs_sock.fileno()),
-             str(os.getpid())],
-            pass_fds=(theirs_sock.fileno(),), stdin=subprocess.DEVNULL, env=env)
-        theirs_sock.close()
-        ours = Pipe(ours_sock)
-        try:
-            ours.send(vars(Boot(self.cfg.server_app, tuple(sys.path), limit,
-                                _crossable(self.ctx.scenario))))
-            if not ours.poll(BOOT_TIMEOUT):
-                raise AppError(f"{self.cfg.server_app!r}: the ServerApp's process did not "
-                               f"load it within {BOOT_TIMEOUT:.0f} s")
-            kind, _, value, _ = ours.recv()
-        except (EOFError, OSError):
-            try:
-                code: int | None = process.wait(END_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                code = None
-            kind, value = "failed", (f"{self.cfg.server_app!r}: the ServerApp's process ended "
-                                     f"while loading it (exit code {code}; its error is "
-                                     "above)")
-        except BaseException:
-            process.kill()
-            process.wait()
-            ours.close()
-            raise
-        if kind != "ready":
-            process.kill()
-            process.wait()
-            ours.close()
-            raise AppError(str(value))
-        return process, Relay(ours, self.exchange, self._done)
-
     def _done(self, error: str | None) -> None:
         """The ServerApp returned (None) or raised, or its process ended (from the relay)."""
         if not self.exchange.closed:
@@ -225,13 +151,7 @@ class FlowerServer(ServerAlgorithm):
     def start(self, clients: Sequence[int], now: float) -> Step:
         self.available = set(clients)
         self.exchange.set_nodes(node_of(c) for c in self.available)
-        self._started = True
-        self._relay.start()
-        # (its process gone: the relay sees the pipe end and says so)
-        with contextlib.suppress(OSError):
-            self._relay.send(("start", 0, {"run_id": int(self.ctx.seed) + 1,
-                                           "seed": int(self.ctx.seed),
-                                           "run_config": dict(self.cfg.run_config)}, 0))
+        self.app.start(int(self.ctx.seed) + 1, int(self.ctx.seed), self.cfg.run_config)
         return Step()
 
     # -- the loop's side ------------------------------------------------------------------
@@ -425,7 +345,7 @@ class FlowerServer(ServerAlgorithm):
 
     def close(self) -> None:
         """End the run for the ServerApp: its waits return, its next call raises,
-        and its process is given END_TIMEOUT to end before it is killed."""
+        and its process is ended (:meth:`.serverapp.ServerAppProcess.end`)."""
         if self._closed:
             return
         self._closed = True
@@ -433,20 +353,7 @@ class FlowerServer(ServerAlgorithm):
             log.warning("%d Flower replies came after their message's TTL and were discarded",
                         self.late_replies)
         self.exchange.close()
-        process = self._process
-        if not self._started:             # it waits for its start: it has nothing to end
-            with contextlib.suppress(OSError):
-                self._relay.send(("stop", 0, None, 0))
-        try:
-            process.wait(END_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            log.warning("the ServerApp's process did not end within %.0f s of the run's end: "
-                        "ended", END_TIMEOUT)
-            process.kill()
-            process.wait()
-        if self._started:
-            self._relay.join(END_TIMEOUT)
-        self._relay.close()
+        self.app.end()
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": self.version, "round": self.round}

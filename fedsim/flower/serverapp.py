@@ -13,20 +13,30 @@ When the app returns or raises it sends ``done`` and the process exits (its
 exit handlers run; a thread the app left running gets
 :data:`EXIT_GRACE` seconds). Once the server has ended the run, the app's
 next call raises Flower's ``RunNotRunningException``.
+
+The server's side of it is :class:`ServerAppProcess`: it starts the
+process and waits until the app is loaded, starts the app's run, and ends
+the process with the run; its :class:`~.link.Relay` answers the process's
+requests meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 import random
 import socket
+import subprocess
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from flwr.app import Context, RecordDict
 from flwr.app.user_config import UserConfig
@@ -35,18 +45,25 @@ from flwr.serverapp import ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+import fedsim
 from fedsim.actors import process
-from fedsim.flower.apps import load
+from fedsim.flower.apps import AppError, load
+from fedsim.flower.exchange import Exchange
 from fedsim.flower.grid import FedsimGrid
-from fedsim.flower.link import AppLink, Pipe
+from fedsim.flower.link import AppLink, Pipe, Relay
 from fedsim.flower.running import set_scenario
+from fedsim.scenario.plugins import child_env
 
-__all__ = ["EXIT_GRACE", "Boot", "main"]
+__all__ = ["BOOT_TIMEOUT", "END_TIMEOUT", "EXIT_GRACE", "Boot", "ServerAppProcess", "main"]
 
 log = logging.getLogger(__name__)
 
 #: real seconds the process's exit may take (its exit handlers, threads the app left)
 EXIT_GRACE = 5.0
+#: how long the ServerApp's process may take to import the app (s)
+BOOT_TIMEOUT = 120.0
+#: how long it may take to end once the run has (s)
+END_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +77,112 @@ class Boot:
     limit: int
     #: the run's resolved scenario, pickled (None: it could not cross to the process)
     scenario: bytes | None = None
+
+
+def crossable(scenario: object) -> bytes | None:
+    """``scenario`` pickled to cross to the ServerApp's process, or None when it
+    cannot (its data helpers then read the scenario the app's run config names)."""
+    if scenario is None:
+        return None
+    try:
+        return pickle.dumps(scenario)
+    except Exception as exc:
+        log.warning("the scenario cannot cross to the ServerApp's process (%s: %s): its "
+                    "data helpers read the scenario its run config names", type(exc).__name__,
+                    exc)
+        return None
+
+
+class ServerAppProcess:
+    """The server's handle on the ServerApp's process.
+
+    Built before the run's clock starts, it starts the process and waits
+    until the app is loaded (its module may import torch and data), raising
+    :class:`~.apps.AppError` when it cannot be. A fresh interpreter
+    (``python -P -m fedsim.flower.serverapp``) over a Unix socket pair, not
+    ``multiprocessing``'s spawn, which would import the parent's
+    ``__main__`` (a user's script) again; ``-P``: the working directory does
+    not shadow what the server imported. Its requests are answered from
+    ``exchange`` by a :class:`~.link.Relay`, which calls ``on_done(error)``
+    once the app returned (None), raised, or its process ended."""
+
+    def __init__(self, boot: Boot, exchange: Exchange,
+                 on_done: Callable[[str | None], None]) -> None:
+        ours_sock, theirs_sock = socket.socketpair()
+        env = child_env() or dict(os.environ)
+        root = str(Path(fedsim.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join([root, *(p for p in env.get("PYTHONPATH", "")
+                                                      .split(os.pathsep) if p and p != root)])
+        env["PYTHONUNBUFFERED"] = "1"     # its prints are not lost if it is killed
+        self.process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "fedsim.flower.serverapp", str(theirs_sock.fileno()),
+             str(os.getpid())],
+            pass_fds=(theirs_sock.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        theirs_sock.close()
+        ours = Pipe(ours_sock)
+        try:
+            kind, value = self._handshake(ours, boot)
+        except BaseException:
+            self._kill(ours)
+            raise
+        if kind != "ready":
+            self._kill(ours)
+            raise AppError(str(value))
+        self.relay = Relay(ours, exchange, on_done)
+        self.started = False
+        self._ended = False
+
+    def _handshake(self, ours: Pipe, boot: Boot) -> tuple[str, Any]:
+        """Send ``boot``; the process's answer: ``("ready", None)`` or why not."""
+        try:
+            ours.send(vars(boot))
+            if not ours.poll(BOOT_TIMEOUT):
+                raise AppError(f"{boot.server_app!r}: the ServerApp's process did not "
+                               f"load it within {BOOT_TIMEOUT:.0f} s")
+            kind, _, value, _ = ours.recv()
+        except (EOFError, OSError):
+            try:
+                code: int | None = self.process.wait(END_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                code = None
+            return "failed", (f"{boot.server_app!r}: the ServerApp's process ended while "
+                              f"loading it (exit code {code}; its error is above)")
+        return str(kind), value
+
+    def _kill(self, ours: Pipe) -> None:
+        self.process.kill()
+        self.process.wait()
+        ours.close()
+
+    def start(self, run_id: int, seed: int, run_config: Mapping[str, Any]) -> None:
+        """Start the app's run: ``server_app(grid=..., context=...)`` in its process."""
+        self.started = True
+        self.relay.start()
+        # (its process gone: the relay sees the pipe end and says so)
+        with contextlib.suppress(OSError):
+            self.relay.send(("start", 0, {"run_id": run_id, "seed": seed,
+                                          "run_config": dict(run_config)}, 0))
+
+    def end(self) -> None:
+        """End the process (the run is over: its exchange is closed, so the app's
+        waits return and its next call raises): END_TIMEOUT to end before it is
+        killed. Idempotent."""
+        if self._ended:
+            return
+        self._ended = True
+        if not self.started:              # it waits for its start: it has nothing to end
+            with contextlib.suppress(OSError):
+                self.relay.send(("stop", 0, None, 0))
+        try:
+            self.process.wait(END_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            log.warning("the ServerApp's process did not end within %.0f s of the run's end: "
+                        "ended", END_TIMEOUT)
+            self.process.kill()
+            self.process.wait()
+        if self.started:
+            self.relay.join(END_TIMEOUT)
+        self.relay.close()
 
 
 def main(conn: Pipe) -> int:

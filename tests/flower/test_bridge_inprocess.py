@@ -312,7 +312,7 @@ def test_the_serverapp_runs_in_its_own_process_and_ends_with_the_run(log: Path) 
                        client_app="tiny_app:client_app",
                        run_config={"updates": 1000, "log": str(log)})
     d = _Driver(cfg, [0, 1])
-    process = d.server._process
+    process = d.server.app.process
     assert process.pid != __import__("os").getpid()
     assert process.poll() is None
     assert not [t for t in threading.enumerate() if "serverapp" in t.name]
