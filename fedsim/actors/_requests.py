@@ -11,7 +11,6 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -19,7 +18,7 @@ import zmq
 
 from fedsim.algorithms import flatten
 from fedsim.algorithms.local import load_vector
-from fedsim.wire.codec import decode, encode
+from fedsim.wire.codec import Frames, decode, encode
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import Advance, Message, Shutdown, Task, Update
 from fedsim.wire.payloads import HeldVersions
@@ -111,7 +110,7 @@ class Holder(Protocol):
     spec: TensorSpec
 
 
-def read_request(frames: Sequence[Any], holder: Holder) -> Request:
+def read_request(frames: Frames, holder: Holder) -> Request:
     """Decode one request from the trainer's parent, in the order they were sent: a
     task gets its version's model, an Advance its rounds' averages."""
     msg, meta = decode(frames, max_header=None, check_finite=False)

@@ -37,7 +37,7 @@ import numpy as np
 from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.network import ALWAYS, DeviceModel, NetPlan
-from fedsim.wire.codec import Meta
+from fedsim.wire.codec import Frame, Frames, Meta
 from fedsim.wire.messages import (
     Advance,
     Average,
@@ -70,7 +70,7 @@ class Trainer(Protocol):
         """A fresh request id."""
         ...
 
-    async def train(self, frames: list[Any]) -> Message:
+    async def train(self, frames: Frames) -> Message:
         """Send a task's frames (due time and request id in the envelope); await the reply."""
         ...
 
@@ -78,7 +78,7 @@ class Trainer(Protocol):
         """Send a request (an Advance); await the reply."""
         ...
 
-    def upload(self, request_id: int) -> list[Any] | None:
+    def upload(self, request_id: int) -> Frames | None:
         """The frames of the update the reply to ``request_id`` uploads (None: none)."""
         ...
 
@@ -105,11 +105,11 @@ class HostServices(Protocol):
         """Send a client's message to the server."""
         ...
 
-    async def forward(self, frames: list[Any], client: int) -> None:
+    async def forward(self, frames: Frames, client: int) -> None:
         """Send a client's update, as its trainer encoded it, to the server."""
         ...
 
-    def task_frames(self, rec: Received, due: float, request_id: int) -> list[Any]:
+    def task_frames(self, rec: Received, due: float, request_id: int) -> list[Frame]:
         """A task's frames for the trainer, stamped with its due time and request id."""
         ...
 
@@ -149,7 +149,7 @@ class Received:
     came in (forwarded to the trainer as they are) and whether they carry the model."""
 
     task: Task
-    frames: list[Any]
+    frames: Frames
     inline: bool
 
     @property

@@ -32,7 +32,7 @@ from fedsim.actors.server_gate import RecordBudget
 from fedsim.algorithms.local import LocalConfig
 from fedsim.results.phases import PhaseStats
 from fedsim.scenario.network import NetPlan
-from fedsim.wire.codec import Body, encode, encode_body, model_cost, stamp
+from fedsim.wire.codec import Body, Frames, encode, encode_body, model_cost, stamp
 from fedsim.wire.messages import Average, ClockReply, Task
 from fedsim.wire.tensors import Model, TensorSpec
 from fedsim.wire.transport import Endpoint, PeerGone
@@ -73,7 +73,7 @@ class Downlinks:
         self.pending: set[asyncio.Future[None]] = set()
 
     # -- to a host -----------------------------------------------------------------
-    async def to_host(self, peer: bytes, frames: list[Any]) -> None:
+    async def to_host(self, peer: bytes, frames: Frames) -> None:
         """Send ``frames`` to a host (logged if it is gone)."""
         try:
             await self.endpoint.send(peer, frames)

@@ -61,9 +61,12 @@ from fedsim.scenario.ids import format_ids, parse_id_list
 from fedsim.scenario.network import NetPlan
 from fedsim.wire.codec import (
     DEFAULT_MAX_BYTES,
+    Frame,
+    Frames,
     decode,
     encode,
     encode_body,
+    frame_view,
     header_bound,
     max_message_bytes,
     model_cost,
@@ -190,21 +193,21 @@ class ClientHost:
         frames = stamp(body, sent_at=sent_at, seq=next(self.seq))
         await self.conn.send(frames)
         self.emit("send", client=getattr(msg, "client", None), kind=type(msg).__name__.lower(),
-                  dir="up", bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at,
+                  dir="up", bytes=sum(frame_view(f).nbytes for f in frames), sent_at=sent_at,
                   reset=msg.reset if isinstance(msg, Ready) else None)
 
-    async def forward(self, frames: list[Any], client: int) -> None:
+    async def forward(self, frames: Frames, client: int) -> None:
         """Send a client's update, as its trainer encoded it, stamped with the emulated
         send time (its header and model are not unpacked or packed again)."""
         sent_at = self.clock.now()
         t0 = perf_counter()
-        frames = restamp(frames, sent_at=sent_at, seq=next(self.seq))
+        out = restamp(frames, sent_at=sent_at, seq=next(self.seq))
         self.phases.add("encode.hosts", perf_counter() - t0)
-        await self.conn.send(frames)
+        await self.conn.send(out)
         self.emit("send", client=client, kind="update", dir="up",
-                  bytes=sum(memoryview(f).nbytes for f in frames), sent_at=sent_at)
+                  bytes=sum(frame_view(f).nbytes for f in out), sent_at=sent_at)
 
-    def task_frames(self, rec: Received, due: float, request_id: int) -> list[Any]:
+    def task_frames(self, rec: Received, due: float, request_id: int) -> list[Frame]:
         """A task's frames for the trainer, stamped with when its result is due and its
         request id: as they came from the server, unless the trainer holds the model the
         server sent with it (left out) or lacks one the server left out (put back)."""

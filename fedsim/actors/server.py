@@ -79,7 +79,7 @@ from fedsim.results.phases import PhaseStats
 from fedsim.scenario import Scenario
 from fedsim.scenario.ids import format_ids
 from fedsim.scenario.network import NetPlan
-from fedsim.wire.codec import encode, max_message_bytes
+from fedsim.wire.codec import Frame, encode, max_message_bytes
 from fedsim.wire.messages import Average, Failed, Leave, Ready, Start, Update
 from fedsim.wire.tensors import BytesUpTo, TensorSpec, to_model
 from fedsim.wire.transport import Endpoint
@@ -559,7 +559,7 @@ class Server:
         self.state.request_eval(now, s.version, s.round, to_model(s.model(), self.model_spec),
                                 final=final)
 
-    def _start_message(self, t0: float) -> list[Any]:
+    def _start_message(self, t0: float) -> list[Frame]:
         """The Start of a host whose clients begin at emulated ``t0``."""
         assert self.clock is not None
         return encode(Start(epoch=self.clock.epoch, dilation=self.dilation,

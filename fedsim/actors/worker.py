@@ -52,7 +52,7 @@ from fedsim.algorithms.sgdclient import LocalSGDClient
 from fedsim.scenario import Scenario, parse
 from fedsim.scenario.ids import parse_id_list
 from fedsim.wire import statefile
-from fedsim.wire.codec import decode, encode
+from fedsim.wire.codec import Frames, decode, encode
 from fedsim.wire.messages import (
     Evaluate,
     Evaluated,
@@ -289,7 +289,7 @@ class InlineWorker:
                  save_every: float = 2.0) -> None:
         self.worker = Worker(sc, clients, state_path, save_every)
         self._ids = itertools.count(1)
-        self._uploads: dict[int, list[Any]] = {}
+        self._uploads: dict[int, Frames] = {}
 
     async def start(self) -> WorkerReady:
         return self.worker.ready()
@@ -301,11 +301,11 @@ class InlineWorker:
         """Answer at once (the work runs on this loop; virtual time does not move)."""
         return self._reply(read_request(encode(msg), self.worker))
 
-    async def train(self, frames: list[Any]) -> Message:
+    async def train(self, frames: Frames) -> Message:
         """Answer a task's frames (stamped with its due time and request id) at once."""
         return self._reply(read_request(frames, self.worker))
 
-    def upload(self, request_id: int) -> list[Any] | None:
+    def upload(self, request_id: int) -> Frames | None:
         """The frames of the update the reply to ``request_id`` uploads (None: none)."""
         return self._uploads.pop(request_id, None)
 

@@ -14,13 +14,12 @@ import itertools
 import logging
 import os
 import sys
-from typing import Any
 
 from fedsim.actors.process import own_cpus
 from fedsim.actors.zygote import ForkedProcess, spawn
 from fedsim.scenario.ids import format_id_list
 from fedsim.scenario.plugins import child_env
-from fedsim.wire.codec import decode, encode, peek
+from fedsim.wire.codec import Frames, decode, encode, peek
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import Message, Shutdown, WorkerReady
 from fedsim.wire.transport import ZmqContext
@@ -73,7 +72,7 @@ class WorkerHandle:
         self.conn = zmq_ctx.pair(endpoint, bind=True)
         self.proc: asyncio.subprocess.Process | ForkedProcess | None = None
         self._pending: dict[int, asyncio.Future[Message]] = {}
-        self._uploads: dict[int, list[Any]] = {}
+        self._uploads: dict[int, Frames] = {}
         self._ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self.died = asyncio.Event()
@@ -165,16 +164,16 @@ class WorkerHandle:
         """Send one request (its ``request_id`` from :meth:`next_id`) and await its reply."""
         return await self._exchange(getattr(msg, "request_id", None), encode(msg))
 
-    async def train(self, frames: list[Any]) -> Message:
+    async def train(self, frames: Frames) -> Message:
         """Send a task's frames (stamped with its due time and, as ``seq``, its request
         id from :meth:`next_id`) and await the reply."""
         return await self._exchange(peek(frames).seq, frames)
 
-    def upload(self, request_id: int) -> list[Any] | None:
+    def upload(self, request_id: int) -> Frames | None:
         """The frames of the update the reply to ``request_id`` uploads (None: none)."""
         return self._uploads.pop(request_id, None)
 
-    async def _exchange(self, rid: int | None, frames: list[Any]) -> Message:
+    async def _exchange(self, rid: int | None, frames: Frames) -> Message:
         if self.died.is_set():
             raise WorkerDied(f"{self.role} worker is not running")
         if rid is None or rid in self._pending:

@@ -39,7 +39,7 @@ from fedsim.actors.workers import WorkerHandle
 from fedsim.deploy.run import client_keys
 from fedsim.scenario import load, resolved, scenario_hash
 from fedsim.scenario.ids import parse_ids
-from fedsim.wire.codec import encode
+from fedsim.wire.codec import encode, frame_view
 from fedsim.wire.messages import (
     SCHEMA_VERSION,
     Event,
@@ -111,7 +111,7 @@ class Fuzzer:
 
     def _frames(self, msg: Any, sent_at: float = 0.0) -> list[bytes | memoryview]:
         frames = encode(msg, sent_at=sent_at, seq=next(self.seq))
-        return [bytes(memoryview(f)) for f in frames]
+        return [frame_view(f).tobytes() for f in frames]
 
     def _raw(self, kind: str, header: list[Any], *buffers: bytes) -> list[bytes | memoryview]:
         env = msgpack.packb([SCHEMA_VERSION, kind, 0.0, next(self.seq)])

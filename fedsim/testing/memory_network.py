@@ -18,22 +18,18 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeAlias
 
+from fedsim.wire.codec import Frames, frame_view
 from fedsim.wire.transport import PeerGone
 
 __all__ = [
-    "Frames",
     "MemoryConnection",
     "MemoryEndpoint",
     "MemoryNetwork",
     "Packet",
 ]
-
-#: A message as the codec builds it: its frames, each bytes-like.
-Frames: TypeAlias = list[bytes | memoryview]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +139,11 @@ class _Inbox:
         _wake(self.putters)
 
 
-def _copy(frames: Sequence[bytes | memoryview]) -> tuple[bytes, ...]:
+def _copy(frames: Frames) -> tuple[bytes, ...]:
     """New ``bytes`` for each frame, so the receiver never shares the sender's memory."""
     if not frames:
         raise ValueError("a message has at least one frame")
-    return tuple(memoryview(f).tobytes() for f in frames)
+    return tuple(frame_view(f, i).tobytes() for i, f in enumerate(frames))
 
 
 def _check_identity(identity: bytes) -> None:
@@ -212,7 +208,7 @@ class MemoryEndpoint:
         conn = self._net._peers.get(self.address, {}).get(peer)
         return None if conn is None else conn.user
 
-    async def send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
+    async def send(self, peer: bytes, frames: Frames) -> None:
         """Send one message to one peer.
 
         The frames are copied when ``send`` is called. If the peer's queue is
@@ -311,7 +307,7 @@ class MemoryConnection:
         _, frames = await self._inbox.get()
         return [memoryview(f) for f in frames]
 
-    async def send(self, frames: Sequence[bytes | memoryview]) -> None:
+    async def send(self, frames: Frames) -> None:
         """Send one message.
 
         The frames are copied when ``send`` is called. If the receiver's queue

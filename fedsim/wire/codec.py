@@ -118,7 +118,7 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 
 import msgpack
 import numpy as np
@@ -129,17 +129,31 @@ from fedsim.wire.messages import KINDS, SCHEMA_VERSION, Message
 from fedsim.wire.records import VALUE_TYPES
 from fedsim.wire.tensors import WIRE_DTYPES, Model, TensorSpec
 
+if TYPE_CHECKING:
+    import zmq
+
+#: One frame of a message as fedsim's sockets carry it: bytes or a view of a
+#: buffer (a model's) when sent; a ``zmq.Frame`` (received without a copy) or a
+#: read-only view (the in-memory network, fedsim.testing) when received, and
+#: forwarded as it came (:func:`restamp`). :func:`frame_view` reads any of them.
+Frame: TypeAlias = "bytes | memoryview | zmq.Frame"
+#: A message's frames as received or to send, envelope first.
+Frames: TypeAlias = "Sequence[Frame]"
+
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "MAX_ENVELOPE_BYTES",
     "MAX_FRAMES",
     "MAX_HEADER_BYTES",
     "Body",
+    "Frame",
+    "Frames",
     "Meta",
     "check_values",
     "decode",
     "encode",
     "encode_body",
+    "frame_view",
     "header_bound",
     "max_message_bytes",
     "model_cost",
@@ -213,15 +227,16 @@ class Body:
     ----------
     kind : str
         The message kind.
-    frames : tuple of bytes or memoryview
-        The header, then the model buffers (views of the Model's arrays).
+    frames : tuple of Frame
+        The header, then the model buffers (views of the Model's arrays, or a
+        received message's frames for :func:`restamp`).
     nbytes : int
         The message's total size on the wire, envelope included: what every
         ``stamp(body, ...)`` sums to and what the receiver's ``Meta.nbytes`` says.
     """
 
     kind: str
-    frames: tuple[bytes | memoryview, ...]
+    frames: tuple[Frame, ...]
     nbytes: int
     _head: bytes = field(repr=False, compare=False)
 
@@ -295,7 +310,7 @@ def encode_body(msg: Message) -> Body:
     return Body(cls.KIND, (header, *buffers), nbytes, head)
 
 
-def stamp(body: Body, *, sent_at: float, seq: int) -> list[bytes | memoryview]:
+def stamp(body: Body, *, sent_at: float, seq: int) -> list[Frame]:
     """Return ``body``'s frames behind an envelope, for ``send_multipart(frames, copy=False)``.
 
     Parameters
@@ -322,12 +337,12 @@ def stamp(body: Body, *, sent_at: float, seq: int) -> list[bytes | memoryview]:
     return [envelope, *body.frames]
 
 
-def encode(msg: Message, *, sent_at: float = 0.0, seq: int = 0) -> list[bytes | memoryview]:
+def encode(msg: Message, *, sent_at: float = 0.0, seq: int = 0) -> list[Frame]:
     """``stamp(encode_body(msg), sent_at=sent_at, seq=seq)``: frames for one send."""
     return stamp(encode_body(msg), sent_at=sent_at, seq=seq)
 
 
-def restamp(frames: Sequence[Any], *, sent_at: float, seq: int) -> list[Any]:
+def restamp(frames: Frames, *, sent_at: float, seq: int) -> list[Frame]:
     """``frames`` (a message as received, envelope first) behind a new envelope of the
     same kind: forward a message without unpacking its header or copying its model.
 
@@ -340,7 +355,7 @@ def restamp(frames: Sequence[Any], *, sent_at: float, seq: int) -> list[Any]:
         raise WireError("frame_count", "0 frames")
     # an envelope is its kind's head and a fixed-width tail: the head is looked
     # up, not unpacked (anything else is unpacked, to say what is wrong with it)
-    view = _byte_view(frames[0], 0)
+    view = frame_view(frames[0], 0)
     kind = _KIND_BY_HEAD.get(bytes(view[:-_ENVELOPE_TAIL.size]))
     if kind is None or view.nbytes <= _ENVELOPE_TAIL.size:
         kind = _envelope(view)[0].KIND
@@ -386,8 +401,16 @@ def max_message_bytes(spec: TensorSpec, copies: int = 1) -> int:
 # Decode
 
 
-def _byte_view(frame: object, index: int) -> memoryview:
-    """Return a flat, read-only byte view of a frame without copying it."""
+def frame_view(frame: object, index: int = 0) -> memoryview:
+    """A flat, read-only byte view of ``frame`` (a :data:`Frame`, or anything with a
+    ``.buffer`` or the buffer protocol), without copying it.
+
+    Raises
+    ------
+    WireError
+        ``"bad_frame"`` (naming frame ``index``) when it is not a contiguous
+        byte buffer.
+    """
     if type(frame) is bytes:   # the common cases first: bytes, and a zmq.Frame's buffer
         return memoryview(frame)
     view = getattr(frame, "buffer", None)
@@ -515,7 +538,7 @@ def _model_spec(kind: str, raw: object, expected: TensorSpec | None) -> TensorSp
     return spec
 
 
-def _open(frames: Sequence[Any], max_bytes: int
+def _open(frames: Sequence[object], max_bytes: int
           ) -> tuple[list[memoryview], int, type[Any], float, int]:
     """The checks up to the envelope: frame count, total size, envelope size and envelope."""
     n = len(frames)
@@ -524,7 +547,7 @@ def _open(frames: Sequence[Any], max_bytes: int
     views = []
     nbytes = 0
     for i, f in enumerate(frames):
-        view = _byte_view(f, i)
+        view = frame_view(f, i)
         views.append(view)
         nbytes += view.nbytes
     if nbytes > max_bytes:
@@ -536,7 +559,7 @@ def _open(frames: Sequence[Any], max_bytes: int
     return views, nbytes, cls, sent_at, seq
 
 
-def peek(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Meta:
+def peek(frames: Sequence[object], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Meta:
     """The envelope of ``frames``, after the checks that come before the header.
 
     The number of frames, the total size, the envelope's size and the
@@ -554,7 +577,7 @@ def peek(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Meta:
 
 
 def decode(
-    frames: Sequence[Any],
+    frames: Sequence[object],
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_header: int | None = MAX_HEADER_BYTES,

@@ -118,7 +118,7 @@ import os
 import resource
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -127,6 +127,7 @@ import zmq.utils.z85
 from zmq.utils.monitor import parse_monitor_message
 
 from fedsim.wire._zmqsocket import READ_AHEAD, LoopSocket
+from fedsim.wire.codec import Frames
 
 __all__ = [
     "HWM",
@@ -160,11 +161,11 @@ class Endpoint(Protocol):
 
     address: str
 
-    async def recv(self) -> tuple[bytes, list[Any]]:
+    async def recv(self) -> tuple[bytes, Frames]:
         """The next message: (peer identity, frames)."""
         ...
 
-    async def send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
+    async def send(self, peer: bytes, frames: Frames) -> None:
         """Send to one peer; :class:`PeerGone` if it is not connected."""
         ...
 
@@ -181,11 +182,11 @@ class Endpoint(Protocol):
 class Connection(Protocol):
     """One end of a connection to a single peer."""
 
-    async def recv(self) -> list[Any]:
+    async def recv(self) -> Frames:
         """The next message's frames."""
         ...
 
-    async def send(self, frames: Sequence[bytes | memoryview]) -> None:
+    async def send(self, frames: Frames) -> None:
         """Send one message."""
         ...
 
@@ -423,10 +424,10 @@ class ZmqConnection:
         self._monitor: LoopSocket | None = None
         self._watcher: asyncio.Future[None] | None = None
 
-    async def recv(self) -> list[Any]:
+    async def recv(self) -> Frames:
         return await self.sock.recv()
 
-    async def send(self, frames: Sequence[bytes | memoryview]) -> None:
+    async def send(self, frames: Frames) -> None:
         await self.sock.send(frames)
 
     def watch_state(self, on_state: Callable[[str, str], None], *, curve: bool) -> None:
@@ -633,7 +634,7 @@ class ZmqEndpoint:
         """Whether ``peer`` is a routing id this ROUTER assigned, not one the peer chose."""
         return assigned(peer)
 
-    async def recv(self) -> tuple[bytes, list[Any]]:
+    async def recv(self) -> tuple[bytes, Frames]:
         frames = await self.sock.recv()
         peer = frames[0].bytes
         if len(frames) > 1:
@@ -658,7 +659,7 @@ class ZmqEndpoint:
         """The IP address ``peer`` connected from (``local`` for ipc), once it has sent."""
         return self._addresses.get(peer)
 
-    async def send(self, peer: bytes, frames: Sequence[bytes | memoryview]) -> None:
+    async def send(self, peer: bytes, frames: Frames) -> None:
         try:
             await self.sock.send([peer, *frames])
         except zmq.ZMQError as exc:
