@@ -487,15 +487,15 @@ def test_crowded_runs_with_room_on_the_cores_go_at_twice_the_dilation() -> None:
     assert sched.allowed() == 3
     for _ in range(5):
         sched.finished(0.1, "pass", scale=2.0)
-    assert sched.allowed() == 3              # never as much load as where it failed
+    assert sched.allowed() == 4              # 3 faithful runs in a row at 3: one more
     sched.finished(0.2, "fail", at=2, scale=1.0)   # started before the doubling: answered
-    assert (sched.scale, sched.allowed()) == (2.0, 3)
+    assert (sched.scale, sched.allowed()) == (2.0, 4)
     sched.finished(0.1, "fail", at=3, scale=2.0)   # crowded again: 4x, 5 at once
     assert sched.scale == 4.0
     assert sched.allowed() == 5
     for _ in range(5):
         sched.finished(0.05, "pass", scale=4.0)
-    assert sched.allowed() == 5
+    assert sched.allowed() == 6              # 5 in a row at 5: one more
     sched.finished(0.05, "fail", at=5, scale=4.0)  # at max_scale: the concurrency halves,
     # to 2 at 4x the dilation: half the work per unit of time of one run at its own
     assert (sched.scale, sched.allowed()) == (1.0, 1)
@@ -836,3 +836,27 @@ def test_no_doubling_when_the_cap_on_runs_leaves_less_work_per_second() -> None:
     for _ in range(5):
         sched.finished(0.05, "pass")
     assert sched.allowed() == 6
+
+
+def test_the_cap_climbs_back_after_as_many_faithful_runs_as_it_allows() -> None:
+    """Additive increase, multiplicative decrease: a failure early in a pool (its
+    second run, at a sensitive point) halves the concurrency, which then climbs
+    back by one each time as many faithful runs in a row as it allows have
+    ended at it, instead of holding 300 runs at 1 at once (2026-11-29)."""
+    sched = _Scheduler("auto", max_jobs=8)
+    sched.cores = 2
+    sched.finished(0.9, "pass")               # heavy: no room at twice the dilation
+    sched.finished(0.9, "fail", at=2)
+    assert (sched.scale, sched.cap, sched.allowed()) == (1.0, 1, 1)
+    sched.load = 0.1                          # lighter runs since: 10 would fit
+    sched.finished(0.1, "pass")
+    assert sched.cap == 2                     # 1 faithful run at 1
+    sched.finished(0.1, "pass")
+    assert sched.cap == 2
+    sched.finished(0.1, "pass")
+    assert (sched.cap, sched.allowed()) == (3, 3)   # 2 in a row at 2
+    sched.finished(0.9, "fail", at=3)         # a heavy one: no room to double; halves
+    assert (sched.scale, sched.cap) == (1.0, 2)
+    for _ in range(2):
+        sched.finished(0.1, "pass")
+    assert sched.cap == 3

@@ -58,8 +58,10 @@ needs half the CPU per real second and has twice the timing margin, so
 the runs finish sooner together than one at a time (at 2 runs crowded, 3
 at twice the dilation do 1.5 runs' work per unit of time); the last runs
 of the sweep, once no more are left than went at once at their own
-dilation, go at it again. Otherwise the concurrency halves, and the sweep
-never again runs as many at once as when it failed. A run that failed
+dilation, go at it again. Otherwise the concurrency halves. Either way
+the sweep runs no more at once than when it failed until as many faithful
+runs in a row have ended at that level as it allows; then one more may
+go (additive increase, multiplicative decrease). A run that failed
 alone asks its
 point for more dilation. A dilation changes how long a run takes, not
 what it computes: a faithful run's emulated-time results are the same at

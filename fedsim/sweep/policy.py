@@ -37,7 +37,10 @@ class _Scheduler:
         # one beside others: the mean load says how many could fit, not
         # whether their bursts collide, so the sweep finds out step by step.
         self.ceiling = 1
-        self.cap = self.max_jobs          # below the least concurrency that broke a verdict
+        #: below the concurrency that last broke a verdict; it climbs back by one
+        #: once as many faithful runs as it allows have ended there in a row
+        self.cap = self.max_jobs
+        self._at_cap = 0                  # faithful runs in a row at the cap
         #: every run's own dilation is multiplied by this (1, 2, 4, ...)
         self.scale = 1.0
         #: how many runs at their own dilation went at once without trouble
@@ -87,10 +90,14 @@ class _Scheduler:
         doubling the dilation of 7 runs to run 8 is half the work of 6
         (2026-11-29: a pool of every claim's sweep went to 4x its dilation
         with 8 runs at once, 0.06 cores each, on an idle machine). Otherwise it halves the
-        concurrency, and never again goes as high as where it failed; once
-        the runs allowed at once are no more than the multiple of their
-        dilation, one run at a time at its own dilation does as much, and the
-        sweep goes back to that.
+        concurrency, and goes no higher than where it failed until as many
+        faithful runs in a row as the cap allows have ended at it: then one
+        more (additive increase, multiplicative decrease, as TCP's congestion
+        window: a verdict that broke early in a sweep, or at a sensitive
+        point, no longer holds a pool of 300 runs of other sweeps at 1 or 3
+        at once for hours, as on 2026-11-29). Once the runs allowed at once
+        are no more than the multiple of their dilation, one run at a time at
+        its own dilation does as much, and the sweep goes back to that.
         """
         if cores is not None:
             at_one = cores * scale
@@ -98,6 +105,7 @@ class _Scheduler:
         if verdict == "fail" and shared:
             if scale < self.scale:         # it ran before the last doubling: already answered
                 return
+            self._at_cap = 0
             level = at if at is not None else self.allowed()
             doubled = min(self.max_jobs, 2 * level - 1)
             if (self.scale * 2 <= self.max_scale and self.load is not None
@@ -123,6 +131,11 @@ class _Scheduler:
                 self.cap = self.ceiling = self.cap_at_one = 1
         elif verdict == "pass":
             self.ceiling = min(self.max_jobs, self.ceiling + 1)
+            if self.cap < self.max_jobs and self.ceiling >= self.cap and scale >= self.scale:
+                self._at_cap += 1
+                if self._at_cap >= self.cap:
+                    self.cap += 1
+                    self._at_cap = 0
 
 
 def _done(res: PointResult, max_attempts: int) -> bool:
