@@ -31,7 +31,14 @@ here, in turn for ``--reps`` repetitions so machine noise hits all alike:
   plain-lean's update (fedsim's own SGD's), so the app and fedsim's
   ``fedavg`` train alike;
 * ``fedsim-flower``: the same app under fedsim (``[algorithm] name =
-  "flower"``), on the overhead scenario's network and clients.
+  "flower"``), on the overhead scenario's network and clients;
+* ``flower-serial``: the same app in one process with no transport at all:
+  a minimal ``Grid`` that calls each node's ``ClientApp`` in turn, its
+  message's records crossing Flower's protobuf serialization there and
+  back (what both Flower's transports and fedsim's bridge do to them). It
+  is what Flower's own code costs a round, on any backend, beside the
+  plain-lean loop, which trains alike without it: the floor under the
+  Flower rows.
 
 Figures per contestant (median over repetitions):
 
@@ -275,6 +282,75 @@ run_simulation(server_app=app.server_app, client_app=app.client_app, num_superno
 print(json.dumps({"ends": app.ends, "samples": app.samples}))
 '''
 
+# The same app with no transport: every message's records serialized and parsed with
+# Flower's own protobuf serde (as Flower's transports and fedsim's bridge do), each
+# node's ClientApp called in turn in this process: Flower's own code per round.
+FLOWER_SERIAL = r'''
+import json, os, sys, uuid
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ["BENCH_DATA"] = os.path.abspath(sys.argv[1])
+os.environ["BENCH_ROUNDS"] = sys.argv[2]
+os.environ["BENCH_LEAN"] = "1"
+import bench_flower_app as app
+from flwr.app import Context, Message, Metadata, RecordDict
+from flwr.app.message import make_message
+from flwr.app.user_config import UserConfig
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+
+def to_bytes(records):
+    return recorddict_to_proto(records).SerializeToString()
+
+def of_bytes(data):
+    return recorddict_from_proto(ProtoRecordDict.FromString(data))
+
+class SerialGrid(Grid):
+    def __init__(self):
+        self._run = Run.create_empty(1)
+        self.states = {}
+    def set_run(self, run):
+        self._run = run
+    @property
+    def run(self):
+        return self._run
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+    def get_node_ids(self):
+        return list(range(1000, 1000 + app.NC))
+    def push_messages(self, messages):
+        raise NotImplementedError("FedAvg calls send_and_receive")
+    def pull_messages(self, message_ids):
+        raise NotImplementedError("FedAvg calls send_and_receive")
+    def send_and_receive(self, messages, *, timeout=None):
+        replies, serialized = [], {}
+        for m in messages:
+            md = m.metadata
+            md.__dict__["_message_id"] = str(uuid.uuid4())
+            data = serialized.get(id(m.content))
+            if data is None:
+                data = serialized[id(m.content)] = to_bytes(m.content)
+            node = md.dst_node_id
+            there = make_message(metadata=Metadata(
+                run_id=1, message_id=md.message_id, src_node_id=1, dst_node_id=node,
+                reply_to_message_id="", group_id=md.group_id, created_at=md.created_at,
+                ttl=md.ttl, message_type=md.message_type), content=of_bytes(data))
+            cid = node - 1000
+            ctx = Context(run_id=1, node_id=node,
+                          node_config=UserConfig({"partition-id": cid, "num-partitions": app.NC}),
+                          state=self.states.get(cid) or RecordDict(), run_config=UserConfig())
+            reply = app.client_app(there, ctx)
+            self.states[cid] = ctx.state
+            back = Message(of_bytes(to_bytes(reply.content)), reply_to=m)
+            replies.append(back)
+        return replies
+
+app.server_app(grid=SerialGrid(), context=Context(run_id=1, node_id=1, node_config=UserConfig(),
+                                                  state=RecordDict(), run_config=UserConfig()))
+print(json.dumps({"ends": app.ends, "samples": app.samples}))
+'''
+
 #: the same Flower app under fedsim: the overhead scenario with ``[algorithm]`` swapped;
 #: its devices are instant (``step_time = 0``), so a reply is charged no compute, as
 #: fedsim's fedavg's updates are (``"steps"`` with no step metric in the replies: 0 s;
@@ -461,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         per_round = 10 * statistics.mean(sizes)   # examples in an average round
         (work / "plain.py").write_text(PLAIN)
         (work / "flower.py").write_text(FLOWER)
+        (work / "flower_serial.py").write_text(FLOWER_SERIAL)
         (work / "bench_flower_app.py").write_text(FLOWER_APP)
         base = SCENARIO.format(rounds=args.rounds)
         head, _, rest = base.partition("[algorithm]")
@@ -473,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
         # 12 % of a core every 50 ms, and it holds each process's mmap lock.
         for rep in range(args.reps + 1):
             order = ["plain", "plain-lean", "fedsim-1host", "fedsim-1host-pin", "fedsim",
-                     "fedsim-spawn", *(["flower", "fedsim-flower"] if flower else [])]
+                     "fedsim-spawn",
+                     *(["flower", "fedsim-flower", "flower-serial"] if flower else [])]
             if args.only:
                 order = [n for n in order if n in args.only.split(",")]
             for name in order if rep % 2 == 0 else order[::-1]:
@@ -485,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
                 elif name == "flower":
                     assert flower is not None
                     fig = run_script(flower, work / "flower.py", work / "data.npz",
+                                     args.rounds, per_round, sample=sample)
+                elif name == "flower-serial":
+                    assert flower is not None
+                    fig = run_script(flower, work / "flower_serial.py", work / "data.npz",
                                      args.rounds, per_round, sample=sample)
                 elif name == "fedsim-flower":
                     fig = run_fedsim(work, 0, sizes, per_round, sample=sample,
@@ -520,6 +602,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "memory": memory, "median": med},
                                               indent=1))
+    if {"plain-lean", "fedsim", "fedsim-flower", "flower-serial"} <= med.keys():
+        # the floor under the Flower rows: what Flower's own code costs a round
+        pl, f = med["plain-lean"], med["fedsim"]
+        fs, ff = med["flower-serial"], med["fedsim-flower"]
+        own = fs["cpu_per_round"] - pl["cpu_per_round"]
+        extra = ff["cpu_per_round"] - f["cpu_per_round"]
+        print(f"\nFlower's own code a round (flower-serial less plain-lean, CPU): "
+              f"{own * 1e3:.1f} ms, {own / f['cpu_per_round']:.2f} of fedsim's fedavg round "
+              f"({f['cpu_per_round'] * 1e3:.1f} ms of CPU); the Flower app under fedsim adds "
+              f"{extra * 1e3:.1f} ms of CPU a round to fedavg's, {(extra - own) * 1e3:+.1f} ms"
+              f"\n  beyond Flower's own (s/round: flower-serial {fs['s_per_round']:.4f}, "
+              f"plain-lean {pl['s_per_round']:.4f}, fedsim {f['s_per_round']:.4f}, "
+              f"fedsim-flower {ff['s_per_round']:.4f})")
     if not {"plain", "plain-lean", "fedsim", "fedsim-1host", "fedsim-1host-pin",
             "fedsim-spawn"} <= med.keys():
         return 0                  # --only: the ratios need every native contestant
