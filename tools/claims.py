@@ -214,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--together", action="store_true", help=argparse.SUPPRESS)  # the default
     ap.add_argument("--hints", type=Path, default=None, metavar="DIR",
                     help="an earlier regeneration's --out: its runs' real times order "
-                         "the pool of runs, longest first")
+                         "the pool of runs, longest first (default: those the last "
+                         "regeneration kept in docs/claims/times.json)")
     ap.add_argument("--pending-only", action="store_true",
                     help="run nothing: rewrite the docs from what is recorded")
     args = ap.parse_args(argv)

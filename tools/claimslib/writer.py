@@ -26,6 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 REPRO = ROOT / "scenarios" / "repro"
 DOCS = ROOT / "docs"
 STATE = DOCS / "claims" / "claims.json"
+#: Each run's real seconds in the last regeneration, by sweep and point: they order
+#: the next one's pool, longest first (a point's budget times its dilation only
+#: bounds a run that ends by its rounds).
+TIMES = DOCS / "claims" / "times.json"
 BEGIN, END = "<!-- claims-table:begin -->", "<!-- claims-table:end -->"
 #: The file an evaluator's own chart is drawn to, in the claim's sweep directory
 #: (``claim-<id>.png``: claims that share a sweep draw their own).
@@ -131,9 +135,10 @@ def run_together(claims: Sequence[Claim], out: Path, jobs: str,
     in one pool (:func:`fedsim.sweep.run_sweeps`): the real seconds it took, and
     whether any of them was resumed. Evaluate the claims afterwards from disk.
 
-    ``hints``: an earlier regeneration's directory, whose runs' real times
-    order the pool, longest first (a point's emulated budget times its
-    dilation overstates the runs that end by their rounds)."""
+    The pool goes longest first by the real times of an earlier regeneration:
+    ``hints``, its directory, or else those :data:`TIMES` keeps (written here
+    after every pool), where a point has one; the others by their budget
+    (:meth:`fedsim.sweep.Sweep.expected_real`)."""
     pairs: dict[str, tuple[sw.Sweep, Path]] = {}
     for c in claims:
         for name in (c.sweep, *c.also):
@@ -142,16 +147,38 @@ def run_together(claims: Sequence[Claim], out: Path, jobs: str,
                                out / Path(name).name.removesuffix(".sweep.toml"))
     resumed = any((sdir / "runs" / pt.key / "summary.json").exists()
                   for spec, sdir in pairs.values() for pt in spec.points())
+    known = read_times()
     expected: dict[tuple[int, str], float] = {}
     for i, (spec, sdir) in enumerate(pairs.values()):
         for pt in spec.points():
-            seconds = _measured(hints / sdir.name / "runs" / pt.key) if hints else None
+            seconds = (_measured(hints / sdir.name / "runs" / pt.key) if hints
+                       else known.get(sdir.name, {}).get(pt.key))
             if seconds is not None:
                 expected[(i, pt.key)] = seconds
     t0 = time.monotonic()
     sw.run_sweeps(list(pairs.values()), jobs=jobs if jobs == "auto" else int(jobs),
                   report=lambda line: print(f"  {line}", flush=True), expected=expected)
-    return time.monotonic() - t0, resumed
+    took = time.monotonic() - t0
+    for spec, sdir in pairs.values():
+        for pt in spec.points():
+            seconds = _measured(sdir / "runs" / pt.key)
+            if seconds is not None:
+                known.setdefault(sdir.name, {})[pt.key] = round(seconds, 1)
+    TIMES.parent.mkdir(parents=True, exist_ok=True)
+    TIMES.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+    return took, resumed
+
+
+def read_times() -> dict[str, dict[str, float]]:
+    """:data:`TIMES`: {sweep: {point key: real seconds}} ({} when absent or unreadable)."""
+    try:
+        data = json.loads(TIMES.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): {str(p): float(t) for p, t in v.items() if isinstance(t, int | float)}
+            for k, v in data.items() if isinstance(v, dict)}
 
 
 def _measured(run: Path) -> float | None:
