@@ -967,3 +967,34 @@ def test_the_table_goes_between_the_readme_markers(tmp_path: Path,
     assert text.endswith("after\n")
     # claim, verdict and when: the numbers and the reason are in docs/claims.md
     assert "| [DG-1](docs/claims.md#dg-1) c | **reproduced** | 2026-11-24 at abc123 |" in text
+
+
+def test_a_pool_goes_by_the_last_regenerations_times_and_keeps_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool is ordered by the real seconds docs/claims/times.json kept from the
+    last regeneration (a point's budget only bounds a run that ends by its rounds),
+    and each pool writes its own runs' seconds there for the next."""
+    times = tmp_path / "times.json"
+    monkeypatch.setattr(writer, "TIMES", times)
+    keys = [p.key for p in sw.load_sweep(REPRO / "dg1.sweep.toml").points()]
+    times.write_text(json.dumps({"dg1": {keys[0]: 12.5}, "gone": {"x": 1.0}}))
+    seen: dict[tuple[int, str], float] = {}
+
+    def pool(pairs: Any, *, jobs: Any, report: Any, expected: Any) -> list[Any]:
+        seen.update(expected)
+        for spec, sdir in pairs:
+            for pt in spec.points():
+                run = Path(sdir) / "runs" / pt.key
+                run.mkdir(parents=True)
+                (run / "summary.json").write_text(json.dumps({"real_seconds": 7.0}))
+        return []
+
+    monkeypatch.setattr(writer.sw, "run_sweeps", pool)
+    dg1 = next(c for c in claims.CLAIMS if c.id == "DG-1")
+    writer.run_together([dg1], tmp_path / "out", "auto")
+    assert seen == {(0, keys[0]): 12.5}
+    kept = json.loads(times.read_text())
+    assert kept["dg1"] == dict.fromkeys(keys, 7.0)
+    assert kept["gone"] == {"x": 1.0}         # other sweeps' times are kept
+    times.write_text("not json")
+    assert writer.read_times() == {}
