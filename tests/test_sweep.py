@@ -860,3 +860,33 @@ def test_the_cap_climbs_back_after_as_many_faithful_runs_as_it_allows() -> None:
     for _ in range(2):
         sched.finished(0.1, "pass")
     assert sched.cap == 3
+
+
+def test_the_live_ramp_lets_one_more_go_while_the_machine_has_room() -> None:
+    """Before any run has finished (a pool's first, longest, runs take 455 real s),
+    the machine's busy cores measured while the runs went say whether one more
+    fits: each takes its share, and the sum stays within half the cores."""
+    from fedsim.sweep.policy import _MachineLoad
+
+    sched = _Scheduler("auto", max_jobs=8)
+    sched.cores = 2
+    assert sched.allowed() == 1
+    assert sched.room_for_one_more(1, 0.3)       # 0.3 + 0.3 <= 1
+    sched.grow()
+    assert sched.allowed() == 2
+    assert sched.room_for_one_more(2, 0.6)       # 0.6 + 0.3 <= 1
+    assert not sched.room_for_one_more(2, 0.8)   # 0.8 + 0.4 > 1
+    sched.finished(0.45, "pass")                 # a finished run's load counts if larger
+    assert not sched.room_for_one_more(2, 0.6)   # its 0.45, not the share 0.3: > 1
+    assert sched.room_for_one_more(1, 0.3)       # 0.3 + 0.45 <= 1
+    assert not _Scheduler(3, max_jobs=8).room_for_one_more(1, 0.0)   # a fixed count
+
+    load = _MachineLoad()
+    assert load.busy_cores(0.0) is None
+    load.samples.extend([(0.0, 100, 1000), (10.0, 400, 2000), (20.0, 500, 3000)])
+    cores = os.cpu_count() or 1
+    assert load.busy_cores(0.0) == pytest.approx(0.2 * cores)    # 400 of 2000
+    assert load.busy_cores(5.0) == pytest.approx(0.1 * cores)    # from the sample at 10
+    assert load.busy_cores(15.0) is None                          # one sample since
+    load.sample(30.0)                                             # /proc/stat here
+    assert load.samples[-1][0] == 30.0

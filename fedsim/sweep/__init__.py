@@ -44,7 +44,12 @@ from ``wait4``), and admits as many concurrent runs as fit in 50 % of the
 cores by that measure (a run that mostly waits on emulated latency uses a
 fraction of a core; the other half is room for bursts, which coincide),
 never more than ``max_jobs`` nor more than memory allows, and climbs
-there one run at a time: each faithful run lets one more go at once. A
+there one run at a time: each faithful run lets one more go at once, and
+so does the machine itself before any has finished (the live ramp: when the
+runs at once have gone unchanged for 20 s, the machine's busy cores over
+that stretch, from ``/proc/stat``, leave room in that 50 % for one more
+of their share), so a pool whose first runs take minutes does not wait
+that long for its second. A
 failed verdict of a run that shared the machine with another says the runs
 at once crowded each other (their event loops waited for a core, their
 trainers overran), not that its point needs more dilation: it goes again

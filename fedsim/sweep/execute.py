@@ -25,6 +25,7 @@ from fedsim.sweep.policy import (
     _dilation_for,
     _done,
     _History,
+    _MachineLoad,
     _next_dilation,
     _Scheduler,
 )
@@ -60,6 +61,11 @@ def _mem_available_gb() -> float:
 #: Real seconds after which a run that has not reached t = 0 no longer holds
 #: back the next one (see :func:`_starting`).
 START_GRACE = 120.0
+#: Real seconds the runs at once must have run unchanged (none started or
+#: ended; the last started one past its start-up) before the machine's busy
+#: cores over that stretch may let one more go (the live ramp,
+#: :meth:`fedsim.sweep.policy._Scheduler.room_for_one_more`).
+SETTLE = 20.0
 
 
 def _starting(run_dir: Path, started: float) -> bool:
@@ -166,10 +172,24 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     t0 = time.monotonic()
     finished = 0
     shared: set[int] = set()       # runs that had company at some moment
+    live = _MachineLoad() if sched.fixed is None else None
+    changed = t0                   # when the runs at once last changed (the live ramp)
+    was_starting = False
     try:
         while todo or running:
+            now = time.monotonic()
             starting = any(_starting(r.item.runs / r.item.point.key, r.started)
                            for r in running.values())
+            if was_starting and not starting:
+                changed = now      # the last one started is past its start-up
+            was_starting = starting
+            if live is not None:
+                live.sample(now)
+                if (todo and running and not starting and len(running) >= sched.allowed()
+                        and now - changed >= SETTLE):
+                    busy = live.busy_cores(changed)
+                    if busy is not None and sched.room_for_one_more(len(running), busy):
+                        sched.grow()
             while (todo and len(running) < sched.allowed() and not starting
                    and (not running or _mem_available_gb() > 3.0)):
                 it = todo.pop(0)
@@ -186,13 +206,16 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                 running[proc.pid] = _RunningItem(it, proc, time.monotonic(),
                                                  sched.allowed(), scale)
                 starting = True
-            # while one is starting and more wait, look again soon; else sleep until one ends
-            pid, status, usage = os.wait4(-1, os.WNOHANG if starting and todo else 0)
+            # while more wait, look again soon (one is starting, or the live ramp may let
+            # one more go); else sleep until one ends
+            pid, status, usage = os.wait4(
+                -1, os.WNOHANG if todo and (starting or live is not None) else 0)
             if pid == 0:
-                time.sleep(0.2)
+                time.sleep(0.2 if starting else 1.0)
                 continue
             if pid not in running:
                 continue
+            changed = time.monotonic()
             it, proc, started, level, scale = running.pop(pid)
             proc.returncode = os.waitstatus_to_exitcode(status)
             real = time.monotonic() - started

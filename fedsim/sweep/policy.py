@@ -6,6 +6,7 @@ is done, and what a point's attempts taught (:mod:`fedsim.sweep` gives the rules
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,9 +67,28 @@ class _Scheduler:
     def allowed(self) -> int:
         if self.fixed is not None:
             return self.fixed
-        if self.load is None:
-            return 1
+        if self.load is None:           # none has finished: as far as the live ramp went
+            return max(1, min(self.ceiling, self.cap, self.max_jobs))
         return max(1, min(self._fit(self.scale), self.ceiling, self.cap, self.max_jobs))
+
+    def room_for_one_more(self, running: int, busy: float) -> bool:
+        """Whether one more run fits beside ``running`` runs under way, by the
+        machine's busy cores measured while they ran (``busy``): each takes
+        its share of that (or, if more, the load measured of finished runs,
+        at today's multiple of their dilation), and the sum stays within the
+        HEADROOM share of the cores. The live ramp: a pool whose first runs
+        are its longest (455 real s) would otherwise wait that long for its
+        second run, as a first measured run does."""
+        if self.fixed is not None or running < 1:
+            return False
+        per_run = busy / running
+        if self.load is not None:
+            per_run = max(per_run, self.load / self.scale)
+        return busy + per_run <= self.HEADROOM * self.cores
+
+    def grow(self) -> None:
+        """One run more at once (:meth:`room_for_one_more` said it fits)."""
+        self.ceiling = min(self.max_jobs, self.ceiling + 1)
 
     def finished(self, cores: float | None, verdict: str | None, shared: bool = True,
                  at: int | None = None, scale: float = 1.0) -> None:
@@ -191,6 +211,45 @@ def _dilation_for(prev: PointResult, base: float | None, scale: float, shared: b
         need = max(need or 0.0, _next_dilation(prev))
     want = max(base * scale, need or 0.0)
     return None if want == base and need is None else round(want, 3)
+
+
+class _MachineLoad:
+    """The machine's busy cores, averaged between two moments, from ``/proc/stat``
+    (every CPU's time outside idle and I/O wait; a run's trainers, in the idle
+    class, count as busy). Sampled each time the sweep's loop looks (about once
+    a second); None where ``/proc/stat`` cannot be read."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int, int]] = deque(maxlen=600)
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        if len(fields) < 5:
+            return None
+        total = sum(fields[:8])
+        return total - fields[3] - fields[4], total
+
+    def sample(self, now: float) -> None:
+        got = self._read()
+        if got is not None:
+            self.samples.append((now, *got))
+
+    def busy_cores(self, since: float) -> float | None:
+        """Mean busy cores from the first sample at or after ``since`` to the last
+        (None: fewer than two such samples)."""
+        first = next((s for s in self.samples if s[0] >= since), None)
+        if first is None or first is self.samples[-1]:
+            return None
+        last = self.samples[-1]
+        total = last[2] - first[2]
+        if total <= 0:
+            return None
+        return (last[1] - first[1]) / total * (os.cpu_count() or 1)
 
 
 #: Attempts a point may lose to a crowded machine before they count against it
