@@ -980,7 +980,7 @@ def test_a_pool_goes_by_the_last_regenerations_times_and_keeps_its_own(
     times.write_text(json.dumps({"dg1": {keys[0]: 12.5}, "gone": {"x": 1.0}}))
     seen: dict[tuple[int, str], float] = {}
 
-    def pool(pairs: Any, *, jobs: Any, report: Any, expected: Any) -> list[Any]:
+    def pool(pairs: Any, *, jobs: Any, report: Any, expected: Any, headroom: Any) -> list[Any]:
         seen.update(expected)
         for spec, sdir in pairs:
             for pt in spec.points():

@@ -59,6 +59,14 @@ from claimslib.writer import (  # noqa: E402
     write_readme,
 )
 
+#: The share of the cores the pool's runs may keep busy on average. The runs' CPU
+#: work is fixed (about 134 core-minutes at this commit's settings; the dilation
+#: spreads it, never shrinks it), so a half of 2 cores (a sweep's default) cannot
+#: fit 150 minutes: on 2026-11-29 two AsyncFedED runs of 0.48 cores each filled it
+#: and held the pool at 2 at once. Runs that crowd each other fail their verdicts,
+#: go again and halve the concurrency (fedsim.sweep's rules).
+POOL_HEADROOM = 0.75
+
 CLAIMS: list[Claim] = [
     Claim("FA-1", "FedAsync (Xie, Koyejo and Gupta, arXiv:1903.03934)",
           "An adaptive mixing weight (Poly, Hinge) is more stable than a constant one at high "
@@ -216,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="an earlier regeneration's --out: its runs' real times order "
                          "the pool of runs, longest first (default: those the last "
                          "regeneration kept in docs/claims/times.json)")
+    ap.add_argument("--headroom", type=float, default=POOL_HEADROOM,
+                    help="the share of the cores the pool's runs may keep busy on average "
+                         f"(default {POOL_HEADROOM}; a sweep's own default is 0.5)")
     ap.add_argument("--pending-only", action="store_true",
                     help="run nothing: rewrite the docs from what is recorded")
     args = ap.parse_args(argv)
@@ -241,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.together and not args.no_run and wanted:
         print(f"{', '.join(wanted)}: every sweep in one pool", flush=True)
         table_seconds, resumed = run_together([known[c] for c in wanted], args.out, args.jobs,
-                                              args.hints)
+                                              args.hints, args.headroom)
         print(f"all sweeps ran in {table_seconds / 60:.1f} min", flush=True)
     for cid in wanted:
         print(f"{cid}: {known[cid].claim}", flush=True)

@@ -120,7 +120,8 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                max_jobs: int = 8, max_attempts: int = 3, python: str | None = None,
                report: Callable[[str], None] | None = None, run_plots: bool = False,
                max_scale: float = 4.0,
-               expected: Mapping[tuple[int, str], float] | None = None) -> list[SweepResult]:
+               expected: Mapping[tuple[int, str], float] | None = None,
+               headroom: float | None = None) -> list[SweepResult]:
     """:func:`run_sweep` of several sweeps at once: their points in one queue, run by
     one scheduler, so that the machine fills with the runs of all of them (no
     sweep's first run alone, nor its last ones, leaves it idle); each sweep's
@@ -129,7 +130,9 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     ``expected`` (real seconds per (sweep index, point key), e.g. measured by
     an earlier run of the same sweeps) where it has the point, else by their
     emulated budget times their dilation (an upper bound: a run that ends by
-    its rounds ends sooner)."""
+    its rounds ends sooner). ``headroom``: the share of the cores the runs
+    at once may keep busy on average (default
+    :attr:`~fedsim.sweep.policy._Scheduler.HEADROOM`, a half)."""
     say = report or (lambda _: None)
     many = len(sweeps) > 1
     items: list[_Item] = []
@@ -166,7 +169,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     say(f"sweep{'s' if many else ''} {names}: {len(items)} points"
         + (f", {kept} already finished" if kept else "")
         + ("" if many else f"; results in {Path(sweeps[0][1])}"))
-    sched = _Scheduler(jobs, max_jobs, max_scale)
+    sched = _Scheduler(jobs, max_jobs, max_scale, headroom)
     running: dict[int, _RunningItem] = {}
     python = python or sys.executable
     t0 = time.monotonic()

@@ -24,7 +24,12 @@ class _Scheduler:
     #: has), and bursts of runs side by side coincide; the mean leaves room.
     HEADROOM = 0.5
 
-    def __init__(self, jobs: int | str, max_jobs: int, max_scale: float = 4.0) -> None:
+    def __init__(self, jobs: int | str, max_jobs: int, max_scale: float = 4.0,
+                 headroom: float | None = None) -> None:
+        if headroom is not None:
+            if not 0.0 < headroom <= 1.0:
+                raise ValueError(f"headroom must be in (0, 1], got {headroom}")
+            self.HEADROOM = headroom
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
         self.fixed = None if jobs == "auto" else int(jobs)

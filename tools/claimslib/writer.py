@@ -130,7 +130,8 @@ def run_claim(c: Claim, out: Path, jobs: str, execute: bool) -> dict[str, Any]:
 
 
 def run_together(claims: Sequence[Claim], out: Path, jobs: str,
-                 hints: Path | None = None) -> tuple[float, bool]:
+                 hints: Path | None = None, headroom: float | None = None
+                 ) -> tuple[float, bool]:
     """Run every sweep of ``claims`` (their own and those they also read, each once)
     in one pool (:func:`fedsim.sweep.run_sweeps`): the real seconds it took, and
     whether any of them was resumed. Evaluate the claims afterwards from disk.
@@ -157,7 +158,8 @@ def run_together(claims: Sequence[Claim], out: Path, jobs: str,
                 expected[(i, pt.key)] = seconds
     t0 = time.monotonic()
     sw.run_sweeps(list(pairs.values()), jobs=jobs if jobs == "auto" else int(jobs),
-                  report=lambda line: print(f"  {line}", flush=True), expected=expected)
+                  report=lambda line: print(f"  {line}", flush=True), expected=expected,
+                  headroom=headroom)
     took = time.monotonic() - t0
     for spec, sdir in pairs.values():
         for pt in spec.points():
