@@ -10,7 +10,8 @@ import time
 import pytest
 import zmq
 
-from fedsim.wire.transport import ClientKeys, ServerKeys, ZmqContext, assigned
+from fedsim.wire.curve import ClientKeys, ServerKeys
+from fedsim.wire.transport import ZmqContext, assigned
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -73,6 +73,7 @@ from fedsim.wire.codec import (
     restamp,
     stamp,
 )
+from fedsim.wire.curve import ClientKeys
 from fedsim.wire.errors import WireError
 from fedsim.wire.messages import (
     Advance,
@@ -90,7 +91,7 @@ from fedsim.wire.messages import (
 )
 from fedsim.wire.payloads import WINDOW, HeldVersions, SentVersions
 from fedsim.wire.tensors import BytesUpTo, Model, TensorSpec
-from fedsim.wire.transport import ClientKeys, Connection, ZmqContext, ipc_address
+from fedsim.wire.transport import Connection, ZmqContext, ipc_address
 from netem.clock import Clock, monotonic
 from netem.fidelity import FidelityMonitor
 from netem.lossprocess import LossStats

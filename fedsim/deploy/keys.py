@@ -27,7 +27,7 @@ import zmq.auth
 
 from fedsim.errors import DeployError
 from fedsim.scenario.ids import format_ids, parse_ids, split_ids
-from fedsim.wire.transport import ClientKeys, ServerKeys
+from fedsim.wire.curve import ClientKeys, ServerKeys
 
 __all__ = ["AllowedHost", "KeysError", "load_allowed", "load_client_keys", "load_server_keys",
            "make_keys"]

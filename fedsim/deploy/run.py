@@ -28,7 +28,8 @@ from fedsim.launch.prep import finish, prepare, prepare_resume
 from fedsim.launch.runner import serve
 from fedsim.results.values import RunResult
 from fedsim.scenario import Scenario, resolved
-from fedsim.wire.transport import ClientKeys, ServerKeys, is_loopback
+from fedsim.wire.curve import ClientKeys, ServerKeys
+from fedsim.wire.transport import is_loopback
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -47,7 +47,7 @@ from fedsim.wire.transport import ZmqContext, ipc_address
 
 if TYPE_CHECKING:
     from fedsim.actors.runstate import Progress
-    from fedsim.wire.transport import ServerKeys
+    from fedsim.wire.curve import ServerKeys
 
 __all__ = ["RunControl", "plan_hosts", "run_scenario", "serve"]
 
