@@ -299,6 +299,7 @@ from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
 
 def to_bytes(records):
     return recorddict_to_proto(records).SerializeToString()
@@ -340,12 +341,15 @@ class SerialGrid(Grid):
             ctx = Context(run_id=1, node_id=node,
                           node_config=UserConfig({"partition-id": cid, "num-partitions": app.NC}),
                           state=self.states.get(cid) or RecordDict(), run_config=UserConfig())
+            TaskIdentity.node_id = node          # as a node's own process has it
             reply = app.client_app(there, ctx)
+            TaskIdentity.node_id = 1
             self.states[cid] = ctx.state
             back = Message(of_bytes(to_bytes(reply.content)), reply_to=m)
             replies.append(back)
         return replies
 
+TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
 app.server_app(grid=SerialGrid(), context=Context(run_id=1, node_id=1, node_config=UserConfig(),
                                                   state=RecordDict(), run_config=UserConfig()))
 print(json.dumps({"ends": app.ends, "samples": app.samples}))
