@@ -977,24 +977,35 @@ def test_a_pool_goes_by_the_last_regenerations_times_and_keeps_its_own(
     times = tmp_path / "times.json"
     monkeypatch.setattr(writer, "TIMES", times)
     keys = [p.key for p in sw.load_sweep(REPRO / "dg1.sweep.toml").points()]
-    times.write_text(json.dumps({"dg1": {keys[0]: 12.5}, "gone": {"x": 1.0}}))
+    times.write_text(json.dumps({"dg1": {keys[0]: 12.5,
+                                         keys[1]: {"seconds": 30.0, "cores": 0.2}},
+                                 "gone": {"x": 1.0}}))
     seen: dict[tuple[int, str], float] = {}
+    packed: dict[tuple[int, str], float] = {}
 
-    def pool(pairs: Any, *, jobs: Any, report: Any, expected: Any, headroom: Any) -> list[Any]:
+    def pool(pairs: Any, *, jobs: Any, report: Any, expected: Any, headroom: Any,
+             loads: Any) -> list[Any]:
         seen.update(expected)
+        packed.update(loads)
         for spec, sdir in pairs:
             for pt in spec.points():
                 run = Path(sdir) / "runs" / pt.key
                 run.mkdir(parents=True)
                 (run / "summary.json").write_text(json.dumps({"real_seconds": 7.0}))
+                # every point ran at twice its own dilation, at 0.1 cores
+                own = 10.0 if "delay=0.001" in pt.key else 1.0 if "delay=0.1" in pt.key else 0.5
+                (run / "point.json").write_text(json.dumps({"cores": 0.1,
+                                                            "dilation": 2 * own}))
         return []
 
     monkeypatch.setattr(writer.sw, "run_sweeps", pool)
     dg1 = next(c for c in claims.CLAIMS if c.id == "DG-1")
     writer.run_together([dg1], tmp_path / "out", "auto")
-    assert seen == {(0, keys[0]): 12.5}
+    assert seen == {(0, keys[0]): 12.5, (0, keys[1]): 30.0}
+    assert packed == {(0, keys[1]): 0.2}
     kept = json.loads(times.read_text())
-    assert kept["dg1"] == dict.fromkeys(keys, 7.0)
-    assert kept["gone"] == {"x": 1.0}         # other sweeps' times are kept
+    # the cores at each point's own dilation: twice those it used at twice it
+    assert kept["dg1"] == {k: {"seconds": 7.0, "cores": 0.2} for k in keys}
+    assert kept["gone"] == {"x": {"seconds": 1.0}}     # other sweeps' times are kept
     times.write_text("not json")
     assert writer.read_times() == {}

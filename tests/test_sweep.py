@@ -890,3 +890,39 @@ def test_the_live_ramp_lets_one_more_go_while_the_machine_has_room() -> None:
     assert load.busy_cores(15.0) is None                          # one sample since
     load.sample(30.0)                                             # /proc/stat here
     assert load.samples[-1][0] == 30.0
+
+
+def test_runs_of_known_loads_are_packed_first_fit() -> None:
+    """Where each run's load is known (an earlier regeneration's), the next run is the
+    first, longest first, whose load fits beside those under way within the
+    headroom: three AsyncFedED runs of 0.48 cores crowded each other at 1.44 of 2
+    cores (2026-11-29), so at 0.6 two go, and a light run fills beside them."""
+    from fedsim.sweep.execute import _Item, _next, _RunningItem
+
+    sched = _Scheduler("auto", max_jobs=8, headroom=0.6)
+    sched.cores = 2
+
+    def item(key: str) -> _Item:
+        p = sw.Point(variant=key, grid=(), seed=1, overrides=())
+        return _Item(0, "s", p, None, Path("."))  # type: ignore[arg-type]
+
+    heavy1, heavy2, heavy3, light = item("h1"), item("h2"), item("h3"), item("l")
+    loads = {heavy1.key: 0.48, heavy2.key: 0.48, heavy3.key: 0.48, light.key: 0.1}
+    todo = [heavy1, heavy2, heavy3, light]
+    assert _next(todo, {}, sched, loads) == 0                 # the first always goes
+    running = {1: _RunningItem(heavy1, None, 0.0, 1, 1.0, 0.48)}
+    assert _next(todo[1:], running, sched, loads) == 0        # 0.96 <= 1.2
+    running[2] = _RunningItem(heavy2, None, 0.0, 2, 1.0, 0.48)
+    assert _next(todo[2:], running, sched, loads) == 1        # not h3 (1.44): the light one
+    running[3] = _RunningItem(light, None, 0.0, 3, 1.0, 0.1)
+    assert _next([heavy3], running, sched, loads) is None
+    # a crowded failure shrinks the share packed: 0.8 x 0.6 of 2 cores = 0.96
+    sched.finished(0.5, "fail", shared=True, at=3)
+    assert sched.budget == pytest.approx(0.48)
+    assert not sched.fits(0.48, 0.48 + 0.01, 1)
+    sched.finished(0.5, "pass")
+    assert sched.budget == pytest.approx(0.50)                # back up by 0.02 a run
+    # a run of unknown load under way, or first in line: the count rule
+    running[4] = _RunningItem(item("u"), None, 0.0, 4, 1.0, None)
+    assert _next([heavy3], running, sched, loads) is None     # 4 under way, 1 allowed
+    assert _next([item("u2")], {}, sched, loads) == 0

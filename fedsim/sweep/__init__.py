@@ -49,7 +49,12 @@ so does the machine itself before any has finished (the live ramp: when the
 runs at once have gone unchanged for 20 s, the machine's busy cores over
 that stretch, from ``/proc/stat``, leave room in that 50 % for one more
 of their share), so a pool whose first runs take minutes does not wait
-that long for its second. A
+that long for its second. Where the load of every run is known in advance
+(``run_sweeps(loads=)``: the cores each point's run used before, as the
+claims tool keeps them), runs are packed by those loads instead, first fit
+in the queue's order (a light run goes while the heaviest waits for room),
+within a share of the cores that shrinks by a fifth at each crowded failure
+and grows back by 0.02 a faithful run. A
 failed verdict of a run that shared the machine with another says the runs
 at once crowded each other (their event loops waited for a core, their
 trainers overran), not that its point needs more dilation: it goes again

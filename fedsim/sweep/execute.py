@@ -121,7 +121,8 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                report: Callable[[str], None] | None = None, run_plots: bool = False,
                max_scale: float = 4.0,
                expected: Mapping[tuple[int, str], float] | None = None,
-               headroom: float | None = None) -> list[SweepResult]:
+               headroom: float | None = None,
+               loads: Mapping[tuple[int, str], float] | None = None) -> list[SweepResult]:
     """:func:`run_sweep` of several sweeps at once: their points in one queue, run by
     one scheduler, so that the machine fills with the runs of all of them (no
     sweep's first run alone, nor its last ones, leaves it idle); each sweep's
@@ -132,7 +133,12 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     emulated budget times their dilation (an upper bound: a run that ends by
     its rounds ends sooner). ``headroom``: the share of the cores the runs
     at once may keep busy on average (default
-    :attr:`~fedsim.sweep.policy._Scheduler.HEADROOM`, a half)."""
+    :attr:`~fedsim.sweep.policy._Scheduler.HEADROOM`, a half). ``loads``: the
+    cores a point's run used at its own dilation, measured before (e.g. by an
+    earlier run of the same sweeps): where every run under way and the next
+    have one, runs are packed by them, first fit in the order above (a light
+    run goes while the heaviest waits for room), instead of counted as runs
+    of one shared load."""
     say = report or (lambda _: None)
     many = len(sweeps) > 1
     items: list[_Item] = []
@@ -176,6 +182,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     finished = 0
     shared: set[int] = set()       # runs that had company at some moment
     live = _MachineLoad() if sched.fixed is None else None
+    known_loads = dict(loads or {}) if sched.fixed is None else {}
     changed = t0                   # when the runs at once last changed (the live ramp)
     was_starting = False
     try:
@@ -193,9 +200,11 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                     busy = live.busy_cores(changed)
                     if busy is not None and sched.room_for_one_more(len(running), busy):
                         sched.grow()
-            while (todo and len(running) < sched.allowed() and not starting
-                   and (not running or _mem_available_gb() > 3.0)):
-                it = todo.pop(0)
+            while todo and not starting and (not running or _mem_available_gb() > 3.0):
+                pick = _next(todo, running, sched, known_loads)
+                if pick is None:
+                    break
+                it = todo.pop(pick)
                 h = history[it.key]
                 scale = sched.scale_for(len(todo) + 1 + len(running),
                                         crowded=h.last_crowded, alone=not running)
@@ -206,8 +215,11 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                 if running:            # every run under way now shares the machine
                     shared.update(running)
                     shared.add(proc.pid)
-                running[proc.pid] = _RunningItem(it, proc, time.monotonic(),
-                                                 sched.allowed(), scale)
+                load = known_loads.get(it.key)
+                running[proc.pid] = _RunningItem(
+                    it, proc, time.monotonic(),
+                    sched.allowed() if load is None else len(running) + 1, scale,
+                    None if load is None else load / scale)
                 starting = True
             # while more wait, look again soon (one is starting, or the live ramp may let
             # one more go); else sleep until one ends
@@ -219,7 +231,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             if pid not in running:
                 continue
             changed = time.monotonic()
-            it, proc, started, level, scale = running.pop(pid)
+            it, proc, started, level, scale, _ = running.pop(pid)
             proc.returncode = os.waitstatus_to_exitcode(status)
             real = time.monotonic() - started
             cores = (usage.ru_utime + usage.ru_stime) / real if real > 0 else None
@@ -271,13 +283,31 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
 
 class _RunningItem(NamedTuple):
     """A point's run under way: what it is, its process, when it started, how many runs
-    were allowed at once then, and the multiple of its dilation it goes at."""
+    were allowed at once then, the multiple of its dilation it goes at, and the cores
+    it is expected to use (None: not known)."""
 
     item: _Item
     proc: Any
     started: float
     level: int
     scale: float
+    load: float | None = None
+
+
+def _next(todo: Sequence[_Item], running: Mapping[int, _RunningItem], sched: _Scheduler,
+          loads: Mapping[tuple[int, str], float]) -> int | None:
+    """Which of ``todo`` starts next, if one may: where the loads of the runs under
+    way and of the first waiting one are known, the first (longest) whose load fits
+    beside them (:meth:`~fedsim.sweep.policy._Scheduler.fits`); else the first, by
+    the count of runs allowed at once."""
+    if todo[0].key not in loads or any(r.load is None for r in running.values()):
+        return 0 if len(running) < sched.allowed() else None
+    busy = sum(r.load or 0.0 for r in running.values())
+    for i, it in enumerate(todo):
+        load = loads.get(it.key)
+        if load is not None and sched.fits(busy, load / sched.scale, len(running)):
+            return i
+    return None
 
 
 def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float | None,

@@ -52,6 +52,23 @@ class _Scheduler:
         #: how many runs at their own dilation went at once without trouble
         #: (known when the sweep first doubled the dilation)
         self.cap_at_one = self.max_jobs
+        #: the share of the cores that runs whose loads are known in advance
+        #: (:meth:`fits`) may fill: HEADROOM, times 0.8 at each crowded failure,
+        #: back up by 0.02 a faithful run
+        self.budget = self.HEADROOM
+
+    def fits(self, busy: float, load: float, running: int) -> bool:
+        """Whether a run of ``load`` cores (its measured load before, at the
+        multiple of its dilation it will go at) fits beside ``running`` runs
+        under way whose loads add up to ``busy``: packing by each run's own
+        load, where :meth:`allowed` counts runs of one shared load (a pool of
+        every claim's sweeps mixes runs of 0.05 to 0.5 cores). Always the
+        first run; never more than the cap or ``max_jobs``."""
+        if running == 0:
+            return True
+        if running >= min(self.cap, self.max_jobs):
+            return False
+        return busy + load <= self.budget * self.cores
 
     def scale_for(self, remaining: int, crowded: bool = False, alone: bool = True) -> float:
         """The multiple of its dilation the next run goes at, with ``remaining``
@@ -131,6 +148,7 @@ class _Scheduler:
             if scale < self.scale:         # it ran before the last doubling: already answered
                 return
             self._at_cap = 0
+            self.budget = max(0.25 * self.HEADROOM, 0.8 * self.budget)
             level = at if at is not None else self.allowed()
             doubled = min(self.max_jobs, 2 * level - 1)
             if (self.scale * 2 <= self.max_scale and self.load is not None
@@ -155,6 +173,7 @@ class _Scheduler:
                 self.scale = self.max_scale = 1.0
                 self.cap = self.ceiling = self.cap_at_one = 1
         elif verdict == "pass":
+            self.budget = min(self.HEADROOM, self.budget + 0.02)
             self.ceiling = min(self.max_jobs, self.ceiling + 1)
             if self.cap < self.max_jobs and self.ceiling >= self.cap and scale >= self.scale:
                 self._at_cap += 1

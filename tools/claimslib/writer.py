@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 REPRO = ROOT / "scenarios" / "repro"
 DOCS = ROOT / "docs"
 STATE = DOCS / "claims" / "claims.json"
-#: Each run's real seconds in the last regeneration, by sweep and point: they order
-#: the next one's pool, longest first (a point's budget times its dilation only
-#: bounds a run that ends by its rounds).
+#: Each run's real seconds and cores (at its point's own dilation) in the last
+#: regeneration, by sweep and point: they order the next one's pool, longest first
+#: (a point's budget times its dilation only bounds a run that ends by its rounds),
+#: and pack it by each run's load (runs of 0.05 to 0.5 cores).
 TIMES = DOCS / "claims" / "times.json"
 BEGIN, END = "<!-- claims-table:begin -->", "<!-- claims-table:end -->"
 #: The file an evaluator's own chart is drawn to, in the claim's sweep directory
@@ -139,7 +140,8 @@ def run_together(claims: Sequence[Claim], out: Path, jobs: str,
     The pool goes longest first by the real times of an earlier regeneration:
     ``hints``, its directory, or else those :data:`TIMES` keeps (written here
     after every pool), where a point has one; the others by their budget
-    (:meth:`fedsim.sweep.Sweep.expected_real`)."""
+    (:meth:`fedsim.sweep.Sweep.expected_real`). Its runs are packed by the
+    cores each used then (``run_sweeps(loads=)``)."""
     pairs: dict[str, tuple[sw.Sweep, Path]] = {}
     for c in claims:
         for name in (c.sweep, *c.also):
@@ -149,48 +151,77 @@ def run_together(claims: Sequence[Claim], out: Path, jobs: str,
     resumed = any((sdir / "runs" / pt.key / "summary.json").exists()
                   for spec, sdir in pairs.values() for pt in spec.points())
     known = read_times()
+    bases = [spec.check() for spec, _ in pairs.values()]
     expected: dict[tuple[int, str], float] = {}
+    loads: dict[tuple[int, str], float] = {}
     for i, (spec, sdir) in enumerate(pairs.values()):
         for pt in spec.points():
-            seconds = (_measured(hints / sdir.name / "runs" / pt.key) if hints
-                       else known.get(sdir.name, {}).get(pt.key))
-            if seconds is not None:
-                expected[(i, pt.key)] = seconds
+            entry = (_measured(hints / sdir.name / "runs" / pt.key, bases[i].get(pt.key))
+                     if hints else known.get(sdir.name, {}).get(pt.key, {}))
+            if "seconds" in entry:
+                expected[(i, pt.key)] = entry["seconds"]
+            if "cores" in entry:
+                loads[(i, pt.key)] = entry["cores"]
     t0 = time.monotonic()
     sw.run_sweeps(list(pairs.values()), jobs=jobs if jobs == "auto" else int(jobs),
                   report=lambda line: print(f"  {line}", flush=True), expected=expected,
-                  headroom=headroom)
+                  headroom=headroom, loads=loads)
     took = time.monotonic() - t0
-    for spec, sdir in pairs.values():
+    for i, (spec, sdir) in enumerate(pairs.values()):
         for pt in spec.points():
-            seconds = _measured(sdir / "runs" / pt.key)
-            if seconds is not None:
-                known.setdefault(sdir.name, {})[pt.key] = round(seconds, 1)
+            entry = _measured(sdir / "runs" / pt.key, bases[i].get(pt.key))
+            if entry:
+                known.setdefault(sdir.name, {})[pt.key] = entry
     TIMES.parent.mkdir(parents=True, exist_ok=True)
     TIMES.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
     return took, resumed
 
 
-def read_times() -> dict[str, dict[str, float]]:
-    """:data:`TIMES`: {sweep: {point key: real seconds}} ({} when absent or unreadable)."""
+def read_times() -> dict[str, dict[str, dict[str, float]]]:
+    """:data:`TIMES`: {sweep: {point key: {"seconds": s, "cores": c}}} ({} when
+    absent or unreadable; a bare number is a point's seconds)."""
     try:
         data = json.loads(TIMES.read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
         return {}
-    return {str(k): {str(p): float(t) for p, t in v.items() if isinstance(t, int | float)}
-            for k, v in data.items() if isinstance(v, dict)}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for sweep_name, points in data.items():
+        if not isinstance(points, dict):
+            continue
+        for key, value in points.items():
+            entry = ({"seconds": float(value)} if isinstance(value, int | float) else
+                     {k: float(x) for k, x in value.items()
+                      if k in ("seconds", "cores") and isinstance(x, int | float)}
+                     if isinstance(value, dict) else {})
+            if entry:
+                out.setdefault(str(sweep_name), {})[str(key)] = entry
+    return out
 
 
-def _measured(run: Path) -> float | None:
-    """The real seconds an earlier run of a point took (None: none on disk)."""
+def _measured(run: Path, base: float | None) -> dict[str, float]:
+    """What an earlier run of a point took: its real seconds, and the cores it used
+    at the point's own dilation ``base`` (from the sweep's point.json: its process
+    tree's CPU over its real time, at the dilation it ran at); {} when none is on
+    disk."""
     try:
         summary = json.loads((run / "summary.json").read_text())
     except (OSError, ValueError):
-        return None
+        return {}
     seconds = summary.get("real_seconds") if isinstance(summary, dict) else None
-    return float(seconds) if isinstance(seconds, int | float) else None
+    if not isinstance(seconds, int | float):
+        return {}
+    entry = {"seconds": round(float(seconds), 1)}
+    try:
+        meta = json.loads((run / "point.json").read_text())
+    except (OSError, ValueError):
+        return entry
+    cores, ran_at = meta.get("cores"), meta.get("dilation")
+    if isinstance(cores, int | float) and cores > 0:
+        scale = (float(ran_at) / base if isinstance(ran_at, int | float) and base else 1.0)
+        entry["cores"] = round(float(cores) * scale, 3)
+    return entry
 
 
 def _point_name(r: sw.PointResult) -> str:
