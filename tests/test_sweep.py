@@ -909,13 +909,17 @@ def test_runs_of_known_loads_are_packed_first_fit() -> None:
     heavy1, heavy2, heavy3, light = item("h1"), item("h2"), item("h3"), item("l")
     loads = {heavy1.key: 0.48, heavy2.key: 0.48, heavy3.key: 0.48, light.key: 0.1}
     todo = [heavy1, heavy2, heavy3, light]
-    assert _next(todo, {}, sched, loads) == 0                 # the first always goes
+
+    def of(it: _Item) -> float | None:
+        return loads.get(it.key)
+
+    assert _next(todo, {}, sched, of) == 0                 # the first always goes
     running = {1: _RunningItem(heavy1, None, 0.0, 1, 1.0, 0.48)}
-    assert _next(todo[1:], running, sched, loads) == 0        # 0.96 <= 1.2
+    assert _next(todo[1:], running, sched, of) == 0        # 0.96 <= 1.2
     running[2] = _RunningItem(heavy2, None, 0.0, 2, 1.0, 0.48)
-    assert _next(todo[2:], running, sched, loads) == 1        # not h3 (1.44): the light one
+    assert _next(todo[2:], running, sched, of) == 1        # not h3 (1.44): the light one
     running[3] = _RunningItem(light, None, 0.0, 3, 1.0, 0.1)
-    assert _next([heavy3], running, sched, loads) is None
+    assert _next([heavy3], running, sched, of) is None
     # a crowded failure shrinks the share packed: 0.8 x 0.6 of 2 cores = 0.96
     sched.finished(0.5, "fail", shared=True, at=3)
     assert sched.budget == pytest.approx(0.48)
@@ -924,5 +928,5 @@ def test_runs_of_known_loads_are_packed_first_fit() -> None:
     assert sched.budget == pytest.approx(0.50)                # back up by 0.02 a run
     # a run of unknown load under way, or first in line: the count rule
     running[4] = _RunningItem(item("u"), None, 0.0, 4, 1.0, None)
-    assert _next([heavy3], running, sched, loads) is None     # 4 under way, 1 allowed
-    assert _next([item("u2")], {}, sched, loads) == 0
+    assert _next([heavy3], running, sched, of) is None     # 4 under way, 1 allowed
+    assert _next([item("u2")], {}, sched, of) == 0

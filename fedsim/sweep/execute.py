@@ -138,7 +138,8 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     earlier run of the same sweeps): where every run under way and the next
     have one, runs are packed by them, first fit in the order above (a light
     run goes while the heaviest waits for room), instead of counted as runs
-    of one shared load."""
+    of one shared load. A point without one takes the load its sweep's
+    finished runs showed (the largest lately, at their own dilation)."""
     say = report or (lambda _: None)
     many = len(sweeps) > 1
     items: list[_Item] = []
@@ -182,7 +183,15 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     finished = 0
     shared: set[int] = set()       # runs that had company at some moment
     live = _MachineLoad() if sched.fixed is None else None
-    known_loads = dict(loads or {}) if sched.fixed is None else {}
+    known_loads = dict(loads or {})
+    learned: dict[int, float] = {}     # by sweep: its finished runs' load, at own dilation
+
+    def load_of(it: _Item) -> float | None:
+        if sched.fixed is not None:
+            return None
+        known = known_loads.get(it.key)
+        return known if known is not None else learned.get(it.which)
+
     changed = t0                   # when the runs at once last changed (the live ramp)
     was_starting = False
     try:
@@ -201,7 +210,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                     if busy is not None and sched.room_for_one_more(len(running), busy):
                         sched.grow()
             while todo and not starting and (not running or _mem_available_gb() > 3.0):
-                pick = _next(todo, running, sched, known_loads)
+                pick = _next(todo, running, sched, load_of)
                 if pick is None:
                     break
                 it = todo.pop(pick)
@@ -215,11 +224,11 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                 if running:            # every run under way now shares the machine
                     shared.update(running)
                     shared.add(proc.pid)
-                load = known_loads.get(it.key)
+                load = load_of(it)
                 running[proc.pid] = _RunningItem(
                     it, proc, time.monotonic(),
                     sched.allowed() if load is None else len(running) + 1, scale,
-                    None if load is None else load / scale)
+                    None if load is None else load / scale, dilation)
                 starting = True
             # while more wait, look again soon (one is starting, or the live ramp may let
             # one more go); else sleep until one ends
@@ -231,7 +240,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             if pid not in running:
                 continue
             changed = time.monotonic()
-            it, proc, started, level, scale, _ = running.pop(pid)
+            it, proc, started, level, scale, _, ran_at = running.pop(pid)
             proc.returncode = os.waitstatus_to_exitcode(status)
             real = time.monotonic() - started
             cores = (usage.ru_utime + usage.ru_stime) / real if real > 0 else None
@@ -244,6 +253,11 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             results[it.key] = res
             was_shared = pid in shared
             sched.finished(cores, res.verdict, shared=was_shared, at=level, scale=scale)
+            base = bases[it.key]
+            if cores is not None and res.status == "completed":
+                own = cores * (ran_at / base) if ran_at and base else cores
+                prev = learned.get(it.which)
+                learned[it.which] = own if prev is None else max(own, 0.7 * prev)
             shared.discard(pid)
             h = history[it.key]
             h.last_crowded = False
@@ -292,19 +306,21 @@ class _RunningItem(NamedTuple):
     level: int
     scale: float
     load: float | None = None
+    dilation: float | None = None     # the one it was given (None: its own)
 
 
 def _next(todo: Sequence[_Item], running: Mapping[int, _RunningItem], sched: _Scheduler,
-          loads: Mapping[tuple[int, str], float]) -> int | None:
+          load_of: Callable[[_Item], float | None]) -> int | None:
     """Which of ``todo`` starts next, if one may: where the loads of the runs under
-    way and of the first waiting one are known, the first (longest) whose load fits
-    beside them (:meth:`~fedsim.sweep.policy._Scheduler.fits`); else the first, by
-    the count of runs allowed at once."""
-    if todo[0].key not in loads or any(r.load is None for r in running.values()):
+    way and of the first waiting one are known (``load_of``: cores at its own
+    dilation), the first (longest) whose load fits beside them
+    (:meth:`~fedsim.sweep.policy._Scheduler.fits`); else the first, by the count
+    of runs allowed at once."""
+    if load_of(todo[0]) is None or any(r.load is None for r in running.values()):
         return 0 if len(running) < sched.allowed() else None
     busy = sum(r.load or 0.0 for r in running.values())
     for i, it in enumerate(todo):
-        load = loads.get(it.key)
+        load = load_of(it)
         if load is not None and sched.fits(busy, load / sched.scale, len(running)):
             return i
     return None
