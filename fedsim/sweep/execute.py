@@ -255,9 +255,9 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             sched.finished(cores, res.verdict, shared=was_shared, at=level, scale=scale)
             base = bases[it.key]
             if cores is not None and res.status == "completed":
-                own = cores * (ran_at / base) if ran_at and base else cores
-                prev = learned.get(it.which)
-                learned[it.which] = own if prev is None else max(own, 0.7 * prev)
+                at_own = cores * (ran_at / base) if ran_at and base else cores
+                seen = learned.get(it.which)
+                learned[it.which] = at_own if seen is None else max(at_own, 0.7 * seen)
             shared.discard(pid)
             h = history[it.key]
             h.last_crowded = False
