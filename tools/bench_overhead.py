@@ -196,14 +196,16 @@ rng = np.random.default_rng(1)
 gen = torch.Generator().manual_seed(1)
 m = model()
 w = get(m)
-ends, samples = [], []
+ends, samples, clients = [], [], []
 for r in range(rounds):
     picked = rng.choice(NC, 10, replace=False)
-    acc_w, total = None, 0
+    acc_w, total, spent = None, 0, 0.0
     for c in picked:
+        t = time.perf_counter()                  # a client's part: what a trainer does
         put(m, w)
         n = local_epoch(m, int(c), gen)
         ws = get(m)
+        spent += time.perf_counter() - t
         acc_w = [a * n for a in ws] if acc_w is None else [a + b * n for a, b in zip(acc_w, ws)]
         total += n
     w = [a / total for a in acc_w]
@@ -211,7 +213,8 @@ for r in range(rounds):
     evaluate(m)
     ends.append(time.time())
     samples.append(total)
-print(json.dumps({"ends": ends, "samples": samples}))
+    clients.append(spent)
+print(json.dumps({"ends": ends, "samples": samples, "client_s": sum(clients[1:])}))
 '''
 
 # Flower's Message API (flwr >= 1.21): the same FedAvg as a ServerApp and a ClientApp.
@@ -286,7 +289,7 @@ print(json.dumps({"ends": app.ends, "samples": app.samples}))
 # Flower's own protobuf serde (as Flower's transports and fedsim's bridge do), each
 # node's ClientApp called in turn in this process: Flower's own code per round.
 FLOWER_SERIAL = r'''
-import json, os, sys, uuid
+import json, os, sys, time, uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ["BENCH_DATA"] = os.path.abspath(sys.argv[1])
 os.environ["BENCH_ROUNDS"] = sys.argv[2]
@@ -326,6 +329,7 @@ class SerialGrid(Grid):
         raise NotImplementedError("FedAvg calls send_and_receive")
     def send_and_receive(self, messages, *, timeout=None):
         replies, serialized = [], {}
+        t = time.perf_counter()
         for m in messages:
             md = m.metadata
             md.__dict__["_message_id"] = str(uuid.uuid4())
@@ -347,12 +351,28 @@ class SerialGrid(Grid):
             self.states[cid] = ctx.state
             back = Message(of_bytes(to_bytes(reply.content)), reply_to=m)
             replies.append(back)
+        CLIENT[0] += time.perf_counter() - t   # the nodes' part (with the records' serde)
         return replies
+
+
+CLIENT = [0.0]
+MARKS = []
+
+
+class Marks(list):
+    """The app's round ends; the nodes' time so far at each."""
+    def append(self, x):
+        super().append(x)
+        MARKS.append(CLIENT[0])
+
+
+app.ends = Marks()
 
 TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
 app.server_app(grid=SerialGrid(), context=Context(run_id=1, node_id=1, node_config=UserConfig(),
                                                   state=RecordDict(), run_config=UserConfig()))
-print(json.dumps({"ends": app.ends, "samples": app.samples}))
+print(json.dumps({"ends": list(app.ends), "samples": app.samples,
+                  "client_s": MARKS[-1] - MARKS[0]}))
 '''
 
 #: the same Flower app under fedsim: the overhead scenario with ``[algorithm]`` swapped;
@@ -450,7 +470,10 @@ def run_script(python: str, script: Path, data: Path, rounds: int,
                per_round: float, *extra: str, sample: bool = False) -> dict[str, float]:
     run = _launch([python, str(script), str(data), str(rounds), *extra], sample)
     got = json.loads(run.out.strip().splitlines()[-1])
-    return _figures(run, got["ends"], got["samples"], per_round)
+    fig = _figures(run, got["ends"], got["samples"], per_round)
+    if "client_s" in got and len(got["ends"]) > 1:   # the clients' share of rounds 2..N
+        fig["client_share"] = got["client_s"] / (got["ends"][-1] - got["ends"][0])
+    return fig
 
 
 def run_fedsim(work: Path, hosts: int, sizes: list[int], per_round: float,
@@ -619,6 +642,18 @@ def main(argv: list[str] | None = None) -> int:
               f"\n  beyond Flower's own (s/round: flower-serial {fs['s_per_round']:.4f}, "
               f"plain-lean {pl['s_per_round']:.4f}, fedsim {f['s_per_round']:.4f}, "
               f"fedsim-flower {ff['s_per_round']:.4f})")
+        if "client_share" in fs and "client_share" in pl:
+            # between rounds the ServerApp's part (its strategy, its evaluation, the
+            # records of ten replies and of the next model) waits for nothing else;
+            # the nodes' part spreads over the trainers (one per core at best)
+            server = (fs["s_per_round"] * (1 - fs["client_share"])
+                      - pl["s_per_round"] * (1 - pl["client_share"]))
+            nodes = fs["s_per_round"] * fs["client_share"] - pl["s_per_round"] * pl["client_share"]
+            floor = f["s_per_round"] + server + max(0.0, nodes) / (os.cpu_count() or 1)
+            print(f"  Flower's part a round beyond the lean loop's: {server * 1e3:.1f} ms between "
+                  f"rounds (the ServerApp's), {nodes * 1e3:.1f} ms in the nodes; with fedavg's "
+                  f"round and the nodes' part over {os.cpu_count()} cores: at least "
+                  f"{floor * 1e3:.1f} ms, {floor / f['s_per_round']:.2f}x fedavg's")
     if not {"plain", "plain-lean", "fedsim", "fedsim-1host", "fedsim-1host-pin",
             "fedsim-spawn"} <= med.keys():
         return 0                  # --only: the ratios need every native contestant
