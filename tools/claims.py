@@ -61,8 +61,9 @@ from claimslib.writer import (  # noqa: E402
 
 #: The share of the cores the pool's runs may keep busy on average, packed by each
 #: run's load measured in the last regeneration (docs/claims/times.json). The runs'
-#: CPU work is fixed (about 134 core-minutes at this commit's settings; the dilation
-#: spreads it, never shrinks it), so half of 2 cores (a sweep's default) cannot fit
+#: CPU work is fixed (about 134 core-minutes, estimated from the sweep files' measured
+#: costs; the dilation spreads it, never shrinks it), so half of 2 cores (a sweep's
+#: default) cannot fit
 #: 150 minutes: on 2026-11-29 two AsyncFedED runs of 0.48 cores each filled it and
 #: held the pool at 2 at once; at 0.75 three went at once (1.44 cores) and all
 #: three failed their verdicts (lateness p99 3.3-3.8 ms against 2.5, 4 % compute
