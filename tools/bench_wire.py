@@ -53,6 +53,13 @@ pass on the loop: handing 100 KB over to a thread cost as much), 1.06 at
 the loop, before); the codec alone 1.61-1.64 and 1.20-1.30 (1.33 and 1.03
 without the pass).
 
+Measured 2026-11-29 afternoon (three runs, load average 0.6-0.7, raw 100 KB
+250-254 us: a slower machine state than the morning's 207), with the value
+check as ``np.isfinite(...).all()``: + codec 1.69-1.74 at 100 KB and
+1.09-1.10 at 10 MB; the codec alone 1.54-1.58 (1.40-1.42 without the pass).
+The pass off the loop from 64 KB (CHECK_OFF_LOOP_BYTES) measured 1.64 against
+1.61-1.65 on it that morning: not kept.
+
 On ``zmq.asyncio`` sockets (fedsim before it read its sockets itself,
 commit 4f7fdf4), the same runs: 1.64-1.66 up, 1.45-1.46 down, 2.41-2.43
 with the codec at 100 KB; 1.11-1.16, 1.03-1.09 and 1.24-1.40 at 10 MB.
