@@ -850,15 +850,18 @@ def test_the_cap_climbs_back_after_as_many_faithful_runs_as_it_allows() -> None:
     assert (sched.scale, sched.cap, sched.allowed()) == (1.0, 1, 1)
     sched.load = 0.1                          # lighter runs since: 10 would fit
     sched.finished(0.1, "pass")
-    assert sched.cap == 2                     # 1 faithful run at 1
+    assert sched.cap == 1                     # after a crowding, 2 in a row at the cap
     sched.finished(0.1, "pass")
     assert sched.cap == 2
     sched.finished(0.1, "pass")
+    sched.finished(0.1, "pass")
     assert (sched.cap, sched.allowed()) == (3, 3)   # 2 in a row at 2
-    sched.finished(0.9, "fail", at=3)         # a heavy one: no room to double; halves
-    assert (sched.scale, sched.cap) == (1.0, 2)
-    for _ in range(2):
+    sched.finished(0.9, "fail", at=3)         # a heavy one: no room to double; halves,
+    assert (sched.scale, sched.cap) == (1.0, 2)      # and the next climb waits for 4
+    for _ in range(3):
         sched.finished(0.1, "pass")
+    assert sched.cap == 2
+    sched.finished(0.1, "pass")
     assert sched.cap == 3
 
 
@@ -928,5 +931,61 @@ def test_runs_of_known_loads_are_packed_first_fit() -> None:
     assert sched.budget == pytest.approx(0.50)                # back up by 0.02 a run
     # a run of unknown load under way, or first in line: the count rule
     running[4] = _RunningItem(item("u"), None, 0.0, 4, 1.0, None)
-    assert _next([heavy3], running, sched, of) is None     # 4 under way, 1 allowed
+    assert _next([heavy3], running, sched, of) is None     # 4 under way, 2 allowed
     assert _next([item("u2")], {}, sched, of) == 0
+
+
+
+def test_a_light_run_takes_a_gap_only_if_it_ends_before_the_heaviest_can_go() -> None:
+    """EASY backfilling: while the first in line waits for room, a later run that
+    fits goes only if it is expected to end before enough room frees for the first
+    (so the longest runs are not pushed to the tail by light ones)."""
+    from fedsim.sweep.execute import _Item, _next, _room_at, _RunningItem
+
+    sched = _Scheduler("auto", max_jobs=8, headroom=0.6)
+    sched.cores = 2                                         # 1.2 cores to fill
+
+    def item(key: str) -> _Item:
+        p = sw.Point(variant=key, grid=(), seed=1, overrides=())
+        return _Item(0, "s", p, None, Path("."))  # type: ignore[arg-type]
+
+    h1, h2, h3, long_, short = (item(k) for k in ("h1", "h2", "h3", "long", "short"))
+    loads = {h1.key: 0.48, h2.key: 0.48, h3.key: 0.48, long_.key: 0.1, short.key: 0.1}
+    seconds = {h1.key: 455.0, h2.key: 455.0, h3.key: 455.0, long_.key: 400.0,
+               short.key: 100.0}
+    running = {1: _RunningItem(h1, None, 0.0, 0, 1.0, 0.48),
+               2: _RunningItem(h2, None, 100.0, 0, 1.0, 0.48)}
+
+    def of(it: _Item) -> float | None:
+        return loads.get(it.key)
+
+    def secs(it: _Item) -> float | None:
+        return seconds.get(it.key)
+
+    # h3 needs 0.24 cores freed: h1's end at 455 s frees them
+    assert _room_at(0.48, 0.96, running, sched, secs, 200.0) == 455.0
+    assert _next([h3, long_, short], running, sched, of, secs, 200.0) == 2   # not long (600)
+    assert _next([h3, long_], running, sched, of, secs, 200.0) is None
+    assert _next([h3, long_], running, sched, of, lambda it: None, 200.0) == 1   # unknown
+
+
+def test_a_crowding_episode_shrinks_the_share_once_and_only_runs_at_the_cap_raise_it() -> None:
+    sched = _Scheduler("auto", max_jobs=8, headroom=0.6)
+    sched.cores = 2
+    sched.finished(0.9, "pass")
+    sched.finished(0.9, "fail", shared=True, at=2, started=10.0)
+    assert sched.budget == pytest.approx(0.48)
+    # another run of the same episode (started before the share shrank): answered
+    sched.finished(0.9, "fail", shared=True, at=2, started=11.0)
+    assert sched.budget == pytest.approx(0.48)
+    assert sched.cap == 1
+    sched.finished(0.9, "pass", at=1)                   # at the cap: 2 in a row needed
+    assert sched.cap == 1
+    sched.finished(0.9, "pass", at=1)
+    assert sched.cap == 2
+    sched.finished(0.9, "pass", at=1)                   # below it now: does not count
+    sched.finished(0.9, "pass", at=1)
+    assert sched.cap == 2
+    sched.finished(0.9, "pass", at=2)
+    sched.finished(0.9, "pass", at=2)
+    assert sched.cap == 3

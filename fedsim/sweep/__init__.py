@@ -70,8 +70,9 @@ at twice the dilation do 1.5 runs' work per unit of time); the last runs
 of the sweep, once no more are left than went at once at their own
 dilation, go at it again. Otherwise the concurrency halves. Either way
 the sweep runs no more at once than when it failed until as many faithful
-runs in a row have ended at that level as it allows; then one more may
-go (additive increase, multiplicative decrease). A run that failed
+runs in a row have ended at that level as it allows (and at least 2, 4,
+8 ... after each crowding); then one more may go (additive increase,
+multiplicative decrease). A run that failed
 alone asks its
 point for more dilation. A dilation changes how long a run takes, not
 what it computes: a faithful run's emulated-time results are the same at

@@ -166,10 +166,10 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     history = {it.key: _History.of(_read_point(it.runs / it.point.key) or {}) for it in items}
     todo = [it for it in items
             if not _done(results[it.key], max_attempts + history[it.key].crowded)]
+    expect = {(i, k): v for i, (sw, _) in enumerate(sweeps)
+              for k, v in sw.expected_real().items()}
+    expect.update(expected or {})
     if many:
-        expect = {(i, k): v for i, (sw, _) in enumerate(sweeps)
-                  for k, v in sw.expected_real().items()}
-        expect.update(expected or {})
         todo.sort(key=lambda it: -expect.get(it.key, 0.0))
     kept = len(items) - len(todo)
     names = ", ".join(sw.name or Path(o).name for sw, o in sweeps)
@@ -187,10 +187,20 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     learned: dict[int, float] = {}     # by sweep: its finished runs' load, at own dilation
 
     def load_of(it: _Item) -> float | None:
+        """Its load at the multiple of its dilation it would go at now (None: not known)."""
         if sched.fixed is not None:
             return None
         known = known_loads.get(it.key)
-        return known if known is not None else learned.get(it.which)
+        load = known if known is not None else learned.get(it.which)
+        if load is None:
+            return None
+        return load / sched.scale_for(len(todo) + len(running),
+                                      crowded=history[it.key].last_crowded, alone=not running)
+
+    def seconds_of(it: _Item) -> float | None:
+        return expect.get(it.key) or None
+
+    peak: dict[int, int] = {}      # by run: the most runs under way at once in its life
 
     changed = t0                   # when the runs at once last changed (the live ramp)
     was_starting = False
@@ -202,15 +212,18 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             if was_starting and not starting:
                 changed = now      # the last one started is past its start-up
             was_starting = starting
-            if live is not None:
+            ramping = live is not None and sched.load is None   # until a run has finished
+            if ramping:
+                assert live is not None
                 live.sample(now)
                 if (todo and running and not starting and len(running) >= sched.allowed()
                         and now - changed >= SETTLE):
                     busy = live.busy_cores(changed)
                     if busy is not None and sched.room_for_one_more(len(running), busy):
                         sched.grow()
+                        changed = now
             while todo and not starting and (not running or _mem_available_gb() > 3.0):
-                pick = _next(todo, running, sched, load_of)
+                pick = _next(todo, running, sched, load_of, seconds_of, now)
                 if pick is None:
                     break
                 it = todo.pop(pick)
@@ -224,16 +237,17 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                 if running:            # every run under way now shares the machine
                     shared.update(running)
                     shared.add(proc.pid)
-                load = load_of(it)
+                known = known_loads.get(it.key, learned.get(it.which))
+                packed = known is not None and sched.fixed is None
                 running[proc.pid] = _RunningItem(
-                    it, proc, time.monotonic(),
-                    sched.allowed() if load is None else len(running) + 1, scale,
-                    None if load is None else load / scale, dilation)
+                    it, proc, time.monotonic(), 0 if packed else sched.allowed(), scale,
+                    known / scale if packed and known is not None else None, dilation)
+                for p in running:      # how many each run under way has beside it, at most
+                    peak[p] = max(peak.get(p, 0), len(running))
                 starting = True
             # while more wait, look again soon (one is starting, or the live ramp may let
             # one more go); else sleep until one ends
-            pid, status, usage = os.wait4(
-                -1, os.WNOHANG if todo and (starting or live is not None) else 0)
+            pid, status, usage = os.wait4(-1, os.WNOHANG if todo and (starting or ramping) else 0)
             if pid == 0:
                 time.sleep(0.2 if starting else 1.0)
                 continue
@@ -241,6 +255,9 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                 continue
             changed = time.monotonic()
             it, proc, started, level, scale, _, ran_at = running.pop(pid)
+            # the most runs it had beside it (packed), at least as many as were allowed
+            # when it started (counted)
+            level = max(level, peak.pop(pid, 0)) if sched.fixed is None else level
             proc.returncode = os.waitstatus_to_exitcode(status)
             real = time.monotonic() - started
             cores = (usage.ru_utime + usage.ru_stime) / real if real > 0 else None
@@ -252,7 +269,8 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             res = _result(it.point, run_dir)
             results[it.key] = res
             was_shared = pid in shared
-            sched.finished(cores, res.verdict, shared=was_shared, at=level, scale=scale)
+            sched.finished(cores, res.verdict, shared=was_shared, at=level, scale=scale,
+                           started=started)
             base = bases[it.key]
             if cores is not None and res.status == "completed":
                 at_own = cores * (ran_at / base) if ran_at and base else cores
@@ -310,20 +328,49 @@ class _RunningItem(NamedTuple):
 
 
 def _next(todo: Sequence[_Item], running: Mapping[int, _RunningItem], sched: _Scheduler,
-          load_of: Callable[[_Item], float | None]) -> int | None:
-    """Which of ``todo`` starts next, if one may: where the loads of the runs under
-    way and of the first waiting one are known (``load_of``: cores at its own
-    dilation), the first (longest) whose load fits beside them
-    (:meth:`~fedsim.sweep.policy._Scheduler.fits`); else the first, by the count
-    of runs allowed at once."""
-    if load_of(todo[0]) is None or any(r.load is None for r in running.values()):
+          load_of: Callable[[_Item], float | None],
+          seconds_of: Callable[[_Item], float | None] = lambda it: None,
+          now: float = 0.0) -> int | None:
+    """Which of ``todo`` starts next, if one may.
+
+    Where the loads of the runs under way and of the first waiting one are known
+    (``load_of``: cores at the multiple of its dilation it would go at), the first
+    if it fits beside them (:meth:`~fedsim.sweep.policy._Scheduler.fits`); if it
+    does not, a later one that fits and, where its real seconds are known
+    (``seconds_of``), ends before the room the first needs is expected to free
+    (EASY backfilling: the longest runs are not left for the tail while light
+    ones take each gap). Else the first, by the count of runs allowed at once."""
+    head = load_of(todo[0])
+    if head is None or any(r.load is None for r in running.values()):
         return 0 if len(running) < sched.allowed() else None
     busy = sum(r.load or 0.0 for r in running.values())
-    for i, it in enumerate(todo):
+    if sched.fits(busy, head, len(running)):
+        return 0
+    reserve = _room_at(head, busy, running, sched, seconds_of, now)
+    for i, it in enumerate(todo[1:], 1):
         load = load_of(it)
-        if load is not None and sched.fits(busy, load / sched.scale, len(running)):
+        if load is None or not sched.fits(busy, load, len(running)):
+            continue
+        seconds = seconds_of(it)
+        if seconds is None or now + seconds * sched.scale <= reserve:
             return i
     return None
+
+
+def _room_at(load: float, busy: float, running: Mapping[int, _RunningItem],
+             sched: _Scheduler, seconds_of: Callable[[_Item], float | None],
+             now: float) -> float:
+    """When enough of the runs under way are expected to have ended for a run of
+    ``load`` to fit (a run whose seconds are not known may end at any moment)."""
+    need = busy + load - sched.budget * sched.cores
+    freed = 0.0
+    ends = sorted((r.started + (seconds_of(r.item) or 0.0) * r.scale, r.load or 0.0)
+                  for r in running.values())
+    for end, freed_load in ends:
+        freed += freed_load
+        if freed >= need:
+            return max(end, now)
+    return math.inf
 
 
 def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float | None,

@@ -6,6 +6,7 @@ is done, and what a point's attempts taught (:mod:`fedsim.sweep` gives the rules
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,10 @@ class _Scheduler:
         #: once as many faithful runs as it allows have ended there in a row
         self.cap = self.max_jobs
         self._at_cap = 0                  # faithful runs in a row at the cap
+        #: faithful runs in a row at the cap before it climbs (at least the cap):
+        #: doubled at each crowded failure, so that where any company fails a run,
+        #: the sweep probes one more at once ever more rarely, not every other run
+        self._climb = 1
         #: every run's own dilation is multiplied by this (1, 2, 4, ...)
         self.scale = 1.0
         #: how many runs at their own dilation went at once without trouble
@@ -56,6 +61,9 @@ class _Scheduler:
         #: (:meth:`fits`) may fill: HEADROOM, times 0.8 at each crowded failure,
         #: back up by 0.02 a faithful run
         self.budget = self.HEADROOM
+        #: when the budget last shrank (a run that started before then went under
+        #: the larger one: its crowded failure is already answered)
+        self._shrunk_at: float | None = None
 
     def fits(self, busy: float, load: float, running: int) -> bool:
         """Whether a run of ``load`` cores (its measured load before, at the
@@ -113,7 +121,8 @@ class _Scheduler:
         self.ceiling = min(self.max_jobs, self.ceiling + 1)
 
     def finished(self, cores: float | None, verdict: str | None, shared: bool = True,
-                 at: int | None = None, scale: float = 1.0) -> None:
+                 at: int | None = None, scale: float = 1.0,
+                 started: float | None = None) -> None:
         """A run ended; ``shared``: another run was running at some moment of it;
         ``at``: how many runs were allowed at once when it started; ``scale``:
         the multiple of its dilation it ran at.
@@ -133,7 +142,9 @@ class _Scheduler:
         (2026-11-29: a pool of every claim's sweep went to 4x its dilation
         with 8 runs at once, 0.06 cores each, on an idle machine). Otherwise it halves the
         concurrency, and goes no higher than where it failed until as many
-        faithful runs in a row as the cap allows have ended at it: then one
+        faithful runs in a row as the cap allows (and at least 2, 4, 8 ... after
+        each crowding episode, so that where any company fails a run the sweep
+        probes ever more rarely) have ended with that many at once: then one
         more (additive increase, multiplicative decrease, as TCP's congestion
         window: a verdict that broke early in a sweep, or at a sensitive
         point, no longer holds a pool of 300 runs of other sweeps at 1 or 3
@@ -148,7 +159,12 @@ class _Scheduler:
             if scale < self.scale:         # it ran before the last doubling: already answered
                 return
             self._at_cap = 0
-            self.budget = max(0.25 * self.HEADROOM, 0.8 * self.budget)
+            if started is None or self._shrunk_at is None or started >= self._shrunk_at:
+                # once per crowding episode (a run that started before the last
+                # answer went under what that answer changed)
+                self.budget = max(0.25 * self.HEADROOM, 0.8 * self.budget)
+                self._climb = min(64, 2 * self._climb)
+                self._shrunk_at = time.monotonic()
             level = at if at is not None else self.allowed()
             doubled = min(self.max_jobs, 2 * level - 1)
             if (self.scale * 2 <= self.max_scale and self.load is not None
@@ -175,9 +191,11 @@ class _Scheduler:
         elif verdict == "pass":
             self.budget = min(self.HEADROOM, self.budget + 0.02)
             self.ceiling = min(self.max_jobs, self.ceiling + 1)
-            if self.cap < self.max_jobs and self.ceiling >= self.cap and scale >= self.scale:
+            # only a run that went with as many at once as the cap allows says the cap holds
+            if (self.cap < self.max_jobs and self.ceiling >= self.cap and scale >= self.scale
+                    and (at is None or at >= self.cap)):
                 self._at_cap += 1
-                if self._at_cap >= self.cap:
+                if self._at_cap >= max(self.cap, self._climb):
                     self.cap += 1
                     self._at_cap = 0
 
