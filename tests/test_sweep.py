@@ -891,6 +891,11 @@ def test_the_live_ramp_lets_one_more_go_while_the_machine_has_room() -> None:
     assert load.busy_cores(0.0) == pytest.approx(0.2 * cores)    # 400 of 2000
     assert load.busy_cores(5.0) == pytest.approx(0.1 * cores)    # from the sample at 10
     assert load.busy_cores(15.0) is None                          # one sample since
+    assert load.peak_cores(0.0) == pytest.approx(0.3 * cores)    # 300 of 1000, 0 to 10
+    assert load.peak_cores(15.0) is None
+    # the busiest second counts: 0.5 on average leaves room, a full machine does not
+    assert sched.room_for_one_more(1, 0.3, peak=1.2)             # 1.2 + 0.45 <= 1.8
+    assert not sched.room_for_one_more(1, 0.3, peak=1.5)         # 1.5 + 0.45 > 1.8
     load.sample(30.0)                                             # /proc/stat here
     assert load.samples[-1][0] == 30.0
 

@@ -219,7 +219,8 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                 if (todo and running and not starting and len(running) >= sched.allowed()
                         and now - changed >= SETTLE):
                     busy = live.busy_cores(changed)
-                    if busy is not None and sched.room_for_one_more(len(running), busy):
+                    if busy is not None and sched.room_for_one_more(
+                            len(running), busy, live.peak_cores(changed)):
                         sched.grow()
                         changed = now
             while todo and not starting and (not running or _mem_available_gb() > 3.0):

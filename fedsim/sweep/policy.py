@@ -5,6 +5,7 @@ is done, and what a point's attempts taught (:mod:`fedsim.sweep` gives the rules
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections import deque
@@ -101,19 +102,29 @@ class _Scheduler:
             return max(1, min(self.ceiling, self.cap, self.max_jobs))
         return max(1, min(self._fit(self.scale), self.ceiling, self.cap, self.max_jobs))
 
-    def room_for_one_more(self, running: int, busy: float) -> bool:
+    #: Share of the cores the runs' busiest second may fill with one more run's
+    #: share (the live ramp): a synchronous round's training fills the cores for
+    #: a moment while the mean leaves room (2026-11-29: FS-1's 32 s FedAvg runs,
+    #: 0.27 cores each on average, failed three at once; AsyncFedED's too).
+    PEAK_SHARE = 0.9
+
+    def room_for_one_more(self, running: int, busy: float,
+                          peak: float | None = None) -> bool:
         """Whether one more run fits beside ``running`` runs under way, by the
         machine's busy cores measured while they ran (``busy``): each takes
         its share of that (or, if more, the load measured of finished runs,
         at today's multiple of their dilation), and the sum stays within the
-        HEADROOM share of the cores. The live ramp: a pool whose first runs
-        are its longest (455 real s) would otherwise wait that long for its
-        second run, as a first measured run does."""
+        HEADROOM share of the cores, and the busiest second's (``peak``) with
+        it within PEAK_SHARE. The live ramp: a pool whose first runs are its
+        longest (455 real s) would otherwise wait that long for its second
+        run, as a first measured run does."""
         if self.fixed is not None or running < 1:
             return False
         per_run = busy / running
         if self.load is not None:
             per_run = max(per_run, self.load / self.scale)
+        if peak is not None and peak + per_run > self.PEAK_SHARE * self.cores:
+            return False
         return busy + per_run <= self.HEADROOM * self.cores
 
     def grow(self) -> None:
@@ -292,6 +303,14 @@ class _MachineLoad:
         if total <= 0:
             return None
         return (last[1] - first[1]) / total * (os.cpu_count() or 1)
+
+    def peak_cores(self, since: float) -> float | None:
+        """The most busy cores between two consecutive samples (about a second
+        apart) from ``since`` on (None: fewer than two such samples)."""
+        points = [s for s in self.samples if s[0] >= since]
+        peaks = [(b[1] - a[1]) / (b[2] - a[2]) * (os.cpu_count() or 1)
+                 for a, b in itertools.pairwise(points) if b[2] > a[2]]
+        return max(peaks) if peaks else None
 
 
 #: Attempts a point may lose to a crowded machine before they count against it
