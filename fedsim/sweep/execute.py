@@ -186,12 +186,17 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     known_loads = dict(loads or {})
     learned: dict[int, float] = {}     # by sweep: its finished runs' load, at own dilation
 
-    def load_of(it: _Item) -> float | None:
-        """Its load at the multiple of its dilation it would go at now (None: not known)."""
+    def own_load(it: _Item) -> float | None:
+        """Its load at its own dilation: measured before, or its sweep's (None: not
+        known, or a fixed number of runs at once)."""
         if sched.fixed is not None:
             return None
         known = known_loads.get(it.key)
-        load = known if known is not None else learned.get(it.which)
+        return known if known is not None else learned.get(it.which)
+
+    def load_of(it: _Item) -> float | None:
+        """Its load at the multiple of its dilation it would go at now (None: not known)."""
+        load = own_load(it)
         if load is None:
             return None
         return load / sched.scale_for(len(todo) + len(running),
@@ -238,11 +243,10 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                 if running:            # every run under way now shares the machine
                     shared.update(running)
                     shared.add(proc.pid)
-                known = known_loads.get(it.key, learned.get(it.which))
-                packed = known is not None and sched.fixed is None
+                known = own_load(it)
                 running[proc.pid] = _RunningItem(
-                    it, proc, time.monotonic(), 0 if packed else sched.allowed(), scale,
-                    known / scale if packed and known is not None else None, dilation)
+                    it, proc, time.monotonic(), sched.allowed() if known is None else 0, scale,
+                    None if known is None else known / scale, dilation)
                 for p in running:      # how many each run under way has beside it, at most
                     peak[p] = max(peak.get(p, 0), len(running))
                 starting = True

@@ -295,22 +295,21 @@ class _MachineLoad:
     def busy_cores(self, since: float) -> float | None:
         """Mean busy cores from the first sample at or after ``since`` to the last
         (None: fewer than two such samples)."""
-        first = next((s for s in self.samples if s[0] >= since), None)
-        if first is None or first is self.samples[-1]:
-            return None
-        last = self.samples[-1]
-        total = last[2] - first[2]
-        if total <= 0:
-            return None
-        return (last[1] - first[1]) / total * (os.cpu_count() or 1)
+        points = [s for s in self.samples if s[0] >= since]
+        return self._cores(points[0], points[-1]) if len(points) > 1 else None
 
     def peak_cores(self, since: float) -> float | None:
         """The most busy cores between two consecutive samples (about a second
         apart) from ``since`` on (None: fewer than two such samples)."""
         points = [s for s in self.samples if s[0] >= since]
-        peaks = [(b[1] - a[1]) / (b[2] - a[2]) * (os.cpu_count() or 1)
-                 for a, b in itertools.pairwise(points) if b[2] > a[2]]
+        peaks = [c for a, b in itertools.pairwise(points) if (c := self._cores(a, b)) is not None]
         return max(peaks) if peaks else None
+
+    @staticmethod
+    def _cores(a: tuple[float, int, int], b: tuple[float, int, int]) -> float | None:
+        """Busy cores on average between samples ``a`` and ``b`` (None: no time passed)."""
+        total = b[2] - a[2]
+        return (b[1] - a[1]) / total * (os.cpu_count() or 1) if total > 0 else None
 
 
 #: Attempts a point may lose to a crowded machine before they count against it
