@@ -280,8 +280,13 @@ def test_a_flower_apps_module_is_located_next_to_its_scenario_without_importing_
     scenario = app / "s.toml"
     scenario.write_text('[algorithm]\nname = "flower"\nserver_app = "myflowerapp:server_app"\n'
                         'client_app = "myflowerapp:client_app"\n')
+    registry = dict(api._REGISTRY)
     sc = fedsim.load(scenario)
     assert "myflowerapp" not in sys.modules
+    # the built-in "flower" is found by its reference: parsing leaves the registry as it was
+    assert registry == api._REGISTRY
+    assert "flower" not in api._REGISTRY
+    assert api.get("flower").config is type(sc.algorithm)
     assert sc.algorithm.modules() == {"server_app": "myflowerapp:server_app",
                                       "client_app": "myflowerapp:client_app"}
     assert plugins.import_roots() == (str(app),)

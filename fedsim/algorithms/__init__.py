@@ -38,7 +38,9 @@ from fedsim.algorithms._kernels import (
     flatten,
     lerp,
     norm64,
+    pack_tensor,
     unflatten,
+    unpack_tensor,
     weighted_average,
 )
 from fedsim.algorithms.api import (
@@ -106,8 +108,10 @@ __all__ = [
     "make_optimizer",
     "norm64",
     "optimizer_config",
+    "pack_tensor",
     "register",
     "staleness_weight",
     "unflatten",
+    "unpack_tensor",
     "weighted_average",
 ]

@@ -397,7 +397,8 @@ class ServerAlgorithm(ABC):
         :mod:`fedsim.wire.statefile` stores without pickling; anything else fails the
         first checkpoint, named. Tensors that share storage come back as
         copies; fedsim's algorithms keep theirs with
-        :func:`~fedsim.algorithms._kernels.pack_tensor`."""
+        :func:`fedsim.algorithms.pack_tensor` (and read them back with
+        :func:`fedsim.algorithms.unpack_tensor`)."""
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -513,16 +514,21 @@ def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
 
 def register_elsewhere(name: str, reference: str) -> None:
     """Make ``name`` a built-in whose spec is ``reference`` (``module:attribute``),
-    imported, and so registered, the first time :func:`get` is asked for it."""
+    imported the first time :func:`get` is asked for it (its module does not
+    register it: asking for it, as parsing a scenario does, leaves the
+    registry as it was)."""
     _ELSEWHERE[name] = reference
 
 
 def get(name: str) -> AlgorithmSpec:
-    """The spec registered under ``name`` (a plug-in's: ``config.spec``)."""
+    """The spec registered under ``name`` (a plug-in's: ``config.spec``), or the
+    built-in one :func:`register_elsewhere` names."""
     if name not in _REGISTRY and name in _ELSEWHERE:
         module, _, attr = _ELSEWHERE[name].partition(":")
         spec = getattr(importlib.import_module(module), attr)
-        _REGISTRY.setdefault(name, spec)
+        if not isinstance(spec, AlgorithmSpec):  # pragma: no cover - a built-in's mistake
+            raise TypeError(f"{_ELSEWHERE[name]} is not an AlgorithmSpec")
+        return spec
     try:
         return _REGISTRY[name]
     except KeyError:

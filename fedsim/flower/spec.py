@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fedsim.algorithms.api import AlgorithmSpec, register
+from fedsim.algorithms.api import AlgorithmSpec
 from fedsim.flower.config import (
     FLOWER_VERSIONS,
     FlowerConfig,
@@ -45,7 +45,10 @@ def _payload_bytes(cfg: Any, model: TensorSpec) -> int:
     return int(cfg.payload_bytes(model.nbytes))
 
 
-SPEC = register(AlgorithmSpec(
+#: Not registered: :func:`fedsim.algorithms.api.get` finds it by its reference
+#: (``register_elsewhere`` in :mod:`fedsim.algorithms`), so that parsing a
+#: scenario never changes the registry.
+SPEC = AlgorithmSpec(
     names=("flower",),
     config=FlowerConfig,
     server=_server,
@@ -53,4 +56,4 @@ SPEC = register(AlgorithmSpec(
     summary="a Flower app (ServerApp and ClientApp, Message API), unchanged, over fedsim's "
             "network",
     payload_bytes=_payload_bytes,
-))
+)

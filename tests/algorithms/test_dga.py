@@ -840,3 +840,27 @@ def test_final_average_is_the_plain_mean():
     ws = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 6.0])]
     assert torch.equal(DGAServer.final_average(ws), torch.tensor([2.0, 4.0]))
     assert ref.final_average([[1.0, 2.0], [3.0, 6.0]]) == [2.0, 4.0]
+
+
+def test_the_client_optimizers_weight_decay_reaches_dgas_gradient():
+    """``client.weight_decay`` under DGA: each step's gradient is ``g + wd * w``, as
+    torch.optim.SGD adds it before the momentum (it was read by no one before)."""
+    from fedsim.algorithms.api import ClientContext
+    from fedsim.algorithms.dga import DGAClientWork, DGAScenarioConfig, dga_config
+    from fedsim.algorithms.local import LocalConfig
+    from fedsim.algorithms.optim import SGDMOptions
+
+    local = LocalConfig(optimizer=SGDMOptions(lr=0.1, momentum=0.5, weight_decay=0.01))
+    cfg = dga_config(DGAScenarioConfig(name="dga", local_steps=2, delay=1), local)
+    assert (cfg.lr, cfg.momentum, cfg.weight_decay) == (0.1, 0.5, 0.01)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    w = torch.randn(8)
+    idx = torch.arange(8)
+    g0, loss0 = DGAClientWork(cfg.model_copy(update={"weight_decay": 0.0}), 1,
+                              ClientContext(model=model, local=local, seed=0))._grad(w, x, y, idx)
+    g, loss = DGAClientWork(cfg, 1, ClientContext(model=model, local=local, seed=0))._grad(
+        w, x, y, idx)
+    assert loss == loss0
+    torch.testing.assert_close(g, g0 + 0.01 * w)

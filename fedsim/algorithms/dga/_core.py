@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, StrictInt
 
 from fedsim.algorithms._kernels import weighted_average
-from fedsim.schema import FinitePos, SchemaModel
+from fedsim.schema import FiniteNonNeg, FinitePos, SchemaModel
 
 if TYPE_CHECKING:
     import torch
@@ -152,6 +152,10 @@ class DGAConfig(DGAKeys):
         Default learning rate ``eta`` (a step may pass its own, R-DG7).
     momentum : float
         ``beta`` in [0, 1); 0 is plain SGD. The buffer is never corrected.
+    weight_decay : float
+        L2 penalty added to each gradient, ``g + weight_decay * w``, before the
+        momentum (as ``torch.optim.SGD``): the client optimizer's
+        ``weight_decay``.
     rounds : int or None
         ``T``. After round ``T`` the client drains: it waits for and applies
         every outstanding average, then reports ``Done``.
@@ -159,6 +163,7 @@ class DGAConfig(DGAKeys):
 
     lr: FinitePos = 0.1
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    weight_decay: FiniteNonNeg = 0.0
     rounds: Annotated[StrictInt, Field(ge=1)] | None = None
 
     @property

@@ -78,13 +78,14 @@ class DGAScenarioConfig(DGAKeys, AlgorithmConfig):
 
 
 def dga_config(cfg: DGAScenarioConfig, local: LocalConfig) -> DGAConfig:
-    """The pure DGA config: the table's :class:`DGAKeys`, lr and momentum from the
-    client optimizer."""
+    """The pure DGA config: the table's :class:`DGAKeys`; lr, momentum and weight
+    decay from the client optimizer."""
     opt = local.optimizer
     if not isinstance(opt, SGDOptions | SGDMOptions):
         raise ValueError(f"client.optimizer = {opt.name!r}: DGA runs sgd or sgdm")
     return DGAConfig(**cfg.model_dump(include=set(DGAKeys.model_fields)), lr=opt.lr,
-                     momentum=opt.momentum if isinstance(opt, SGDMOptions) else 0.0)
+                     momentum=opt.momentum if isinstance(opt, SGDMOptions) else 0.0,
+                     weight_decay=opt.weight_decay)
 
 
 class DGAFlow(ServerAlgorithm):
@@ -196,7 +197,10 @@ class DGAClientWork(ClientAlgorithm):
             p.grad = None
         loss = self.loss_fn(model(x[idx]), y[idx])
         loss.backward()
-        return flatten([p.grad for p in params]), float(loss.detach())  # type: ignore[misc]
+        g = flatten([p.grad for p in params])  # type: ignore[misc]
+        if self.cfg.weight_decay:
+            g.add_(w.to(g.dtype), alpha=self.cfg.weight_decay)
+        return g, float(loss.detach())
 
     def begin(
         self, task: Task, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
