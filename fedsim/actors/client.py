@@ -46,6 +46,7 @@ from fedsim.wire.messages import (
     Ready,
     Task,
     Trained,
+    WorkerFailed,
     WorkerReady,
 )
 from fedsim.wire.tensors import Model, TensorSpec
@@ -70,11 +71,11 @@ class Trainer(Protocol):
         """A fresh request id."""
         ...
 
-    async def train(self, frames: Frames) -> Message:
+    async def train(self, frames: Frames) -> Trained | WorkerFailed:
         """Send a task's frames (due time and request id in the envelope); await the reply."""
         ...
 
-    async def request(self, msg: Message) -> Message:
+    async def request(self, msg: Advance) -> Trained | WorkerFailed:
         """Send a request (an Advance); await the reply."""
         ...
 
@@ -501,12 +502,11 @@ class ClientActor:
         if self.away and gen + 1 == self.generation:
             self._come_back("resume")
 
-    async def _failed(self, task: Task, reply: Message) -> None:
+    async def _failed(self, task: Task, reply: WorkerFailed) -> None:
         """The trainer failed the task: the device is out, and says so (the server
         does not wait for it)."""
         host = self.host
-        reason = getattr(reply, "reason", repr(reply))
-        cause = getattr(reply, "cause", "error")
+        reason, cause = reply.reason, reply.cause
         log.error("client %d: training failed (%s): %s", self.cid, cause, reason)
         host.emit("train_error", client=self.cid, task_id=task.task_id, cause=cause,
                   reason=reason[:300])
@@ -570,7 +570,8 @@ class ClientActor:
             self._come_back("resume", announce=False)
         return True
 
-    async def _advance(self, averages: dict[int, Average], t0: float) -> tuple[int, Message]:
+    async def _advance(self, averages: dict[int, Average], t0: float
+                       ) -> tuple[int, Trained | WorkerFailed]:
         """A pipelined session's next piece, with the round averages that arrived
         (one model of the rounds' averages back to back); its request id and reply."""
         host = self.host

@@ -34,7 +34,15 @@ from fedsim.results.writer import (
     writer_record,
 )
 from fedsim.scenario import Scenario
-from fedsim.wire.messages import HOST_EVENT_KINDS, Evaluate, Evaluated, Event, PhaseSample
+from fedsim.wire.messages import (
+    HOST_EVENT_KINDS,
+    Evaluate,
+    Evaluated,
+    Event,
+    PhaseSample,
+    WorkerFailed,
+    WorkerReady,
+)
 from fedsim.wire.tensors import Model
 from netem.clock import Clock
 
@@ -55,16 +63,16 @@ log = logging.getLogger(__name__)
 class Evaluator(Protocol):
     """Something that evaluates a model (a torch worker)."""
 
-    async def start(self) -> object:
-        """Start it (its WorkerReady)."""
+    async def start(self) -> WorkerReady:
+        """Start it."""
         ...
 
     def next_id(self) -> int:
         """A fresh request id."""
         ...
 
-    async def request(self, msg: Evaluate) -> object:
-        """Send a request; its reply (matched by id)."""
+    async def request(self, msg: Evaluate) -> Evaluated | WorkerFailed:
+        """Send an evaluation; its result, or why it failed (matched by id)."""
         ...
 
 
@@ -345,8 +353,8 @@ class RunState:
         except Exception as exc:
             log.error("evaluation failed: %s", exc)
             return
-        if not isinstance(reply, Evaluated):
-            log.error("evaluation failed: %r", reply)
+        if isinstance(reply, WorkerFailed):
+            log.error("evaluation failed (%s): %s", reply.cause, reply.reason)
             return
         self.phases.add("evaluation.round_trip", perf_counter() - t0)
         self.phases.add("evaluation.worker", reply.seconds)

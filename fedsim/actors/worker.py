@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -45,6 +45,7 @@ from fedsim.actors._requests import (
     send_reply,
 )
 from fedsim.actors.setup import build_data, build_model, local_config, model_shapes
+from fedsim.actors.workers import answer
 from fedsim.algorithms import check_finite, failure_cause, local_train
 from fedsim.algorithms.api import ClientContext
 from fedsim.algorithms.local import between_steps, load_vector
@@ -52,8 +53,9 @@ from fedsim.algorithms.sgdclient import LocalSGDClient
 from fedsim.scenario import Scenario, parse
 from fedsim.scenario.ids import parse_id_list
 from fedsim.wire import statefile
-from fedsim.wire.codec import Frames, decode, encode
+from fedsim.wire.codec import Frames, decode, encode, peek
 from fedsim.wire.messages import (
+    Advance,
     Evaluate,
     Evaluated,
     Message,
@@ -297,13 +299,19 @@ class InlineWorker:
     def next_id(self) -> int:
         return next(self._ids)
 
-    async def request(self, msg: Message) -> Message:
+    @overload
+    async def request(self, msg: Advance) -> Trained | WorkerFailed: ...
+    @overload
+    async def request(self, msg: Evaluate) -> Evaluated | WorkerFailed: ...
+    async def request(self, msg: Advance | Evaluate) -> Trained | Evaluated | WorkerFailed:
         """Answer at once (the work runs on this loop; virtual time does not move)."""
-        return self._reply(read_request(encode(msg), self.worker))
+        reply = self._reply(read_request(encode(msg), self.worker))
+        return answer(reply, msg.request_id, Evaluated if isinstance(msg, Evaluate) else Trained)
 
-    async def train(self, frames: Frames) -> Message:
+    async def train(self, frames: Frames) -> Trained | WorkerFailed:
         """Answer a task's frames (stamped with its due time and request id) at once."""
-        return self._reply(read_request(frames, self.worker))
+        rid = peek(frames).seq
+        return answer(self._reply(read_request(frames, self.worker)), rid, Trained)
 
     def upload(self, request_id: int) -> Frames | None:
         """The frames of the update the reply to ``request_id`` uploads (None: none)."""

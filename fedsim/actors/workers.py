@@ -14,6 +14,7 @@ import itertools
 import logging
 import os
 import sys
+from typing import TypeVar, overload
 
 from fedsim.actors.process import own_cpus
 from fedsim.actors.zygote import ForkedProcess, spawn
@@ -21,12 +22,34 @@ from fedsim.scenario.ids import format_id_list
 from fedsim.scenario.plugins import child_env
 from fedsim.wire.codec import Frames, decode, encode, peek
 from fedsim.wire.errors import WireError
-from fedsim.wire.messages import Message, Shutdown, WorkerReady
+from fedsim.wire.messages import (
+    Advance,
+    Evaluate,
+    Evaluated,
+    Message,
+    Shutdown,
+    Trained,
+    WorkerFailed,
+    WorkerReady,
+)
 from fedsim.wire.transport import ZmqContext
 
-__all__ = ["WorkerDied", "WorkerHandle"]
+__all__ = ["WorkerDied", "WorkerHandle", "answer"]
 
 log = logging.getLogger(__name__)
+
+A = TypeVar("A", Trained, Evaluated)
+
+
+def answer(reply: Message, request_id: int, expected: type[A]) -> A | WorkerFailed:
+    """A worker's ``reply`` to request ``request_id`` as the request's type of answer
+    (``expected``) or :class:`~fedsim.wire.messages.WorkerFailed`: any other
+    message in its place becomes the request's failure, named."""
+    if isinstance(reply, (expected, WorkerFailed)):
+        return reply
+    return WorkerFailed(request_id=request_id, cause="error",
+                        reason=f"the worker answered with {type(reply).__name__}, "
+                               f"not {expected.__name__}")
 
 
 class WorkerDied(RuntimeError):
@@ -160,14 +183,22 @@ class WorkerHandle:
             elif not fut.done():
                 fut.set_result(msg)
 
-    async def request(self, msg: Message) -> Message:
-        """Send one request (its ``request_id`` from :meth:`next_id`) and await its reply."""
-        return await self._exchange(getattr(msg, "request_id", None), encode(msg))
+    @overload
+    async def request(self, msg: Advance) -> Trained | WorkerFailed: ...
+    @overload
+    async def request(self, msg: Evaluate) -> Evaluated | WorkerFailed: ...
+    async def request(self, msg: Advance | Evaluate) -> Trained | Evaluated | WorkerFailed:
+        """Send one request (its ``request_id`` from :meth:`next_id`) and await its reply:
+        what the request asks for, or why it failed."""
+        reply = await self._exchange(msg.request_id, encode(msg))
+        return answer(reply, msg.request_id, Evaluated if isinstance(msg, Evaluate) else Trained)
 
-    async def train(self, frames: Frames) -> Message:
+    async def train(self, frames: Frames) -> Trained | WorkerFailed:
         """Send a task's frames (stamped with its due time and, as ``seq``, its request
-        id from :meth:`next_id`) and await the reply."""
-        return await self._exchange(peek(frames).seq, frames)
+        id from :meth:`next_id`) and await the reply: how the work went, or why it
+        failed."""
+        rid = peek(frames).seq
+        return answer(await self._exchange(rid, frames), rid, Trained)
 
     def upload(self, request_id: int) -> Frames | None:
         """The frames of the update the reply to ``request_id`` uploads (None: none)."""

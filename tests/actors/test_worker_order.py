@@ -87,3 +87,20 @@ def test_the_worker_loop_takes_everything_waiting_and_answers_the_earliest_due()
         parent.close(0)
         child.close(0)
         ctx.term()
+
+
+def test_a_reply_of_another_kind_is_its_requests_failure_named() -> None:
+    """A trainer's reply reaches its client as what the request asks for (Trained,
+    Evaluated) or a WorkerFailed; any other message in its place is the request's
+    failure, named, never passed on untyped."""
+    from fedsim.actors.workers import answer
+    from fedsim.wire.messages import Evaluated, Trained
+
+    ok = Evaluated(request_id=4, version=2, loss=0.5, accuracy=0.9, seconds=0.1)
+    assert answer(ok, 4, Evaluated) is ok
+    failed = WorkerFailed(request_id=4, cause="overflow", reason="step size")
+    assert answer(failed, 4, Trained) is failed
+    wrong = answer(ok, 4, Trained)
+    assert isinstance(wrong, WorkerFailed)
+    assert (wrong.request_id, wrong.cause) == (4, "error")
+    assert wrong.reason == "the worker answered with Evaluated, not Trained"
