@@ -184,6 +184,7 @@ def test_the_harness_with_plain_zmq(nets: Namespaces) -> None:
     assert ha["rtt_ms"] < 20
 
 
+@pytest.mark.slow   # make test-repro: a long real run (make test stays under 10 min)
 def test_three_namespaces_curve_a_skewed_clock_and_a_slow_path(
         nets: Namespaces, tmp_path: Path) -> None:
     scenario, keys = _setup(tmp_path, 6.0)
@@ -258,6 +259,7 @@ def test_three_namespaces_curve_a_skewed_clock_and_a_slow_path(
     assert "fidelity" in out
 
 
+@pytest.mark.slow   # make test-repro: a long real run (make test stays under 10 min)
 def test_a_killed_host_and_a_fuzzing_insider_across_namespaces(
         nets: Namespaces, tmp_path: Path) -> None:
     scenario, keys = _setup(tmp_path, 8.0)

@@ -130,6 +130,7 @@ def test_thousands_of_hostile_frames_from_an_insider_host(tmp_path: Path) -> Non
     assert min(after) <= 1.10 * max(before), (max(before), min(after))
 
 
+@pytest.mark.slow   # make test-repro: a long real run (make test stays under 10 min)
 def test_a_killed_server_reads_as_interrupted_and_resumes(tmp_path: Path) -> None:
     scenario = _scenario(tmp_path, 9.0)
     run_dir = tmp_path / "run"

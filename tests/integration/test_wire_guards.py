@@ -78,6 +78,7 @@ def _dealer(ctx: zmq.Context, keys: Path, name: str, address: str,
     return s
 
 
+@pytest.mark.slow   # make test-repro: a long real run (make test stays under 10 min)
 def test_a_squatter_that_connects_first_locks_no_host_out(tmp_path: Path) -> None:
     scenario, keys, address = _setup(tmp_path)
     run_dir = tmp_path / "run"
@@ -164,6 +165,7 @@ def test_a_host_whose_key_is_refused_knows_in_seconds_and_the_server_says_so_onc
         assert sum(phase in line for line in err0.splitlines()) == 1, (phase, err0[-3000:])
 
 
+@pytest.mark.slow   # make test-repro: a long real run (make test stays under 10 min)
 def test_idle_connections_big_headers_and_probe_floods_are_bounded_and_counted(
         tmp_path: Path) -> None:
     scenario, keys, address = _setup(tmp_path, budget=8.0)
