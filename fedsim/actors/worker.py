@@ -306,7 +306,9 @@ class InlineWorker:
     async def request(self, msg: Advance | Evaluate) -> Trained | Evaluated | WorkerFailed:
         """Answer at once (the work runs on this loop; virtual time does not move)."""
         reply = self._reply(read_request(encode(msg), self.worker))
-        return answer(reply, msg.request_id, Evaluated if isinstance(msg, Evaluate) else Trained)
+        if isinstance(msg, Evaluate):
+            return answer(reply, msg.request_id, Evaluated)
+        return answer(reply, msg.request_id, Trained)
 
     async def train(self, frames: Frames) -> Trained | WorkerFailed:
         """Answer a task's frames (stamped with its due time and request id) at once."""

@@ -191,7 +191,9 @@ class WorkerHandle:
         """Send one request (its ``request_id`` from :meth:`next_id`) and await its reply:
         what the request asks for, or why it failed."""
         reply = await self._exchange(msg.request_id, encode(msg))
-        return answer(reply, msg.request_id, Evaluated if isinstance(msg, Evaluate) else Trained)
+        if isinstance(msg, Evaluate):
+            return answer(reply, msg.request_id, Evaluated)
+        return answer(reply, msg.request_id, Trained)
 
     async def train(self, frames: Frames) -> Trained | WorkerFailed:
         """Send a task's frames (stamped with its due time and, as ``seq``, its request
