@@ -45,7 +45,6 @@ from fedsim.actors._requests import (
     send_reply,
 )
 from fedsim.actors.setup import build_data, build_model, local_config, model_shapes
-from fedsim.actors.workers import answer
 from fedsim.algorithms import check_finite, failure_cause, local_train
 from fedsim.algorithms.api import ClientContext
 from fedsim.algorithms.local import between_steps, load_vector
@@ -64,6 +63,7 @@ from fedsim.wire.messages import (
     Update,
     WorkerFailed,
     WorkerReady,
+    worker_answer,
 )
 from fedsim.wire.payloads import WINDOW, HeldVersions
 from fedsim.wire.tensors import TensorSpec, flat_model, to_model, to_tensor
@@ -307,13 +307,13 @@ class InlineWorker:
         """Answer at once (the work runs on this loop; virtual time does not move)."""
         reply = self._reply(read_request(encode(msg), self.worker))
         if isinstance(msg, Evaluate):
-            return answer(reply, msg.request_id, Evaluated)
-        return answer(reply, msg.request_id, Trained)
+            return worker_answer(reply, msg.request_id, Evaluated)
+        return worker_answer(reply, msg.request_id, Trained)
 
     async def train(self, frames: Frames) -> Trained | WorkerFailed:
         """Answer a task's frames (stamped with its due time and request id) at once."""
         rid = peek(frames).seq
-        return answer(self._reply(read_request(frames, self.worker)), rid, Trained)
+        return worker_answer(self._reply(read_request(frames, self.worker)), rid, Trained)
 
     def upload(self, request_id: int) -> Frames | None:
         """The frames of the update the reply to ``request_id`` uploads (None: none)."""

@@ -14,7 +14,7 @@ import itertools
 import logging
 import os
 import sys
-from typing import TypeVar, overload
+from typing import overload
 
 from fedsim.actors.process import own_cpus
 from fedsim.actors.zygote import ForkedProcess, spawn
@@ -31,25 +31,13 @@ from fedsim.wire.messages import (
     Trained,
     WorkerFailed,
     WorkerReady,
+    worker_answer,
 )
 from fedsim.wire.transport import ZmqContext
 
-__all__ = ["WorkerDied", "WorkerHandle", "answer"]
+__all__ = ["WorkerDied", "WorkerHandle"]
 
 log = logging.getLogger(__name__)
-
-A = TypeVar("A", Trained, Evaluated)
-
-
-def answer(reply: Message, request_id: int, expected: type[A]) -> A | WorkerFailed:
-    """A worker's ``reply`` to request ``request_id`` as the request's type of answer
-    (``expected``) or :class:`~fedsim.wire.messages.WorkerFailed`: any other
-    message in its place becomes the request's failure, named."""
-    if isinstance(reply, (expected, WorkerFailed)):
-        return reply
-    return WorkerFailed(request_id=request_id, cause="error",
-                        reason=f"the worker answered with {type(reply).__name__}, "
-                               f"not {expected.__name__}")
 
 
 class WorkerDied(RuntimeError):
@@ -192,15 +180,15 @@ class WorkerHandle:
         what the request asks for, or why it failed."""
         reply = await self._exchange(msg.request_id, encode(msg))
         if isinstance(msg, Evaluate):
-            return answer(reply, msg.request_id, Evaluated)
-        return answer(reply, msg.request_id, Trained)
+            return worker_answer(reply, msg.request_id, Evaluated)
+        return worker_answer(reply, msg.request_id, Trained)
 
     async def train(self, frames: Frames) -> Trained | WorkerFailed:
         """Send a task's frames (stamped with its due time and, as ``seq``, its request
         id from :meth:`next_id`) and await the reply: how the work went, or why it
         failed."""
         rid = peek(frames).seq
-        return answer(await self._exchange(rid, frames), rid, Trained)
+        return worker_answer(await self._exchange(rid, frames), rid, Trained)
 
     def upload(self, request_id: int) -> Frames | None:
         """The frames of the update the reply to ``request_id`` uploads (None: none)."""

@@ -74,6 +74,7 @@ __all__ = [
     "Update",
     "WorkerFailed",
     "WorkerReady",
+    "worker_answer",
 ]
 
 SCHEMA_VERSION = 5
@@ -655,6 +656,21 @@ class WorkerFailed(Record):
 
     def _validate(self) -> None:
         _check_cause(self)
+
+
+_A = TypeVar("_A", Trained, Evaluated)
+
+
+def worker_answer(reply: Message, request_id: int, expected: type[_A]) -> _A | WorkerFailed:
+    """A worker's ``reply`` to request ``request_id`` as the request's kind of answer
+    (``expected``: :class:`Trained` or :class:`Evaluated`) or
+    :class:`WorkerFailed`: any other message in its place becomes the request's
+    failure, named."""
+    if isinstance(reply, (expected, WorkerFailed)):
+        return reply
+    return WorkerFailed(request_id=request_id, cause="error",
+                        reason=f"the worker answered with {type(reply).__name__}, "
+                               f"not {expected.__name__}")
 
 
 @_message

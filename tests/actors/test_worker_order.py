@@ -93,8 +93,8 @@ def test_a_reply_of_another_kind_is_its_requests_failure_named() -> None:
     """A trainer's reply reaches its client as what the request asks for (Trained,
     Evaluated) or a WorkerFailed; any other message in its place is the request's
     failure, named, never passed on untyped."""
-    from fedsim.actors.workers import answer
     from fedsim.wire.messages import Evaluated, Trained
+    from fedsim.wire.messages import worker_answer as answer
 
     ok = Evaluated(request_id=4, version=2, loss=0.5, accuracy=0.9, seconds=0.1)
     assert answer(ok, 4, Evaluated) is ok
