@@ -983,29 +983,39 @@ def test_a_pool_goes_by_the_last_regenerations_times_and_keeps_its_own(
     seen: dict[tuple[int, str], float] = {}
     packed: dict[tuple[int, str], float] = {}
 
+    scales: list[float] = []
+    own: dict[str, float] = {}
+
     def pool(pairs: Any, *, jobs: Any, report: Any, expected: Any, headroom: Any,
-             loads: Any) -> list[Any]:
+             loads: Any, max_scale: float) -> list[Any]:
         seen.update(expected)
         packed.update(loads)
+        scales.append(max_scale)
         for spec, sdir in pairs:
             for pt in spec.points():
                 run = Path(sdir) / "runs" / pt.key
                 run.mkdir(parents=True)
-                (run / "summary.json").write_text(json.dumps({"real_seconds": 7.0}))
+                (run / "summary.json").write_text(json.dumps({"real_seconds": 7.0,
+                                                              "emulated_seconds": 2.0}))
                 # every point ran at twice its own dilation, at 0.1 cores
-                own = 10.0 if "delay=0.001" in pt.key else 1.0 if "delay=0.1" in pt.key else 0.5
+                own[pt.key] = (10.0 if "delay=0.001" in pt.key else
+                               1.0 if "delay=0.1" in pt.key else 0.5)
                 (run / "point.json").write_text(json.dumps({"cores": 0.1,
-                                                            "dilation": 2 * own}))
+                                                            "dilation": 2 * own[pt.key]}))
         return []
 
     monkeypatch.setattr(writer.sw, "run_sweeps", pool)
     dg1 = next(c for c in claims.CLAIMS if c.id == "DG-1")
-    writer.run_together([dg1], tmp_path / "out", "auto")
+    writer.run_together([dg1], tmp_path / "out", "auto", max_scale=1.0)
+    assert scales == [1.0]
     assert seen == {(0, keys[0]): 12.5, (0, keys[1]): 30.0}
     assert packed == {(0, keys[1]): 0.2}
     kept = json.loads(times.read_text())
-    # the cores at each point's own dilation: twice those it used at twice it
-    assert kept["dg1"] == {k: {"seconds": 7.0, "cores": 0.2} for k in keys}
+    # at each point's own dilation: twice the cores it used at twice it, and its real
+    # seconds less the emulated ones' extra dilation (at least half of them)
+    assert kept["dg1"] == {k: {"seconds": max(7.0 - 2.0 * own[k], 3.5), "cores": 0.2}
+                           for k in keys}
+    assert {v["seconds"] for v in kept["dg1"].values()} == {3.5, 5.0, 6.0}
     assert kept["gone"] == {"x": {"seconds": 1.0}}     # other sweeps' times are kept
     times.write_text("not json")
     assert writer.read_times() == {}

@@ -69,6 +69,15 @@ from claimslib.writer import (  # noqa: E402
 #: three failed their verdicts (lateness p99 3.3-3.8 ms against 2.5, 4 % compute
 #: overruns). Runs that crowd each other go again and shrink the share.
 POOL_HEADROOM = 0.6
+#: The most the pool may multiply every run's dilation by to run more of them at
+#: once (a sweep's own default is 4). 1: never. On 2026-11-29 (15:00) a pool
+#: went to 2x after AF-1a's runs at dilation 1.0 failed beside others, then to
+#: 4x after one of AF-1's 0.08-core runs failed by 0.28 ms of p99 lateness on a
+#: machine at load average 0.45-0.83: every later run took 2-4x its real time at
+#: a quarter of its load, 4-6 at once, and the pool had finished 61 of its 317
+#: points in 76 minutes. At 1, a crowded failure costs that point one more
+#: attempt and the pool one run at once.
+POOL_MAX_SCALE = 1.0
 
 CLAIMS: list[Claim] = [
     Claim("FA-1", "FedAsync (Xie, Koyejo and Gupta, arXiv:1903.03934)",
@@ -230,6 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--headroom", type=float, default=POOL_HEADROOM,
                     help="the share of the cores the pool's runs may keep busy on average "
                          f"(default {POOL_HEADROOM}; a sweep's own default is 0.5)")
+    ap.add_argument("--max-scale", type=float, default=POOL_MAX_SCALE,
+                    help="the most the pool may multiply the runs' dilation by to run more at "
+                         f"once (default {POOL_MAX_SCALE:g}: never; a sweep's own default is 4)")
     ap.add_argument("--pending-only", action="store_true",
                     help="run nothing: rewrite the docs from what is recorded")
     args = ap.parse_args(argv)
@@ -255,7 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.together and not args.no_run and wanted:
         print(f"{', '.join(wanted)}: every sweep in one pool", flush=True)
         table_seconds, resumed = run_together([known[c] for c in wanted], args.out, args.jobs,
-                                              args.hints, args.headroom)
+                                              args.hints, args.headroom,
+                                              args.max_scale)
         print(f"all sweeps ran in {table_seconds / 60:.1f} min", flush=True)
     for cid in wanted:
         print(f"{cid}: {known[cid].claim}", flush=True)

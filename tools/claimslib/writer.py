@@ -131,8 +131,8 @@ def run_claim(c: Claim, out: Path, jobs: str, execute: bool) -> dict[str, Any]:
 
 
 def run_together(claims: Sequence[Claim], out: Path, jobs: str,
-                 hints: Path | None = None, headroom: float | None = None
-                 ) -> tuple[float, bool]:
+                 hints: Path | None = None, headroom: float | None = None,
+                 max_scale: float = 4.0) -> tuple[float, bool]:
     """Run every sweep of ``claims`` (their own and those they also read, each once)
     in one pool (:func:`fedsim.sweep.run_sweeps`): the real seconds it took, and
     whether any of them was resumed. Evaluate the claims afterwards from disk.
@@ -165,7 +165,7 @@ def run_together(claims: Sequence[Claim], out: Path, jobs: str,
     t0 = time.monotonic()
     sw.run_sweeps(list(pairs.values()), jobs=jobs if jobs == "auto" else int(jobs),
                   report=lambda line: print(f"  {line}", flush=True), expected=expected,
-                  headroom=headroom, loads=loads)
+                  headroom=headroom, loads=loads, max_scale=max_scale)
     took = time.monotonic() - t0
     for i, (spec, sdir) in enumerate(pairs.values()):
         for pt in spec.points():
@@ -201,10 +201,12 @@ def read_times() -> dict[str, dict[str, dict[str, float]]]:
 
 
 def _measured(run: Path, base: float | None) -> dict[str, float]:
-    """What an earlier run of a point took: its real seconds, and the cores it used
-    at the point's own dilation ``base`` (from the sweep's point.json: its process
-    tree's CPU over its real time, at the dilation it ran at); {} when none is on
-    disk."""
+    """What an earlier run of a point took at the point's own dilation ``base``: its
+    real seconds (those it ran, less its emulated seconds times the dilation it
+    ran at beyond ``base``: a run a pool slowed to twice its dilation would
+    otherwise be ordered as twice as long), and the cores it used (from the
+    sweep's point.json: its process tree's CPU over its real time, at the
+    dilation it ran at); {} when none is on disk."""
     try:
         summary = json.loads((run / "summary.json").read_text())
     except (OSError, ValueError):
@@ -212,14 +214,20 @@ def _measured(run: Path, base: float | None) -> dict[str, float]:
     seconds = summary.get("real_seconds") if isinstance(summary, dict) else None
     if not isinstance(seconds, int | float):
         return {}
-    entry = {"seconds": round(float(seconds), 1)}
     try:
         meta = json.loads((run / "point.json").read_text())
     except (OSError, ValueError):
-        return entry
-    cores, ran_at = meta.get("cores"), meta.get("dilation")
+        meta = {}
+    ran_at = meta.get("dilation") if isinstance(meta, dict) else None
+    scale = (float(ran_at) / base if isinstance(ran_at, int | float) and ran_at > 0 and base
+             else 1.0)
+    emulated = summary.get("emulated_seconds")
+    if scale != 1.0 and isinstance(emulated, int | float) and base:
+        seconds = max(float(seconds) - float(emulated) * base * (scale - 1.0),
+                      float(seconds) / scale)
+    entry = {"seconds": round(float(seconds), 1)}
+    cores = meta.get("cores") if isinstance(meta, dict) else None
     if isinstance(cores, int | float) and cores > 0:
-        scale = (float(ran_at) / base if isinstance(ran_at, int | float) and base else 1.0)
         entry["cores"] = round(float(cores) * scale, 3)
     return entry
 
