@@ -616,6 +616,35 @@ def test_crowded_runs_go_again_at_twice_the_dilation_and_more_at_once(
     assert any(r.dilation == 4.0 for r in res.points)
 
 
+def test_in_a_pool_only_the_sweep_whose_runs_crowd_each_other_slows_down(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sweeps in one pool: sweep a's runs fail beside others at their own dilation
+    (2) and pass at twice it; sweep b's never fail. Only a's later runs go at twice
+    their dilation; b's stay at their own (a pool of every claim's sweeps once went to
+    4x for all after two sweeps' crowded failures)."""
+    crowded = "seen and dil < 4.0 and '/a/' in out"
+    run = (CROWD_RUN.replace('"fail" if seen else "pass"', f'"fail" if {crowded} else "pass"')
+           .replace("4 * dil if seen", f"4 * dil if {crowded}")
+           .replace("else 1.0", "else 2.0"))
+    script = tmp_path / "crowd-python"
+    script.write_text(f"#!{sys.executable}\n{run}")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "crowd").mkdir()
+    monkeypatch.setenv("CROWD_DIR", str(tmp_path / "crowd"))
+    a = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1,0.2,0.3"], seeds=2)
+    b = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1,0.2,0.3"], seeds=2)
+    lines: list[str] = []
+    ra, rb = sw.run_sweeps([(a, tmp_path / "a"), (b, tmp_path / "b")], python=str(script),
+                           report=lines.append, max_attempts=2)
+    assert all(r.counts for r in [*ra.points, *rb.points]), lines
+    slowed = [x for x in lines if "its runs crowd each other; from now on at" in x]
+    assert len(slowed) == 1, lines                # a's, once (b's runs never fail)
+    assert "at 2x their dilation" in slowed[0]
+    assert not any("every run at" in x for x in lines), lines
+    assert {r.dilation for r in rb.points} <= {None, 2.0}
+    assert any(r.dilation == 4.0 for r in ra.points)
+
+
 # A run that fails its verdict below dilation 3, alone, asking for 3.
 NEEDS_3_RUN = CROWD_RUN.replace('"fail" if seen else "pass"', '"fail" if dil < 3.0 else "pass"'
                                 ).replace("4 * dil if seen else None", "3.0")

@@ -80,7 +80,7 @@ POOL_HEADROOM = 0.6
 #: at a time and stayed there at a load average of 0.2 (44 of FA-1's, FA-2's,
 #: DS', DG's and FS' 275 points in 18 minutes, most of them FA-1's 8-27 s runs).
 #: What both say: the multiple belongs to the sweep whose runs crowd each other,
-#: not to every run of the pool.
+#: not to every run of the pool, as it now does (fedsim.sweep.run_sweeps).
 POOL_MAX_SCALE = 4.0
 
 CLAIMS: list[Claim] = [

@@ -72,11 +72,16 @@ dilation, go at it again. Otherwise the concurrency halves. Either way
 the sweep runs no more at once than when it failed until as many faithful
 runs in a row have ended at that level as it allows (and at least 2, 4,
 8 ... after each crowding); then one more may go (additive increase,
-multiplicative decrease). A run that failed
-alone asks its
-point for more dilation. A dilation changes how long a run takes, not
-what it computes: a faithful run's emulated-time results are the same at
-any dilation.
+multiplicative decrease). Sweeps run together in one pool
+(``run_sweeps``) each have their own multiple: a crowded failure doubles
+the dilation of that sweep's later runs (up to ``max_scale``), and leaves
+the other sweeps' runs and the pool's concurrency as they were; only a
+crowded failure of a sweep already at ``max_scale`` cuts the concurrency
+(a pool of every claim's sweeps once slowed every run to 4x its dilation
+after two sweeps' failures, and with no multiple at all fell to one run at
+a time). A run that failed alone asks its point for more dilation. A
+dilation changes how long a run takes, not what it computes: a faithful
+run's emulated-time results are the same at any dilation.
 
 A half-finished sweep resumes: run the same command again (or ``fedsim
 sweep OUT_DIR``) and finished points are kept; a point whose run was

@@ -162,7 +162,16 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     say(f"sweep{'s' if many else ''} {names}: {len(items)} points"
         + (f", {kept} already finished" if kept else "")
         + ("" if many else f"; results in {Path(sweeps[0][1])}"))
-    sched = _Scheduler(jobs, max_jobs, max_scale, headroom)
+    # Several sweeps: the multiple of their dilation the runs go at is each sweep's own,
+    # doubled when its runs fail beside others (up to max_scale), and the pool's
+    # concurrency answers only a crowded failure its sweep cannot slow down from; one
+    # sweep's crowding no longer slows every other sweep's runs (see fedsim.sweep).
+    per_sweep = many and jobs == "auto"
+    sched = _Scheduler(jobs, max_jobs, 1.0 if per_sweep else max_scale, headroom)
+    multiple: dict[int, float] = {}    # by sweep (per_sweep): its runs' multiple
+
+    def mult(it: _Item) -> float:
+        return multiple.get(it.which, 1.0)
     running: dict[int, _RunningItem] = {}
     python = python or sys.executable
     t0 = time.monotonic()
@@ -185,8 +194,9 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
         load = own_load(it)
         if load is None:
             return None
-        return load / sched.scale_for(len(todo) + len(running),
-                                      crowded=history[it.key].last_crowded, alone=not running)
+        return load / (mult(it) * sched.scale_for(len(todo) + len(running),
+                                                  crowded=history[it.key].last_crowded,
+                                                  alone=not running))
 
     def seconds_of(it: _Item) -> float | None:
         return expect.get(it.key) or None
@@ -220,8 +230,8 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                     break
                 it = todo.pop(pick)
                 h = history[it.key]
-                scale = sched.scale_for(len(todo) + 1 + len(running),
-                                        crowded=h.last_crowded, alone=not running)
+                scale = mult(it) * sched.scale_for(len(todo) + 1 + len(running),
+                                                   crowded=h.last_crowded, alone=not running)
                 prev = results[it.key]
                 dilation = _dilation_for(prev, bases[it.key], scale, h.last_crowded, h.need)
                 proc = _start(it.point, it.sweep, it.runs / it.point.key, python, dilation,
@@ -260,7 +270,15 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             res = _result(it.point, run_dir)
             results[it.key] = res
             was_shared = pid in shared
-            sched.finished(cores, res.verdict, shared=was_shared, at=level, scale=scale,
+            verdict = res.verdict
+            if (per_sweep and verdict == "fail" and was_shared and res.status == "completed"
+                    and 2 * mult(it) <= max_scale):
+                if scale >= mult(it):      # not one that started before the last doubling
+                    multiple[it.which] = 2 * mult(it)
+                    say(f"  {it.name}: its runs crowd each other; from now on at "
+                        f"{multiple[it.which]:g}x their dilation")
+                verdict = None             # the sweep answered it: the pool's concurrency stays
+            sched.finished(cores, verdict, shared=was_shared, at=level, scale=scale,
                            started=started)
             base = bases[it.key]
             if cores is not None and res.status == "completed":
@@ -281,7 +299,8 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             if res.status == "completed" and not _done(res, max_attempts + h.crowded):
                 todo.insert(0, it)     # an unfaithful run goes again, with more dilation
                 why = " beside other runs" if h.last_crowded else ""
-                nxt = _dilation_for(res, bases[it.key], sched.scale, h.last_crowded, h.need)
+                nxt = _dilation_for(res, bases[it.key], mult(it) * sched.scale, h.last_crowded,
+                                    h.need)
                 say(f"  rerun {it.label(many)}: verdict {res.verdict} at dilation "
                     f"{res.dilation}{why}; next {nxt or 'its own'} "
                     f"(concurrency now {sched.allowed()}{_scaled(sched.scale)})")
