@@ -271,13 +271,15 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             results[it.key] = res
             was_shared = pid in shared
             verdict = res.verdict
-            if (per_sweep and verdict == "fail" and was_shared and res.status == "completed"
-                    and 2 * mult(it) <= max_scale):
-                if scale >= mult(it):      # not one that started before the last doubling
+            if per_sweep and verdict == "fail" and was_shared and res.status == "completed":
+                if scale < mult(it):
+                    # it started before its sweep's last doubling, which answered it
+                    verdict = None
+                elif 2 * mult(it) <= max_scale:
                     multiple[it.which] = 2 * mult(it)
                     say(f"  {it.name}: its runs crowd each other; from now on at "
                         f"{multiple[it.which]:g}x their dilation")
-                verdict = None             # the sweep answered it: the pool's concurrency stays
+                    verdict = None         # the sweep answered it: the pool's concurrency stays
             sched.finished(cores, verdict, shared=was_shared, at=level, scale=scale,
                            started=started)
             base = bases[it.key]
