@@ -934,7 +934,7 @@ def test_runs_of_known_loads_are_packed_first_fit() -> None:
     first, longest first, whose load fits beside those under way within the
     headroom: three AsyncFedED runs of 0.48 cores crowded each other at 1.44 of 2
     cores (2026-11-29), so at 0.6 two go, and a light run fills beside them."""
-    from fedsim.sweep.policy import _Item, _next, _RunningItem
+    from fedsim.sweep.pick import _Item, _next, _RunningItem
 
     sched = _Scheduler("auto", max_jobs=8, headroom=0.6)
     sched.cores = 2
@@ -974,7 +974,7 @@ def test_a_light_run_takes_a_gap_only_if_it_ends_before_the_heaviest_can_go() ->
     """EASY backfilling: while the first in line waits for room, a later run that
     fits goes only if it is expected to end before enough room frees for the first
     (so the longest runs are not pushed to the tail by light ones)."""
-    from fedsim.sweep.policy import _Item, _next, _room_at, _RunningItem
+    from fedsim.sweep.pick import _Item, _next, _room_at, _RunningItem
 
     sched = _Scheduler("auto", max_jobs=8, headroom=0.6)
     sched.cores = 2                                         # 1.2 cores to fill

@@ -20,16 +20,14 @@ from typing import Any
 
 from fedsim.actors.process import SETUP_IDLE_ENV
 from fedsim.results.writer import FORMAT_FILE
+from fedsim.sweep.pick import _Item, _next, _RunningItem
 from fedsim.sweep.policy import (
     CROWDED_RETRIES,
     _dilation_for,
     _done,
     _History,
-    _Item,
     _MachineLoad,
-    _next,
     _next_dilation,
-    _RunningItem,
     _Scheduler,
 )
 from fedsim.sweep.results import PointResult, _read_point, _result, figure
