@@ -1019,3 +1019,49 @@ def test_a_pool_goes_by_the_last_regenerations_times_and_keeps_its_own(
     assert kept["gone"] == {"x": {"seconds": 1.0}}     # other sweeps' times are kept
     times.write_text("not json")
     assert writer.read_times() == {}
+
+
+def test_the_table_runs_each_papers_sweeps_in_a_pool_of_their_own_longest_paper_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default each paper's sweeps go in one pool, the paper whose claims took
+    longest last time first; each paper's claims are evaluated and recorded as soon
+    as its pool ends (an interrupted regeneration keeps them), and every record gets
+    the whole table's time. ``--one-pool`` runs every sweep in one pool."""
+    state = tmp_path / "claims.json"
+    old = [{"id": c.id, "verdict": "partly", "real_seconds": 60.0 * (10 if "AF" in c.id else 1)}
+           for c in claims.CLAIMS]
+    state.write_text(json.dumps(old))
+    monkeypatch.setattr(claims, "STATE", state)
+    pools: list[list[str]] = []
+    events: list[str] = []
+    written: list[list[dict[str, Any]]] = []
+
+    def run_together(cs: Any, out: Any, jobs: Any, hints: Any, headroom: Any,
+                     max_scale: Any) -> tuple[float, bool]:
+        pools.append([c.id for c in cs])
+        events.append("pool")
+        return 1.0, False
+
+    def run_claim(c: Any, out: Any, jobs: Any, execute: bool) -> dict[str, Any]:
+        assert not execute                 # the pool ran them
+        events.append(c.id)
+        return {"id": c.id, "number": "n", "verdict": "reproduced", "real_seconds": 1.0}
+
+    monkeypatch.setattr(claims, "run_together", run_together)
+    monkeypatch.setattr(claims, "run_claim", run_claim)
+    monkeypatch.setattr(claims, "write_docs", lambda records: written.append(records))
+    monkeypatch.setattr(claims, "write_readme", lambda records: None)
+    assert claims.main(["--only", "FA-1,AF-2,AF-1,FA-2,DG-1", "--out", str(tmp_path)]) == 0
+    assert pools == [["AF-1", "AF-2"], ["FA-1", "FA-2"], ["DG-1"]]
+    assert events == ["pool", "AF-1", "AF-2", "pool", "FA-1", "FA-2", "pool", "DG-1"]
+    # AF-1 and AF-2 were recorded before FedAsync's pool ran
+    assert [r["verdict"] for r in written[1] if r["id"] in ("AF-1", "AF-2", "FA-1")] == [
+        "partly", "reproduced", "reproduced"]
+    final = {r["id"]: r for r in json.loads(state.read_text())}
+    assert final["FA-1"]["table_pools"] == final["DG-1"]["table_pools"] == "by paper"
+    assert final["AF-1"]["table_seconds"] == final["DG-1"]["table_seconds"] >= 0.0
+    assert "table_seconds" not in final["DS-1"]        # not regenerated
+    pools.clear()
+    assert claims.main(["--only", "FA-1,AF-1", "--one-pool", "--out", str(tmp_path)]) == 0
+    assert pools == [["FA-1", "AF-1"]]
+    assert json.loads(state.read_text())[0]["table_pools"] == "one"

@@ -14,10 +14,24 @@ reports, and gives a verdict with the reason. It writes
 stamped with the date and the commit measured. Nothing here is tuned to
 agree: a claim fedsim does not reproduce is reported as such, with why.
 
-    python tools/claims.py                   # every claim: every sweep in one pool of runs
+    python tools/claims.py                   # every claim: each paper's sweeps in one pool
     python tools/claims.py --only DG-1,FA-1  # some; the others keep their last result
     python tools/claims.py --no-run          # re-evaluate the sweeps already on disk
+    python tools/claims.py --one-pool        # every sweep of every paper in one pool
     python tools/claims.py --one-by-one      # each claim's sweep after the last one's
+
+Pools, paper after paper. A paper's sweeps share a scenario family and its
+timing (AsyncFedED's are 300 s runs of 0.1-0.5 cores; FedAsync's 8-50 s runs),
+so in one pool they pack without the sweep-by-sweep ramps and tails of
+``--one-by-one`` (171 minutes on 2026-11-29), while no paper's short, light
+runs let the scheduler pack so many beside another's long ones that those
+fail their verdicts: every pool of all 317 points (``--one-pool``) did, four
+times on 2026-11-29 (after 20 minutes, with 7 runs at once, AF-1's first
+300 s runs failed at dilation 1.5 beside FedAsync's, and the pool was on
+course for 400 minutes). The paper whose sweeps took longest in the last
+regeneration goes first, so that an interrupted regeneration has its long
+runs done; each paper's claims are evaluated and recorded as soon as its
+pool ends.
 
 Sweeps go to sweeps/claims/<sweep file's name>/ and resume: an interrupted
 regeneration picks up where it stopped, and a claim that also reads another
@@ -37,8 +51,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # fedsim from this checkout, and claimslib beside this file (also when it is loaded by path)
@@ -232,9 +248,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="where the sweeps run (they resume)")
     ap.add_argument("--jobs", default="auto", help="runs at once: N or auto")
     ap.add_argument("--no-run", action="store_true", help="evaluate the sweeps on disk")
-    ap.add_argument("--one-by-one", action="store_true",
-                    help="run each claim's sweep after the last (default: every claim's sweep "
-                         "in one pool of runs, longest first, then evaluate each)")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--one-by-one", action="store_true",
+                     help="run each claim's sweep after the last (default: each paper's "
+                          "sweeps in one pool of runs, longest first, paper after paper)")
+    how.add_argument("--one-pool", action="store_true",
+                     help="every claim's sweeps in a single pool of runs")
     ap.add_argument("--together", action="store_true", help=argparse.SUPPRESS)  # the default
     ap.add_argument("--hints", type=Path, default=None, metavar="DIR",
                     help="an earlier regeneration's --out: its runs' real times order "
@@ -267,31 +286,62 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_docs(records)
         write_readme(records)
 
-    table_seconds, resumed = 0.0, False
-    if args.together and not args.no_run and wanted:
-        print(f"{', '.join(wanted)}: every sweep in one pool", flush=True)
-        table_seconds, resumed = run_together([known[c] for c in wanted], args.out, args.jobs,
-                                              args.hints, args.headroom,
-                                              args.max_scale)
-        print(f"all sweeps ran in {table_seconds / 60:.1f} min", flush=True)
-    for cid in wanted:
+    def evaluate(cid: str) -> None:
         print(f"{cid}: {known[cid].claim}", flush=True)
         rec = run_claim(known[cid], args.out, args.jobs, not args.no_run and not args.together)
-        if args.together and not args.no_run:   # its runs' time; the table's beside it
-            rec["table_seconds"], rec["resumed"] = round(table_seconds, 1), resumed
         if args.no_run and cid in old:      # re-evaluated: when and at what it was measured
             for k in ("real_seconds", "measured", "commit"):
                 rec[k] = old[cid][k]
             rec["resumed"] = old[cid].get("resumed", False)
-            if old[cid].get("table_seconds"):
-                rec["table_seconds"] = old[cid]["table_seconds"]
+            for k in ("table_seconds", "table_pools"):
+                if old[cid].get(k):
+                    rec[k] = old[cid][k]
         old[cid] = rec
         print(f"{cid}: {rec['number']} -> {rec['verdict']} ({rec['real_seconds'] / 60:.1f} min)",
               flush=True)
         record()    # an interrupted regeneration keeps every claim it finished
+
+    pooled = args.together and not args.no_run
+    # one pool (or none: claim by claim), or one per paper
+    pools = ([wanted] if not pooled or args.one_pool
+             else by_paper([c for c in CLAIMS if c.id in wanted], old))
+    t0 = time.monotonic()
+    table_seconds, resumed = 0.0, False
+    done: list[str] = []
+    for pool in pools:
+        if pooled:
+            what = "every sweep" if len(pools) == 1 else "its sweeps"
+            print(f"{', '.join(pool)}: {what} in one pool", flush=True)
+            took, again = run_together([known[c] for c in pool], args.out, args.jobs,
+                                       args.hints, args.headroom, args.max_scale)
+            resumed = resumed or again
+            print(f"{', '.join(pool)}: their sweeps ran in {took / 60:.1f} min", flush=True)
+        for cid in pool:
+            evaluate(cid)
+            done.append(cid)
+    if pooled and done:       # each claim's runs' time; the whole table's beside it
+        table_seconds = time.monotonic() - t0
+        print(f"the table's sweeps ran in {table_seconds / 60:.1f} min", flush=True)
+        for cid in done:
+            old[cid]["table_seconds"], old[cid]["resumed"] = round(table_seconds, 1), resumed
+            old[cid]["table_pools"] = "one" if len(pools) == 1 else "by paper"
     record()
     print("wrote docs/claims.md, docs/claims/, README.md")
     return 0
+
+
+def by_paper(claims: Sequence[Claim], old: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """The ids of ``claims`` in one group per paper, in CLAIMS' order within each;
+    the paper whose claims took longest in the last regeneration (their records'
+    ``real_seconds``, in ``old``) first."""
+    groups: dict[str, list[str]] = {}
+    for c in claims:
+        groups.setdefault(c.paper, []).append(c.id)
+
+    def took(ids: list[str]) -> float:
+        return sum(float((old.get(i) or {}).get("real_seconds") or 0.0) for i in ids)
+
+    return sorted(groups.values(), key=took, reverse=True)
 
 
 if __name__ == "__main__":

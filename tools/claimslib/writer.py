@@ -284,14 +284,17 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 RESUMED = "; some sweeps were resumed, and only their last part is timed"
-POOLED = " of runs one after another, in a pool with the whole table"
+POOLED = " of runs one after another, in a pool of runs"
 
 
 def write_docs(records: list[dict[str, Any]]) -> None:
     total = sum(r["real_seconds"] for r in records)
     partial = any(r.get("resumed") for r in records)
-    # the wall time of a regeneration that ran every claim's sweep in one pool
+    # the wall time of a regeneration that ran the claims' sweeps in pools
     together = max((r.get("table_seconds") or 0.0 for r in records), default=0.0)
+    pools = ("each paper's sweeps in one pool of runs, paper after paper"
+             if any(r.get("table_pools") == "by paper" for r in records)
+             else "every claim's sweep in one pool of runs")
     parts = ["# Claims, reproduced through real timing",
              "",
              "Written by `python tools/claims.py`; do not edit by hand. Each claim's sweep ran",
@@ -325,8 +328,8 @@ def write_docs(records: list[dict[str, Any]]) -> None:
              "its claim and never counted.",
              "",
              *([f"Regenerating all of them took {'at least ' if partial else ''}"
-                f"{together / 60:.0f} minutes of real time here (2 cores, every claim's sweep in "
-                "one pool of runs: `python tools/claims.py`"
+                f"{together / 60:.0f} minutes of real time here (2 cores, {pools}: "
+                "`python tools/claims.py`"
                 f"{RESUMED if partial else ''}); one after another, their runs took "
                 f"{total / 60:.0f} minutes."]
               if together else
