@@ -445,6 +445,11 @@ def test_model_from_arrays_copies_once() -> None:
         (lambda: Model(SPEC, ()), "bad_field", "0 buffers"),
         (lambda: Model(SPEC, (np.zeros((2, 5), np.float32),)), "bad_field", "1-D"),
         (lambda: Model(SPEC, (np.zeros(10, ">f4"),)), "dtype_mismatch", ">f4"),
+        # past the one-test fast path for a wire-dtype 1-D array of the right size
+        (lambda: Model(SPEC, (np.zeros(20, np.float32)[::2],)), "bad_field", "C-contiguous"),
+        (lambda: Model(SPEC, (np.zeros(10, np.float32)[::-1],)), "bad_field", "C-contiguous"),
+        (lambda: Model(SPEC, (np.zeros(11, np.float32),)), "size_mismatch", "11 elements"),
+        (lambda: Model(SPEC, (np.zeros(10, np.float64),)), "dtype_mismatch", "float64"),
         (lambda: Model((), ()), "bad_field", "TensorSpec"),
         (lambda: Model.from_arrays([np.zeros(2, np.complex64)]), "bad_dtype", "complex64"),
         (lambda: Model.from_arrays([np.array(["a"])]), "bad_dtype", "<U1"),

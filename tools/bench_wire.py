@@ -60,6 +60,17 @@ check as ``np.isfinite(...).all()``: + codec 1.69-1.74 at 100 KB and
 The pass off the loop from 64 KB (CHECK_OFF_LOOP_BYTES) measured 1.64 against
 1.61-1.65 on it that morning: not kept.
 
+Measured 2026-11-29 evening (load average 0.7-0.9, raw 100 KB 238-252 us,
+two runs each of the code before and after, interleaved, ``--iters 2000``):
+Model.from_flat checks its buffer once (4.5 -> 2.7 us, timeit) and
+encode_body reads the fields in one call (4.5 -> 3.8 us): the codec alone
+1.51-1.54 -> 1.49-1.51 (1.38-1.41 -> 1.36-1.38 without the pass); the
+server's path 1.57-1.59 -> 1.55-1.56 with the pass on the loop, 1.55-1.57
+-> 1.54-1.55 with it handed to the value-check thread (the new last table:
+the hand-over costs the loop about what the pass over a cold 100 KB does),
+and 1.63-1.66 for the very same code one pair of messages earlier in each
+round (an order effect, not a cost); the transport alone 1.12-1.14.
+
 On ``zmq.asyncio`` sockets (fedsim before it read its sockets itself,
 commit 4f7fdf4), the same runs: 1.64-1.66 up, 1.45-1.46 down, 2.41-2.43
 with the codec at 100 KB; 1.11-1.16, 1.03-1.09 and 1.24-1.40 at 10 MB.
@@ -212,6 +223,20 @@ def sides(sockets: tuple[Any, Any], endpoint: Endpoint, conn: Connection,
         assert msg.task_id == i
         return dt
 
+    async def transport_codec_thread(i: int) -> float:
+        """The same with the value pass handed to the value-check thread whatever
+        the size (what the server's path would be with CHECK_OFF_LOOP_BYTES = 0)."""
+        t0 = time.perf_counter()
+        await conn.send(encode(update(flat, spec, i), sent_at=0.0, seq=i))
+        _, got = await endpoint.recv()
+        msg, _ = decode(got, spec=spec, max_bytes=1 << 30, check_finite=False)
+        assert isinstance(msg, Update)
+        values = checker.submit(msg.model)
+        dt = time.perf_counter() - t0
+        values.result()
+        assert msg.task_id == i
+        return dt
+
     async def transport_codec_inline(i: int) -> float:
         """The same with the value pass on the loop (decode's check_finite)."""
         t0 = time.perf_counter()
@@ -242,11 +267,13 @@ def sides(sockets: tuple[Any, Any], endpoint: Endpoint, conn: Connection,
 
     return {"raw": raw, "codec": codec, "unchecked": unchecked, "transport": transport,
             "transport_codec": transport_codec, "transport_codec_inline": transport_codec_inline,
+            "transport_codec_thread": transport_codec_thread,
             "raw_down": raw_down, "transport_down": transport_down}
 
 
 #: Each side and the raw side of its direction it is timed against, just before it.
 PAIRS = (("transport", "raw"), ("transport_codec", "raw"), ("transport_codec_inline", "raw"),
+         ("transport_codec_thread", "raw"),
          ("transport_down", "raw_down"), ("codec", "raw"), ("unchecked", "raw"))
 
 
@@ -315,6 +342,10 @@ async def measure(args: argparse.Namespace) -> None:
                   f" {m['transport_down'] * k:>7.1f} {unit} {r['transport_down']:>6.2f}")
         print("(+ codec: the server's path: from 1 MB the value pass in a thread while the "
               "update crosses its uplink;\n (on loop): that pass in decode, on the loop)")
+        print("\nThe value pass handed to the thread at every size (the loop's time):")
+        for label, _, _, unit, k, m, r in rows:
+            print(f"{label:>8} {m['transport_codec_thread'] * k:>7.1f} {unit}"
+                  f" {r['transport_codec_thread']:>6.2f}")
         count_copies(sockets)
     finally:
         endpoint.close()

@@ -116,8 +116,9 @@ from __future__ import annotations
 import math
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 
 import msgpack
@@ -192,6 +193,19 @@ _COPIES_INDEX: dict[type[Any], int] = {
     if cls.MODEL_COPIES_FIELD
 }
 _VALUE_CLASSES = frozenset(VALUE_TYPES.values())
+
+
+def _fields_of(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """A function returning an object's ``names`` attributes as a tuple."""
+    if len(names) > 1:
+        return attrgetter(*names)
+    return lambda obj: tuple(getattr(obj, n) for n in names)
+
+
+#: each message class's field values in declaration order, as a tuple (one C call)
+_GETTERS: dict[type[Any], Callable[[Any], tuple[Any, ...]]] = {
+    cls: _fields_of(cls.FIELDS) for cls in KINDS.values()
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,15 +305,15 @@ def encode_body(msg: Message) -> Body:
         If ``msg`` is not a message of this schema.
     """
     cls = type(msg)
-    if KINDS.get(getattr(cls, "KIND", "")) is not cls:
+    fields = _GETTERS.get(cls)
+    if fields is None:
         raise TypeError(f"encode needs a fedsim.wire.messages message, got {describe(msg)}")
-    values = [getattr(msg, name) for name in cls.FIELDS]
+    values = list(fields(msg))
     buffers: list[memoryview] = []
     index = _MODEL_INDEX[cls]
     if index >= 0 and values[index] is not None:
         model: Model = values[index]
-        spec = model.spec
-        values[index] = spec.to_wire()
+        values[index] = model.spec.to_wire()
         buffers = [buf.data.cast("B") for buf in model.buffers]
     try:
         header = _packer().pack(values)
@@ -514,7 +528,7 @@ def _model_spec(kind: str, raw: object, expected: TensorSpec | None) -> TensorSp
     """The spec in the header's Model slot; equal to ``expected`` when given."""
     global _expected_cache, _seen_cache
     try:
-        packed = msgpack.packb(raw)
+        packed = _packer().pack(raw)   # this thread's packer: packb builds one per call
     except (TypeError, ValueError, OverflowError):  # pragma: no cover - raw came from unpackb
         packed = b""
     if expected is not None:
