@@ -83,6 +83,11 @@ a time). A run that failed alone asks its point for more dilation. A
 dilation changes how long a run takes, not what it computes: a faithful
 run's emulated-time results are the same at any dilation.
 
+Each run forks from the sweep's process, which imports torch and the run's
+code once (``fedsim.sweep.execute``; ``FEDSIM_SWEEP_FORK=0``: a new
+interpreter per run, ``python -m fedsim.cli run``, as with another
+``python``).
+
 A half-finished sweep resumes: run the same command again (or ``fedsim
 sweep OUT_DIR``) and finished points are kept; a point whose run was
 interrupted is run again from the start.
