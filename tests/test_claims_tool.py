@@ -1023,7 +1023,7 @@ def test_a_pool_goes_by_the_last_regenerations_times_and_keeps_its_own(
 
 def test_the_table_runs_each_papers_sweeps_in_a_pool_of_their_own_longest_paper_first(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """By default each paper's sweeps go in one pool, the paper whose claims took
+    """With --by-paper each paper's sweeps go in one pool, the paper whose claims took
     longest last time first; each paper's claims are evaluated and recorded as soon
     as its pool ends (an interrupted regeneration keeps them), and every record gets
     the whole table's time. ``--one-pool`` runs every sweep in one pool."""
@@ -1051,7 +1051,8 @@ def test_the_table_runs_each_papers_sweeps_in_a_pool_of_their_own_longest_paper_
     monkeypatch.setattr(claims, "run_claim", run_claim)
     monkeypatch.setattr(claims, "write_docs", lambda records: written.append(records))
     monkeypatch.setattr(claims, "write_readme", lambda records: None)
-    assert claims.main(["--only", "FA-1,AF-2,AF-1,FA-2,DG-1", "--out", str(tmp_path)]) == 0
+    assert claims.main(["--only", "FA-1,AF-2,AF-1,FA-2,DG-1", "--by-paper",
+                        "--out", str(tmp_path)]) == 0
     assert pools == [["AF-1", "AF-2"], ["FA-1", "FA-2"], ["DG-1"]]
     assert events == ["pool", "AF-1", "AF-2", "pool", "FA-1", "FA-2", "pool", "DG-1"]
     # AF-1 and AF-2 were recorded before FedAsync's pool ran
@@ -1065,3 +1066,11 @@ def test_the_table_runs_each_papers_sweeps_in_a_pool_of_their_own_longest_paper_
     assert claims.main(["--only", "FA-1,AF-1", "--one-pool", "--out", str(tmp_path)]) == 0
     assert pools == [["FA-1", "AF-1"]]
     assert json.loads(state.read_text())[0]["table_pools"] == "one"
+    # the default: claim by claim, each sweep run by run_claim, no pool
+    pools.clear()
+    ran: list[bool] = []
+    monkeypatch.setattr(claims, "run_claim", lambda c, out, jobs, execute: ran.append(execute)
+                        or {"id": c.id, "number": "n", "verdict": "partly", "real_seconds": 1.0})
+    assert claims.main(["--only", "FA-1,AF-1", "--out", str(tmp_path)]) == 0
+    assert pools == []
+    assert ran == [True, True]

@@ -14,24 +14,29 @@ reports, and gives a verdict with the reason. It writes
 stamped with the date and the commit measured. Nothing here is tuned to
 agree: a claim fedsim does not reproduce is reported as such, with why.
 
-    python tools/claims.py                   # every claim: each paper's sweeps in one pool
+    python tools/claims.py                   # every claim, its sweep after the last one's
     python tools/claims.py --only DG-1,FA-1  # some; the others keep their last result
     python tools/claims.py --no-run          # re-evaluate the sweeps already on disk
+    python tools/claims.py --by-paper        # each paper's sweeps in one pool of runs
     python tools/claims.py --one-pool        # every sweep of every paper in one pool
-    python tools/claims.py --one-by-one      # each claim's sweep after the last one's
 
-Pools, paper after paper. A paper's sweeps share a scenario family and its
-timing (AsyncFedED's are 300 s runs of 0.1-0.5 cores; FedAsync's 8-50 s runs),
-so in one pool they pack without the sweep-by-sweep ramps and tails of
-``--one-by-one`` (171 minutes on 2026-11-29), while no paper's short, light
-runs let the scheduler pack so many beside another's long ones that those
-fail their verdicts: every pool of all 317 points (``--one-pool``) did, four
-times on 2026-11-29 (after 20 minutes, with 7 runs at once, AF-1's first
-300 s runs failed at dilation 1.5 beside FedAsync's, and the pool was on
-course for 400 minutes). The paper whose sweeps took longest in the last
-regeneration goes first, so that an interrupted regeneration has its long
-runs done; each paper's claims are evaluated and recorded as soon as its
-pool ends.
+Claim by claim. Each claim's sweep runs alone (fedsim.sweep.run_sweep: its
+own scheduler finds how many of its runs may go at once) and its claim is
+recorded as soon as it ends: 171 minutes for the table on 2026-11-29. Pools
+of several sweeps (fedsim.sweep.run_sweeps, packed by each run's cores in
+the last regeneration, docs/claims/times.json) were meant to fill the cores
+one sweep leaves idle, and failed every time they were measured: four
+pools of every claim's sweeps, or all but AsyncFedED's, on 2026-11-29
+(``--one-pool``; the last one: after 18 minutes,
+with 7 runs at once, AF-1's first 300 s runs failed at dilation 1.5 beside
+FedAsync's light ones, on course for 400 minutes), and a pool of
+AsyncFedED's sweeps alone (``--by-paper``, its paper first: 8 runs at once
+within 9 minutes, AF-1's and AF-1a's runs failed beside each other and went
+to 2x and 4x their dilation). A run's mean cores do not say how many such
+runs share 2 cores faithfully: AsyncFedED's 300 s runs pass two at once at
+0.3-0.5 cores each, and fail three or more at once by lateness and compute
+overruns. ``--by-paper`` orders the papers by their claims' last time,
+longest first, and records each paper's claims as its pool ends.
 
 Sweeps go to sweeps/claims/<sweep file's name>/ and resume: an interrupted
 regeneration picks up where it stopped, and a claim that also reads another
@@ -250,11 +255,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-run", action="store_true", help="evaluate the sweeps on disk")
     how = ap.add_mutually_exclusive_group()
     how.add_argument("--one-by-one", action="store_true",
-                     help="run each claim's sweep after the last (default: each paper's "
-                          "sweeps in one pool of runs, longest first, paper after paper)")
+                     help="run each claim's sweep after the last (the default)")
+    how.add_argument("--by-paper", action="store_true",
+                     help="each paper's sweeps in one pool of runs, paper after paper, "
+                          "the longest first")
     how.add_argument("--one-pool", action="store_true",
                      help="every claim's sweeps in a single pool of runs")
-    ap.add_argument("--together", action="store_true", help=argparse.SUPPRESS)  # the default
     ap.add_argument("--hints", type=Path, default=None, metavar="DIR",
                     help="an earlier regeneration's --out: its runs' real times order "
                          "the pool of runs, longest first (default: those the last "
@@ -268,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pending-only", action="store_true",
                     help="run nothing: rewrite the docs from what is recorded")
     args = ap.parse_args(argv)
-    args.together = not args.one_by_one
+    args.together = args.by_paper or args.one_pool
     known = {c.id: c for c in CLAIMS}
     wanted = [s.strip() for s in args.only.split(",")] if args.only else list(known)
     unknown = [w for w in wanted if w not in known]
