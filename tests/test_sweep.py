@@ -753,10 +753,10 @@ def test_runs_fork_from_the_sweeps_process_as_fresh_runs(
     sweep's process: a new interpreter per run."""
     import subprocess
 
-    from fedsim.sweep import execute
+    from fedsim.sweep import launch
 
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k != execute.FORK_ENV}
+    env = {k: v for k, v in os.environ.items() if k != launch.FORK_ENV}
     done = subprocess.run(
         [sys.executable, "-m", "fedsim.cli", "sweep", str(QUICK), "--seeds", "2", "--jobs", "1",
          "--out", str(out), "--set", "run.time_budget=2", "--set", "data.num_clients=4",
@@ -775,10 +775,10 @@ def test_runs_fork_from_the_sweeps_process_as_fresh_runs(
         assert point["forked"] is True
         assert point["exit_code"] == 0
         assert json.loads((run / "summary.json").read_text())["updates"] > 0
-    monkeypatch.setenv(execute.FORK_ENV, "0")
-    assert not execute._forking(sys.executable)
-    monkeypatch.delenv(execute.FORK_ENV)
-    assert not execute._forking("/bin/sh")
+    monkeypatch.setenv(launch.FORK_ENV, "0")
+    assert not launch._forking(sys.executable)
+    monkeypatch.delenv(launch.FORK_ENV)
+    assert not launch._forking("/bin/sh")
 
 
 def test_a_variant_naming_another_algorithm_starts_from_its_defaults(tmp_path: Path) -> None:

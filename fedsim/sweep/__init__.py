@@ -84,7 +84,7 @@ dilation changes how long a run takes, not what it computes: a faithful
 run's emulated-time results are the same at any dilation.
 
 Each run forks from the sweep's process, which imports torch and the run's
-code once (``fedsim.sweep.execute``; ``FEDSIM_SWEEP_FORK=0``: a new
+code once (``fedsim.sweep.launch``; ``FEDSIM_SWEEP_FORK=0``: a new
 interpreter per run, ``python -m fedsim.cli run``, as with another
 ``python``).
 
@@ -95,7 +95,8 @@ interrupted is run again from the start.
 The package's modules, in the order they build on each other: ``spec``
 (the sweep file and command line into a :class:`Sweep` of :class:`Point`\ s),
 ``results`` (what became of each point, read from its run directory),
-``plots`` and ``tables`` (the figures, sweep.csv and aggregate.csv) and
+``plots`` and ``tables`` (the figures, sweep.csv and aggregate.csv), ``launch``
+(starting one run: forked or a new interpreter) and
 ``execute`` (running the points: scheduling, reruns, resume, progress).
 """
 

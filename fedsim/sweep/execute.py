@@ -5,27 +5,17 @@ half-finished sweep resumed (see :mod:`fedsim.sweep` for the rules).
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import itertools
 import json
-import logging
 import math
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from fedsim.actors.process import SETUP_IDLE_ENV
 from fedsim.results.writer import FORMAT_FILE
+from fedsim.sweep.launch import atomic_write, start_run
 from fedsim.sweep.pick import _Item, _next, _RunningItem
 from fedsim.sweep.policy import (
     CROWDED_RETRIES,
@@ -37,7 +27,7 @@ from fedsim.sweep.policy import (
     _Scheduler,
 )
 from fedsim.sweep.results import PointResult, _read_point, _result, figure
-from fedsim.sweep.spec import Point, Sweep, SweepError
+from fedsim.sweep.spec import Sweep, SweepError
 from fedsim.sweep.tables import write_tables
 
 
@@ -148,7 +138,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                                  f"{', '.join(diff)}); choose another --out, or resume it "
                                  f"with `fedsim sweep {out}`")
         else:
-            _atomic_write(spec_file, json.dumps(spec, indent=2) + "\n")
+            atomic_write(spec_file, json.dumps(spec, indent=2) + "\n")
         for pt in sweep.points():
             items.append(_Item(i, sweep.name or out.name, pt, sweep, out / "runs"))
             bases[(i, pt.key)] = own.get(pt.key)
@@ -238,7 +228,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                                                    crowded=h.last_crowded, alone=not running)
                 prev = results[it.key]
                 dilation = _dilation_for(prev, bases[it.key], scale, h.last_crowded, h.need)
-                proc = _start(it.point, it.sweep, it.runs / it.point.key, python, dilation,
+                proc = start_run(it.point, it.sweep, it.runs / it.point.key, python, dilation,
                               run_plots, prev.attempts + 1, h.to_json())
                 if running:            # every run under way now shares the machine
                     shared.update(running)
@@ -270,7 +260,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             meta = _read_point(run_dir) or {}
             meta["cores"] = cores
             meta["exit_code"] = proc.returncode
-            _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
+            atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
             res = _result(it.point, run_dir)
             results[it.key] = res
             was_shared = pid in shared
@@ -301,7 +291,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                 h.crowded += 1
                 h.last_crowded = True
             meta.update(h.to_json())
-            _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
+            atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
             if res.status == "completed" and not _done(res, max_attempts + h.crowded):
                 todo.insert(0, it)     # an unfaithful run goes again, with more dilation
                 why = " beside other runs" if h.last_crowded else ""
@@ -329,157 +319,6 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     return out_results
 
 
-def _start(p: Point, sweep: Sweep, run_dir: Path, python: str, dilation: float | None,
-           plots: bool, attempt: int, history: dict[str, Any]) -> Any:
-    if run_dir.exists():          # an interrupted or unfaithful attempt: keep its log
-        old = run_dir.with_name(f"{run_dir.name}.attempt-{attempt - 1}")
-        shutil.rmtree(old, ignore_errors=True)
-        run_dir.rename(old)
-    run_dir.mkdir(parents=True)
-    cmd = [python, "-m", "fedsim.cli", "run", str(sweep.scenario), "--out", str(run_dir),
-           "--no-progress", *itertools.chain.from_iterable(("--set", s) for s in p.set_args())]
-    if not plots:
-        cmd.append("--no-plots")
-    if dilation is not None:
-        cmd += ["--dilation", str(dilation)]
-    forking = _forking(python)
-    # forked: from the sweep's process, as its command would run in a new interpreter
-    meta = {"variant": p.variant, "grid": dict(p.grid), "seed": p.seed, "attempts": attempt,
-            "dilation": dilation, "command": cmd[1:], "forked": forking, **history}
-    _atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
-    if forking:
-        return _fork_run(cmd[3:], run_dir / "output.log")
-    log = open(run_dir / "output.log", "wb")   # noqa: SIM115 (the child owns it)
-    # its set-up in the idle class, beside the runs already going (fedsim.actors.process)
-    env = {**os.environ, SETUP_IDLE_ENV: "1"}
-    try:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env)
-    finally:
-        log.close()
-
-
-# ---------------------------------------------------------------------------
-# Runs forked from the sweep's own process
-#
-# ``python -m fedsim.cli run`` spent 2.4 s of CPU importing torch before its
-# set-up could start (a run of 3.5 emulated s took 7.1 s of wall; 2026-11-29),
-# and the sweep starts one run at a time (each once the last one's clock
-# runs), so for short runs the imports were the sweep's pace. Where it can,
-# the sweep imports the run's code and torch once and forks each run from
-# itself, as fedsim's zygote forks trainers: the child is what a fresh
-# ``fedsim run`` would be (its output to output.log, stdin closed, signals and
-# logging as at start, set-up in the idle class) and exits without running
-# the sweep's exit handlers. ``FEDSIM_SWEEP_FORK=0`` starts each run as a new
-# interpreter instead, as does a sweep given another ``python``, or one whose
-# process runs threads (a fork copies only the calling thread: a lock another
-# one held would stay locked in the child).
-
-#: ``"0"``: start each run as a new interpreter (``python -m fedsim.cli run``).
-FORK_ENV = "FEDSIM_SWEEP_FORK"
-
-
-def _forking(python: str) -> bool:
-    """Whether this sweep's runs fork from its process (see above)."""
-    if (os.environ.get(FORK_ENV, "1") == "0" or not hasattr(os, "fork")
-            or os.path.realpath(python) != os.path.realpath(sys.executable)):
-        return False
-    return threading.active_count() == 1
-
-
-#: What ``python -m fedsim.cli run`` imports, by name (the sweep runs that command,
-#: as a new interpreter would, and depends on it no more than that), torch first.
-PRELOAD = ("torch", "fedsim.cli", "fedsim.launch.runner")
-
-
-def _preload() -> None:
-    """Import :data:`PRELOAD` (once per sweep process: 2.4 s for torch)."""
-    for name in PRELOAD:
-        importlib.import_module(name)
-
-
-class _Forked:
-    """A run forked from this process: the part of ``subprocess.Popen`` the sweep
-    uses (``pid``, ``returncode``, ``send_signal``, ``wait``)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def wait(self) -> int | None:
-        if self.returncode is None:
-            try:
-                _, status = os.waitpid(self.pid, 0)
-            except ChildProcessError:     # reaped already (by the sweep's wait4)
-                return self.returncode
-            self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
-def _fork_run(args: list[str], log_path: Path) -> _Forked:
-    """Fork ``fedsim <args>`` from this process, its output to ``log_path``."""
-    _preload()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()               # nothing of the sweep's is written twice
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    pid = os.fork()
-    if pid:
-        os.close(log)
-        return _Forked(pid)
-    code = 1
-    try:                             # the child: never returns into the sweep
-        code = _child(args, log)
-    finally:
-        os._exit(code)
-
-
-def _child(args: list[str], log: int) -> int:
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(null)
-    os.close(log)
-    sys.stdin = open(0, closefd=False)       # noqa: SIM115
-    sys.stdout = open(1, "w", buffering=1, closefd=False)    # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, closefd=False)    # noqa: SIM115
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)   # as a new interpreter
-    # logging as at start: the run configures its own (the sweep's handlers write
-    # to the sweep's streams, a test's to its capture)
-    for logger in [logging.getLogger(), *(lg for lg in logging.root.manager.loggerDict.values()
-                                          if isinstance(lg, logging.Logger))]:
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-        logger.setLevel(logging.NOTSET)
-        logger.propagate = True
-        logger.disabled = False
-    logging.getLogger().setLevel(logging.WARNING)
-    os.environ[SETUP_IDLE_ENV] = "1"   # its set-up in the idle class (fedsim.actors.process)
-    code: Any = 0
-    try:                               # `python -m fedsim.cli <args>`, in this process
-        sys.argv = ["fedsim", *args]
-        importlib.import_module("fedsim.cli").main()
-    except SystemExit as exc:
-        code = exc.code
-    except BaseException:  # as an uncaught exception would, in a new interpreter
-        traceback.print_exc()
-        code = 1
-    with contextlib.suppress(Exception):   # the run's own results are written already
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    if code is None:
-        return 0
-    return code if isinstance(code, int) else 1
-
-
 def _scaled(scale: float) -> str:
     return f", every run at {scale:g}x its dilation" if scale > 1 else ""
 
@@ -501,9 +340,3 @@ def _progress_line(res: PointResult, done: int, total: int, kept: int, elapsed: 
             f"{'-' if real is None else f'{real:.1f}'} real s, "
             f"{'-' if res.cores is None else f'{res.cores:.2f}'} cores; "
             f"{jobs} at once{_scaled(scale)}, about {eta / 60:.0f} min left{flag}")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
