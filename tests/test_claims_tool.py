@@ -15,6 +15,7 @@ import importlib.util
 import itertools
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -516,7 +517,11 @@ def test_dg2_reproduced_when_the_gain_grows_with_d(tmp_path: Path) -> None:
     f = _dg2(tmp_path, lambda d: 0.0025 * d)
     assert f.verdict == "reproduced", f
     assert "at D = 5" in f.number
-    assert "5.0 points (95 % CI" in f.number
+    # the gain at D = 20 is 5 points, give or take the seeds' jitter, with its CI
+    at_20 = re.search(r"(\d+\.\d) points \(95 % CI [^)]*\) \[per seed: [^]]*\] at D = 20",
+                      f.number)
+    assert at_20 is not None, f.number
+    assert abs(float(at_20.group(1)) - 5.0) <= 0.2
     assert f.number.endswith("(under without correction read per step (from D steps after a "
                              "round is sent, each of the next K steps moves along 1/K of its "
                              "all-client average; never along the client's own gradient), "
@@ -664,7 +669,10 @@ def test_af1_authors_reproduced_when_fedasync_collapses(tmp_path: Path) -> None:
     f = _af1a(tmp_path, lambda m, p: 0.98 if m == "asyncfeded" else 0.35,
               lambda m, p: 0.9 if m == "asyncfeded" else 0.85)
     assert f.verdict == "reproduced", f
-    assert f.number.startswith("max accuracy at P = 0.9: AsyncFedED 98.0 %")
+    # 98 % give or take the seeds' jitter
+    m = re.match(r"max accuracy at P = 0\.9: AsyncFedED (\d+\.\d) %", f.number)
+    assert m is not None, f.number
+    assert abs(float(m.group(1)) - 98.0) <= 0.5, f.number
     assert ("Under AF-1's devices (20 ms a local step: pass times x 4) (measured): "
             "**not reproduced**") in f.why
 
