@@ -133,6 +133,20 @@ def test_a_variant_may_run_on_its_own_seeds(tmp_path: Path) -> None:
             'set = { "algorithm.staleness" = "const" }\nseeds = 0')))
 
 
+def test_a_sweep_file_may_cap_its_runs_at_once(tmp_path: Path) -> None:
+    """``max_jobs``: runs measured to break their verdicts beside more of their kind
+    say so once, in their file; it survives sweep.json, and a sweep without it
+    writes the sweep.json it wrote before (resumes stay valid)."""
+    s = sw.load_sweep(_sweep(tmp_path, BASIC.replace("seeds = 2", "seeds = 2\nmax_jobs = 2")))
+    assert s.max_jobs == 2
+    assert sw.Sweep.from_json(s.to_json()).max_jobs == 2
+    assert "max_jobs" not in sw.load_sweep(_sweep(tmp_path, BASIC)).to_json()
+    for bad in ("0", "1.5", "true", '"2"'):
+        with pytest.raises(sw.SweepError, match=r"sweep.max_jobs: a whole number of runs"):
+            sw.load_sweep(_sweep(tmp_path, BASIC.replace(
+                "seeds = 2", f"seeds = 2\nmax_jobs = {bad}")))
+
+
 def test_command_line_additions_and_grid_values() -> None:
     assert sw.parse_grid("model.hidden=[64],[128, 64]") == ("model.hidden", [[64], [128, 64]])
     assert sw.parse_grid("algorithm.staleness=poly,hinge") == ("algorithm.staleness",
@@ -599,6 +613,25 @@ def test_a_run_that_failed_beside_others_goes_again_at_its_dilation(
     for r in res.points:   # ... and went again at the dilation they had
         assert set((r.run_dir / "calls.log").read_text().split()) == {"1.0"}
         assert r.dilation in (None, 1.0)
+
+
+def test_a_sweeps_max_jobs_keeps_its_runs_from_crowding_each_other(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs that fail beside any other (CROWD_RUN), in a sweep capped at one run at
+    a time: none ever had company, so none failed or went again."""
+    script = tmp_path / "crowd-python"
+    script.write_text(f"#!{sys.executable}\n{CROWD_RUN}")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "crowd").mkdir()
+    monkeypatch.setenv("CROWD_DIR", str(tmp_path / "crowd"))
+    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1,0.2"], seeds=2)
+    s.max_jobs = 1
+    lines: list[str] = []
+    res = sw.run_sweep(s, tmp_path / "out", python=str(script), max_attempts=1,
+                       report=lines.append)
+    assert all(r.counts for r in res.points), [(r.point.key, r.verdict) for r in res.points]
+    assert not any("beside other runs" in x for x in lines), lines
+    assert all(r.attempts == 1 for r in res.points)
 
 
 def test_crowded_runs_go_again_at_twice_the_dilation_and_more_at_once(

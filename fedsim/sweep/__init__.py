@@ -43,7 +43,9 @@ finished run really used (its process tree's CPU time over its real time,
 from ``wait4``), and admits as many concurrent runs as fit in 50 % of the
 cores by that measure (a run that mostly waits on emulated latency uses a
 fraction of a core; the other half is room for bursts, which coincide),
-never more than ``max_jobs`` nor more than memory allows, and climbs
+never more than ``max_jobs`` (or the sweep file's own ``max_jobs``, for runs
+measured to fail beside more of their kind whatever their mean load) nor
+more than memory allows, and climbs
 there one run at a time: each faithful run lets one more go at once, and
 so does the machine itself before any has finished (the live ramp: when the
 runs at once have gone unchanged for 20 s, the machine's busy cores over

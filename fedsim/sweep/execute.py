@@ -161,6 +161,12 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     # concurrency answers only a crowded failure its sweep cannot slow down from; one
     # sweep's crowding no longer slows every other sweep's runs (see fedsim.sweep).
     per_sweep = many and jobs == "auto"
+    # a sweep's own max_jobs (measured: its runs break their verdicts beside more of
+    # their kind) caps its runs at once: the scheduler's, for one sweep; in a pool,
+    # its own runs under way (the others may fill the rest)
+    caps = {i: s.max_jobs for i, (s, _) in enumerate(sweeps) if s.max_jobs}
+    if not many and 0 in caps:
+        max_jobs = min(max_jobs, caps[0])
     sched = _Scheduler(jobs, max_jobs, 1.0 if per_sweep else max_scale, headroom)
     multiple: dict[int, float] = {}    # by sweep (per_sweep): its runs' multiple
 
@@ -219,10 +225,15 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                         sched.grow()
                         changed = now
             while todo and not starting and (not running or _mem_available_gb() > 3.0):
-                pick = _next(todo, running, sched, load_of, seconds_of, now)
+                full = {i for i, cap in caps.items()
+                        if sum(r.item.which == i for r in running.values()) >= cap}
+                open_ = [k for k, it in enumerate(todo) if it.which not in full]
+                if not open_:
+                    break
+                pick = _next([todo[k] for k in open_], running, sched, load_of, seconds_of, now)
                 if pick is None:
                     break
-                it = todo.pop(pick)
+                it = todo.pop(open_[pick])
                 h = history[it.key]
                 scale = mult(it) * sched.scale_for(len(todo) + 1 + len(running),
                                                    crowded=h.last_crowded, alone=not running)

@@ -71,6 +71,10 @@ class Sweep:
     #: grid key -> {other key: values}: the i-th value of each goes with the
     #: grid key's i-th value (a dilation per latency, say)
     with_: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    #: the most of its runs under way at once (None: as many as the scheduler
+    #: finds room for): a limit measured for runs whose verdicts break beside
+    #: more of their kind, whatever their mean load says
+    max_jobs: int | None = None
 
     def points(self) -> list[Point]:
         """Every point: variants x grid x seeds, in that nesting order."""
@@ -124,7 +128,7 @@ class Sweep:
                              | ({"seeds": v.seeds} if v.seeds is not None else {})
                              for v in self.variants],
                 "target_accuracy": self.target_accuracy, "plot": self.plot, "name": self.name,
-                "with": self.with_}
+                "with": self.with_} | ({"max_jobs": self.max_jobs} if self.max_jobs else {})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Sweep:
@@ -135,7 +139,8 @@ class Sweep:
                                      list(v["seeds"]) if v.get("seeds") is not None else None)
                              for v in data.get("variants") or []],
                    target_accuracy=data.get("target_accuracy"), plot=dict(data.get("plot") or {}),
-                   name=data.get("name"), with_=dict(data.get("with") or {}))
+                   name=data.get("name"), with_=dict(data.get("with") or {}),
+                   max_jobs=data.get("max_jobs"))
 
     def check(self) -> dict[str, float | None]:
         """Validate every point's scenario before anything runs (all errors at once).
@@ -191,7 +196,7 @@ class Sweep:
 # -- building a sweep ---------------------------------------------------------
 
 _SWEEP_KEYS = {"scenario", "seeds", "set", "grid", "with", "variant", "target_accuracy", "plot",
-               "name"}
+               "name", "max_jobs"}
 _PLOT_KEYS = {"x", "y", "logx", "normalize"}
 
 
@@ -249,6 +254,7 @@ def load_sweep(path: str | Path, *, grid: Iterable[str] = (), sets: Iterable[str
         scenario = "dg1.toml"          # relative to this file
         seeds = 3                      # seeds 1..3, or a list [1, 2, 3]
         target_accuracy = 0.8          # sets run.target_accuracy on every point
+        max_jobs = 2                   # optional: at most this many of its runs at once
         [sweep.set]                    # on every point
         "run.max_rounds" = 40
         [sweep.grid]                   # the cartesian product; a+b sets both keys
@@ -321,11 +327,14 @@ def load_sweep(path: str | Path, *, grid: Iterable[str] = (), sets: Iterable[str
     tgt = spec.get("target_accuracy")
     if tgt is not None and not (isinstance(tgt, (int, float)) and 0 < tgt <= 1):
         raise SweepError(f"{p}: sweep.target_accuracy: a fraction in (0, 1] (got {tgt!r})")
+    mj = spec.get("max_jobs")
+    if mj is not None and (type(mj) is not int or mj < 1):
+        raise SweepError(f"{p}: sweep.max_jobs: a whole number of runs, at least 1 (got {mj!r})")
     sweep = Sweep(scenario=base, seeds=_seeds(spec.get("seeds", 1), f"{p}: sweep.seeds"),
                   set=_table(spec.get("set", {}), f"{p}: sweep.set"), grid=grid_table,
                   variants=variants, target_accuracy=tgt, plot=plot,
                   name=spec.get("name") or p.name.removesuffix(".toml").removesuffix(".sweep"),
-                  with_=with_)
+                  with_=with_, max_jobs=mj)
     return _add_cli(sweep, grid, sets, seeds, target)
 
 
