@@ -589,14 +589,16 @@ json.dump({"status": "completed", "final_accuracy": 0.5, "emulated_seconds": 1.0
 
 
 def _crowd_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: str, delays: str,
-                 **kwargs: Any) -> tuple[sw.SweepResult, list[str]]:
-    """A sweep over ``delays`` whose every point runs the fake ``run`` (a CROWD_RUN)."""
+                 own_cap: int | None = None, **kwargs: Any) -> tuple[sw.SweepResult, list[str]]:
+    """A sweep over ``delays`` whose every point runs the fake ``run`` (a CROWD_RUN);
+    ``own_cap``: the sweep file's own ``max_jobs``."""
     script = tmp_path / "crowd-python"
     script.write_text(f"#!{sys.executable}\n{run}")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     (tmp_path / "crowd").mkdir()
     monkeypatch.setenv("CROWD_DIR", str(tmp_path / "crowd"))
     s = sw.sweep_from_scenario(QUICK, grid=[f"network.up.delay={delays}"], seeds=2)
+    s.max_jobs = own_cap
     lines: list[str] = []
     kwargs.setdefault("max_attempts", 2)
     kwargs.setdefault("report", lines.append)
@@ -619,16 +621,8 @@ def test_a_sweeps_max_jobs_keeps_its_runs_from_crowding_each_other(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs that fail beside any other (CROWD_RUN), in a sweep capped at one run at
     a time: none ever had company, so none failed or went again."""
-    script = tmp_path / "crowd-python"
-    script.write_text(f"#!{sys.executable}\n{CROWD_RUN}")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "crowd").mkdir()
-    monkeypatch.setenv("CROWD_DIR", str(tmp_path / "crowd"))
-    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1,0.2"], seeds=2)
-    s.max_jobs = 1
-    lines: list[str] = []
-    res = sw.run_sweep(s, tmp_path / "out", python=str(script), max_attempts=1,
-                       report=lines.append)
+    res, lines = _crowd_sweep(tmp_path, monkeypatch, CROWD_RUN, "0.0,0.1,0.2", own_cap=1,
+                              max_attempts=1)
     assert all(r.counts for r in res.points), [(r.point.key, r.verdict) for r in res.points]
     assert not any("beside other runs" in x for x in lines), lines
     assert all(r.attempts == 1 for r in res.points)
