@@ -71,6 +71,24 @@ the hand-over costs the loop about what the pass over a cold 100 KB does),
 and 1.63-1.66 for the very same code one pair of messages earlier in each
 round (an order effect, not a cost); the transport alone 1.12-1.14.
 
+Measured 2026-11-30 (load average 1.1, two runs, ``--iters 2000``): raw
+pyzmq's zero-copy send of 100 KB costs a message to pyzmq's garbage-collector
+thread, so its default mode (the frames copied into libzmq) is faster at that
+size: 223-288 us against 256-336. Each upward side is now also timed against
+that ``raw copy`` side and set against the faster mode (the table "Against
+raw pyzmq's faster mode"). fedsim's sockets now copy frames below 256 KiB
+(``fedsim.wire.transport.COPY_BELOW``): the transport alone 1.12-1.21 ->
+0.96 against the zero-copy raw side and 1.15-1.17 against the copying one;
+the server's path at 100 KB 1.41-1.52 against the zero-copy side and
+1.59-1.73 against the faster raw mode: the issue's 1.5 is not met. At 10 MB
+nothing changes (zero-copy is the faster mode there: 3.5-3.6 ms against
+4.5-4.7). Where the rest goes: timed in place, an Update's build and
+encode take 47.5 us and its decode without the value pass 53 us, against
+11.5 and 15 us in a warm ``timeit`` loop: after each ~200 us wait for the
+frames the Python work runs about 4x slower, while raw pyzmq has almost
+none. ``--pin CPU`` (every thread, the loop's and libzmq's I/O thread, on
+one CPU) made raw 100 KB 151 us and the server's path 316 us: 2.10x.
+
 On ``zmq.asyncio`` sockets (fedsim before it read its sockets itself,
 commit 4f7fdf4), the same runs: 1.64-1.66 up, 1.45-1.46 down, 2.41-2.43
 with the codec at 100 KB; 1.11-1.16, 1.03-1.09 and 1.24-1.40 at 10 MB.
@@ -248,6 +266,16 @@ def sides(sockets: tuple[Any, Any], endpoint: Endpoint, conn: Connection,
         assert msg.task_id == i
         return dt
 
+    async def raw_copy(i: int) -> float:
+        """``raw`` in pyzmq's default mode: the frames copied into libzmq."""
+        t0 = time.perf_counter()
+        dealer.send_multipart(frames, copy=True)
+        got = router.recv_multipart(copy=False)
+        dt = time.perf_counter() - t0
+        rearm()
+        assert len(got) == 1 + len(frames)
+        return dt
+
     async def raw_down(i: int) -> float:
         t0 = time.perf_counter()
         router.send_multipart(down, copy=False)
@@ -265,21 +293,28 @@ def sides(sockets: tuple[Any, Any], endpoint: Endpoint, conn: Connection,
         assert len(got) == len(frames)
         return dt
 
-    return {"raw": raw, "codec": codec, "unchecked": unchecked, "transport": transport,
+    return {"raw": raw, "raw_copy": raw_copy, "codec": codec, "unchecked": unchecked,
+            "transport": transport,
             "transport_codec": transport_codec, "transport_codec_inline": transport_codec_inline,
             "transport_codec_thread": transport_codec_thread,
             "raw_down": raw_down, "transport_down": transport_down}
 
 
-#: Each side and the raw side of its direction it is timed against, just before it.
+#: Each side and the raw side of its direction it is timed against, just before it;
+#: the upward ones also against raw pyzmq's other mode (``raw_copy``), so that each
+#: is set against whichever raw mode is faster at its size.
 PAIRS = (("transport", "raw"), ("transport_codec", "raw"), ("transport_codec_inline", "raw"),
          ("transport_codec_thread", "raw"),
-         ("transport_down", "raw_down"), ("codec", "raw"), ("unchecked", "raw"))
+         ("transport_down", "raw_down"), ("codec", "raw"), ("unchecked", "raw"),
+         ("raw_copy", "raw"), ("transport", "raw_copy"), ("transport_codec_inline", "raw_copy"),
+         ("transport_codec_thread", "raw_copy"))
 
 
 async def run_sides(named: dict[str, Side], messages: int, warmup: int = 5,
                     ) -> tuple[dict[str, float], dict[str, float]]:
-    """Each side's median time, and its median ratio to the raw message sent just before it.
+    """Each side's median time, and its median ratio to the raw message sent just before
+    it (keyed by the side's name, and ``side/raw`` against a raw side other than its
+    direction's first).
 
     Message after message, every pair in turn: a raw message, then the
     side's. A 10 MB side's time depends on whether libzmq's receive buffer
@@ -287,7 +322,9 @@ async def run_sides(named: dict[str, Side], messages: int, warmup: int = 5,
     after a raw message keeps that alike for both.
     """
     times: dict[str, list[float]] = {name: [] for name in named}
-    ratios: dict[str, list[float]] = {name: [] for name, _ in PAIRS}
+    def key(name: str, raw: str) -> str:
+        return name if raw in ("raw", "raw_down") or name == "raw_copy" else f"{name}/{raw}"
+    ratios: dict[str, list[float]] = {key(name, raw): [] for name, raw in PAIRS}
     for i in range(warmup + messages):
         for name, raw in PAIRS:
             base = await named[raw](i)
@@ -295,7 +332,7 @@ async def run_sides(named: dict[str, Side], messages: int, warmup: int = 5,
             if i >= warmup:
                 times[raw].append(base)
                 times[name].append(dt)
-                ratios[name].append(dt / base)
+                ratios[key(name, raw)].append(dt / base)
     return ({name: statistics.median(t) for name, t in times.items()},
             {name: statistics.median(r) for name, r in ratios.items()})
 
@@ -305,6 +342,10 @@ async def measure(args: argparse.Namespace) -> None:
     loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
     print(f"{os.cpu_count()} CPUs, load average {load:.2f}; every side in turn, message after"
           f" message; medians; fedsim's transport on {loop}")
+    if args.pin is not None:
+        # before the context: its I/O thread inherits the affinity
+        os.sched_setaffinity(0, {args.pin})
+        print(f"every thread on CPU {args.pin} (the loop and libzmq's I/O thread)")
     fedsim_ctx = ZmqContext()
     endpoint = fedsim_ctx.endpoint("tcp://127.0.0.1:0")
     conn = fedsim_ctx.connect(endpoint.address, b"c1")
@@ -342,6 +383,21 @@ async def measure(args: argparse.Namespace) -> None:
                   f" {m['transport_down'] * k:>7.1f} {unit} {r['transport_down']:>6.2f}")
         print("(+ codec: the server's path: from 1 MB the value pass in a thread while the "
               "update crosses its uplink;\n (on loop): that pass in decode, on the loop)")
+        print("\nAgainst raw pyzmq's faster mode at each size (zero-copy send, or pyzmq's default"
+              " copy):")
+        print(f"{'model':>8} {'zero-copy':>10} {'copy':>10} {'transport':>9} {'+ codec':>8}"
+              f" {'(on loop)':>9} {'(thread)':>8}")
+        for label, _, _, unit, k, m, r in rows:
+            by_copy = m["raw_copy"] < m["raw"]
+
+            def best(side: str, r: dict[str, float] = r, by_copy: bool = by_copy) -> float:
+                return r[f"{side}/raw_copy"] if by_copy else r[side]
+            server = "transport_codec_thread" if label != "100 KB" else "transport_codec_inline"
+            print(f"{label:>8} {m['raw'] * k:>7.1f} {unit} {m['raw_copy'] * k:>7.1f} {unit}"
+                  f" {best('transport'):>9.2f} {best(server):>8.2f}"
+                  f" {best('transport_codec_inline'):>9.2f} {best('transport_codec_thread'):>8.2f}")
+        print("(+ codec: the server's path, as above: the value pass on the loop below 1 MB, in"
+              " its thread from 1 MB)")
         print("\nThe value pass handed to the thread at every size (the loop's time):")
         for label, _, _, unit, k, m, r in rows:
             print(f"{label:>8} {m['transport_codec_thread'] * k:>7.1f} {unit}"
@@ -360,6 +416,8 @@ def main() -> None:
                     help="messages per side at 100 KB (a tenth at 10 MB, at least 20)")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                     help="the event loop under fedsim's transport (fedsim's default: uvloop)")
+    ap.add_argument("--pin", type=int, default=None, metavar="CPU",
+                    help="run every thread (the loop's and libzmq's I/O thread) on one CPU")
     args = ap.parse_args()
     if args.loop == "uvloop":
         try:
