@@ -98,8 +98,8 @@ class HostServices(Protocol):
     compute_deadlines: int
     phases: PhaseStats
 
-    def emit(self, ev: str, **fields: Any) -> None:
-        """Record an event."""
+    def emit(self, ev: str, at: float | None = None, **fields: Any) -> None:
+        """Record an event, at emulated time ``at`` (None: now)."""
         ...
 
     async def send(self, msg: Message) -> None:
@@ -443,7 +443,9 @@ class ClientActor:
         away0 = self._away_total()
         gen = self.generation
         run_index, self.runs = self.runs, self.runs + 1
-        host.emit("train_start", client=self.cid, version=task.version,
+        # stamped t0, the instant its compute is charged from (a stall before the
+        # record would otherwise date the start after a short piece's deadline)
+        host.emit("train_start", at=t0, client=self.cid, version=task.version,
                   task_id=task.task_id, round=task.round)
         susp = None
         expected = host.expected_steps(task, self.num_samples)

@@ -181,9 +181,9 @@ class ClientHost:
         self.stop_reason = ""
 
     # -- what client actors use ------------------------------------------------------
-    def emit(self, ev: str, **fields: Any) -> None:
-        """Queue an event-log record for the server."""
-        self.outbox.emit(self.clock, ev, **fields)
+    def emit(self, ev: str, at: float | None = None, **fields: Any) -> None:
+        """Queue an event-log record for the server, at emulated time ``at`` (None: now)."""
+        self.outbox.emit(self.clock, ev, at, **fields)
 
     async def send(self, msg: Message) -> None:
         """Stamp a client's message with the emulated send time and send it."""

@@ -42,9 +42,11 @@ class EventOutbox:
         #: this host's phases since its last event batch (sent with the next one)
         self.phases = PhaseStats([p for p in PHASES if p in HOST_PHASES], capacity=256)
 
-    def emit(self, clock: Clock, ev: str, **fields: Any) -> None:
-        """Queue an event-log record, stamped with ``clock``'s emulated and real time."""
-        self.events.append(Event.of(round(clock.now(), 6), round(clock.real() - clock.epoch, 6),
+    def emit(self, clock: Clock, ev: str, at: float | None = None, **fields: Any) -> None:
+        """Queue an event-log record, stamped with ``clock``'s emulated time (``at``
+        if given: the instant the record is about, read before) and real time."""
+        t = clock.now() if at is None else at
+        self.events.append(Event.of(round(t, 6), round(clock.real() - clock.epoch, 6),
                                     ev, **fields))
 
     def clear(self) -> None:
