@@ -380,19 +380,16 @@ async def measure(args: argparse.Namespace) -> None:
               "update crosses its uplink;\n (on loop): that pass in decode, on the loop)")
         print("\nAgainst raw pyzmq's faster mode at each size (zero-copy send, or pyzmq's default"
               " copy):")
-        print(f"{'model':>8} {'zero-copy':>10} {'copy':>10} {'transport':>9} {'+ codec':>8}"
+        print(f"{'model':>8} {'zero-copy':>10} {'copy':>10} {'transport':>9}"
               f" {'(on loop)':>9} {'(thread)':>8}")
         for label, _, _, unit, k, m, r in rows:
-            by_copy = m["raw_copy"] < m["raw"]
-
-            def best(side: str, r: dict[str, float] = r, by_copy: bool = by_copy) -> float:
-                return r[f"{side}/raw_copy"] if by_copy else r[side]
-            server = "transport_codec_thread" if label != "100 KB" else "transport_codec_inline"
+            vs = "/raw_copy" if m["raw_copy"] < m["raw"] else ""
+            best = {side: r[side + vs] for side in
+                    ("transport", "transport_codec_inline", "transport_codec_thread")}
             print(f"{label:>8} {m['raw'] * k:>7.1f} {unit} {m['raw_copy'] * k:>7.1f} {unit}"
-                  f" {best('transport'):>9.2f} {best(server):>8.2f}"
-                  f" {best('transport_codec_inline'):>9.2f} {best('transport_codec_thread'):>8.2f}")
-        print("(+ codec: the server's path, as above: the value pass on the loop below 1 MB, in"
-              " its thread from 1 MB)")
+                  f" {best['transport']:>9.2f} {best['transport_codec_inline']:>9.2f}"
+                  f" {best['transport_codec_thread']:>8.2f}")
+        print("(the server's path is (on loop) below 1 MB and (thread) from 1 MB, as above)")
         print("\nThe value pass handed to the thread at every size (the loop's time):")
         for label, _, _, unit, k, m, r in rows:
             print(f"{label:>8} {m['transport_codec_thread'] * k:>7.1f} {unit}"

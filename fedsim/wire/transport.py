@@ -215,7 +215,7 @@ def is_loopback(address: str) -> bool:
 #: libzmq lets go of it. Measured over tcp loopback (2026-11-30, 2 cores, median
 #: send + receive): copying a 100 KB frame took 0.91x the time of handing it
 #: over, 256 KB 0.99x, 512 KB 1.11x, 4 MB 1.16x; fedsim's transport alone at
-#: 100 KB went from 1.12-1.21x raw pyzmq's zero-copy send to 1.01-1.07x.
+#: 100 KB went from 1.12-1.21x raw pyzmq's zero-copy send to 0.96-1.07x.
 COPY_BELOW = 256 * 1024
 
 
