@@ -297,10 +297,16 @@ def _report(result: Any) -> None:
     if s.get("time_to_target_s") is not None:
         click.echo(f"  time to target   {s['time_to_target_s']:.2f} s "
                    f"(accuracy {s['target_accuracy']})")
+    compute = fid.get("compute") or {}
+    late = "" if lat.get("late") is None else (
+        f", {lat['late']} of {lat.get('n')} over {_fmt(lat.get('allowed_p99'), '.3g')} ms"
+        f" ({lat.get('late_limit')} allowed)")
+    overruns = "" if compute.get("overrun_limit") is None else (
+        f" ({compute['overrun_limit']} allowed)")
     click.echo(f"  fidelity         {fid.get('verdict')}: "
                f"lateness p50 {_fmt(lat.get('p50'), '.3f')} ms, "
-               f"p99 {_fmt(lat.get('p99'), '.3f')} ms; "
-               f"{(fid.get('compute') or {}).get('overruns', 0)} compute overruns")
+               f"p99 {_fmt(lat.get('p99'), '.3f')} ms{late}; "
+               f"{compute.get('overruns', 0)} compute overruns{overruns}")
     for reason in fid.get("reasons", []):
         click.echo(f"    fail: {reason}")
     if fid.get("verdict") == "fail":

@@ -26,16 +26,25 @@ from netem import _check
 from netem.loss import LossModel
 from netem.lossprocess import LossStats
 
-__all__ = ["KindStats", "Moments", "Reservoir", "Thresholds", "nice_ceiling"]
+__all__ = ["KindStats", "Moments", "Reservoir", "Thresholds", "binomial_limit", "nice_ceiling"]
 
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Pass/fail limits; see :mod:`netem.fidelity`."""
+    """Pass/fail limits; see :mod:`netem.fidelity`.
+
+    ``late_fraction`` and ``overrun_fraction`` are the shares of timers later
+    than the allowed lateness and of compute runs past their budget that a
+    faithful run may have; ``count_confidence`` is how sure the verdict must
+    be that a run had more before it fails (a one-sided binomial test of the
+    count, :func:`binomial_limit`).
+    """
 
     lateness_floor: float = 1e-3
     lateness_fraction: float = 0.05
+    late_fraction: float = 0.01
     overrun_fraction: float = 0.01
+    count_confidence: float = 0.99
     delay_mean_rel: float = 0.02
     delay_std_rel: float = 0.10
     rate_rel: float = 0.05
@@ -47,6 +56,7 @@ class Thresholds:
         for name in (
             "lateness_floor",
             "lateness_fraction",
+            "late_fraction",
             "overrun_fraction",
             "delay_mean_rel",
             "delay_std_rel",
@@ -54,15 +64,41 @@ class Thresholds:
             "burst_rel",
         ):
             _check.nonneg("Thresholds", name, getattr(self, name))
-        _check.finite("Thresholds", "loss_confidence", self.loss_confidence)
-        if not 0.5 < self.loss_confidence < 1.0:
-            _check.fail(
-                "Thresholds",
-                "loss_confidence",
-                self.loss_confidence,
-                "must be in (0.5, 1)",
-            )
+        for name in ("late_fraction", "overrun_fraction"):
+            if getattr(self, name) >= 1.0:
+                _check.fail("Thresholds", name, getattr(self, name), "must be < 1")
+        for name in ("loss_confidence", "count_confidence"):
+            value = getattr(self, name)
+            _check.finite("Thresholds", name, value)
+            if not 0.5 < value < 1.0:
+                _check.fail("Thresholds", name, value, "must be in (0.5, 1)")
         _check.integer("Thresholds", "min_samples", self.min_samples, 1)
+
+
+def binomial_limit(n: int, p: float, confidence: float) -> int:
+    """The largest count of ``n`` trials that is no evidence of a rate above ``p``.
+
+    The smallest ``c`` with ``P(X > c) <= 1 - confidence`` for ``X ~
+    Binomial(n, p)``: a count above ``c`` says, at ``confidence`` (one-sided),
+    that the rate was above ``p``. With ``p = 1 %`` at 99 %: 4 of 100, 9 of
+    400, 18 of 1,000, 1,074 of 100,000; the share tends to ``p`` as ``n``
+    grows. Exact: the upper tail is summed from where it is negligible
+    (``n p`` plus 12 standard deviations and 20), in double precision.
+    """
+    if n <= 0 or p <= 0.0:
+        return 0
+    if p >= 1.0:
+        return n
+    alpha = 1.0 - confidence
+    lp, lq, ln = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    top = min(n, math.ceil(n * p + 12.0 * math.sqrt(n * p * (1.0 - p)) + 20.0))
+    tail = 0.0  # P(X > k)
+    for k in range(top, 0, -1):
+        pmf = math.exp(ln - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lp + (n - k) * lq)
+        if tail + pmf > alpha:
+            return k
+        tail += pmf
+    return 0
 
 
 _NICE = (1.0, 1.5, 2.0, 3.0, 5.0)
