@@ -92,9 +92,8 @@ passes for *every* larger ``k`` is:
   are later than ``a`` (their lateness divides by ``k``).
 * ``overruns``: with ``m`` the overruns the check allows (less those with no
   positive budget, which no dilation fixes), the ``(m + 1)``-th largest
-  actual/budget ratio: above it at most ``m`` runs still overrun.
-
-Both are exact while the reservoir holds every observation.
+  actual/budget ratio: above it at most ``m`` runs still overrun. Both are
+  exact while the reservoir holds every observation.
 * ``rate``: ``max(0, P / k - n a) <= S r / (1 - r)`` (``r`` = 5 %), so
   ``k = P / (S r / (1 - r) + n a)``.
 * ``delay_mean``: the realised mean is ``prop_mean + late_mean / k``, which
@@ -301,27 +300,12 @@ class FidelityMonitor:
         th = self.thresholds
         return binomial_limit(self._ratio.count, th.overrun_fraction, th.count_confidence)
 
-    def _late_count(self, allowed: float) -> int:
-        """Timers later than ``allowed`` (estimated from the sample once thinned)."""
-        v = self._late.values()
-        if not v.size:
-            return 0
-        return round(int(np.count_nonzero(v > allowed)) * self._late.count / v.size)
-
-    def _late_scale(self, allowed: float) -> float:
-        """Smallest ``k`` from which ``lateness`` passes with every lateness / k."""
-        return _scale_above(self._late.values(), self._late.count, self.late_limit(), 0,
-                            allowed)
-
-    def _overrun_scale(self) -> float:
+    def _overrun_scale(self, limit: int) -> float:
         """Smallest ``k`` from which ``overruns`` passes with compute times / k."""
-        v = self._ratio.values()
-        n = self._ratio.count
-        if not n or not v.size:
-            return math.inf
+        v, n = self._ratio.values(), self._ratio.count
         # overruns with no positive budget have no ratio and stay whatever k is
-        stuck = max(0, self._overruns - round(int(np.count_nonzero(v > 1.0)) * n / v.size))
-        return _scale_above(v, n, self.overrun_limit(), stuck, 1.0)
+        stuck = max(0, self._overruns - _count_above(v, n, 1.0))
+        return _scale_above(v, n, limit, stuck, 1.0)
 
     def report(self) -> dict[str, Any]:
         """JSON-able verdict, measurements, checks and thresholds."""
@@ -353,7 +337,7 @@ class FidelityMonitor:
 
         lat = self._late
         p50, p99 = lat.quantile(0.5), lat.quantile(0.99)
-        late = self._late_count(allowed)
+        late = _count_above(lat.values(), lat.count, allowed)
         late_limit = self.late_limit()
         conf = f"{th.count_confidence * 100:g} %"
         if lat.count:
@@ -362,7 +346,7 @@ class FidelityMonitor:
                 f"<= {late_limit} of {lat.count} timers later than {allowed:.6g} s "
                 f"({th.late_fraction * 100:g} % at {conf})",
                 late <= late_limit,
-                lambda: self._late_scale(allowed),
+                lambda: _scale_above(lat.values(), lat.count, late_limit, 0, allowed),
             )
         n_runs = self._ratio.count
         overrun_limit = self.overrun_limit()
@@ -374,7 +358,7 @@ class FidelityMonitor:
                 f"<= {overrun_limit} of {n_runs} compute runs "
                 f"({th.overrun_fraction * 100:g} % at {conf})",
                 self._overruns <= overrun_limit,
-                self._overrun_scale,
+                lambda: self._overrun_scale(overrun_limit),
             )
 
         clocks: dict[str, Any] = {}
@@ -552,6 +536,14 @@ class _Check(Protocol):
         ok: bool,
         scale: Callable[[], float] | None = None,
     ) -> None: ...
+
+
+def _count_above(values: np.ndarray, n: int, bound: float) -> int:
+    """How many of ``n`` observations are above ``bound``, from ``values``, a
+    uniform sample of them (exact while the sample holds all ``n``)."""
+    if not values.size:
+        return 0
+    return round(int(np.count_nonzero(values > bound)) * n / values.size)
 
 
 def _scale_above(values: np.ndarray, n: int, limit: int, stuck: int, bound: float) -> float:
