@@ -786,7 +786,7 @@ def test_runs_fork_from_the_sweeps_process_as_fresh_runs(
     env = {k: v for k, v in os.environ.items() if k != launch.FORK_ENV}
     done = subprocess.run(
         [sys.executable, "-m", "fedsim.cli", "sweep", str(QUICK), "--seeds", "2", "--jobs", "1",
-         "--out", str(out), "--set", "run.time_budget=2", "--set", "data.num_clients=4",
+         "--out", str(out), "--set", "run.time_budget=1", "--set", "data.num_clients=4",
          "--set", "algorithm.concurrency=2", "--set", "deploy.hosts=1",
          "--set", "run.dilation=3", "--set", "eval.every_updates=4"],
         capture_output=True, text=True, env=env, timeout=300, check=False)
