@@ -53,8 +53,8 @@ __all__ = ["STOP_REASONS", "Evaluator", "Progress", "RunState"]
 #: own end, ``Step.stop``)
 STOP_REASONS = ("time_budget", "max_updates", "max_rounds", "target_accuracy",
                 "server_app_finished")
-#: Real seconds between rewrites of summary.json after evaluations while a run
-#: goes on (the final one is always written, and flush() rewrites it every 10 s).
+#: Real seconds between rewrites of summary.json while a run goes on, after an
+#: evaluation or at a flush() (the final one is always written).
 #: A rewrite holds the server's event loop, and so its link timers, for 4-8 ms
 #: (fidelity, phase quantiles and the indented JSON, a third each; measured
 #: 2026-11-30 in AF-1's P = 0.9 run): at 1 s, after every evaluation, it made
@@ -253,13 +253,13 @@ class RunState:
                 "first_reason": dict(list(first.items())[:50])}
 
     def flush(self) -> None:
-        """Write pending event records; rewrite the summary if it is 10 real seconds old.
+        """Write pending event records; rewrite the summary if it is SUMMARY_EVERY real seconds old.
 
         The summary's ``writer.updated_at`` is how a reader on another machine
         tells a live run from one whose server was killed.
         """
         self.events.flush()
-        if self.real() - self._summary_real >= 10.0:
+        if self.real() - self._summary_real >= SUMMARY_EVERY:
             self.write_summary("running")
 
     # -- checkpoints --------------------------------------------------------------
