@@ -62,7 +62,7 @@ in_flight = "{policy}"
 delay = 0.02
 [network.down]
 delay = 0.02
-""")
+""", sets=["run.time_budget=3"])  # 8 clients on/off every 2 s on average: ~12 away windows
     assert summary["status"] == "completed"
     assert summary["updates"] > 10
     total = 0
@@ -102,7 +102,7 @@ name = "fedavg"
 [network]
 profile = "transpacific"
 rtt = 0.1
-""", sets=["devices.step_time=0.01"])
+""", sets=["devices.step_time=0.01", "run.max_rounds=12"])
     assert summary["status"] == "completed"
     closes = [e["t"] for e in events if e["ev"] == "aggregate"]
     assert len(closes) >= 10
