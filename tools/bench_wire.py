@@ -89,6 +89,15 @@ frames the Python work runs about 4x slower, while raw pyzmq has almost
 none. ``--pin CPU`` (every thread, the loop's and libzmq's I/O thread, on
 one CPU) made raw 100 KB 151 us and the server's path 316 us: 2.10x.
 
+Measured 2026-11-30 afternoon (a freshly booted machine, load average 0.4-0.9,
+three runs: one default, two ``--iters 2000``; raw 100 KB 134-147 us, its copy
+mode 122-131 us), against raw pyzmq's faster mode: at 100 KB the server's path
+1.66-1.68 with the value pass on the loop (as it is below CHECK_OFF_LOOP_BYTES,
+1 MB) and 1.46-1.49 with the pass handed to the value-check thread; at 10 MB
+1.03-1.04. The hand-over that cost the loop as much as the pass on 2026-11-29
+saved 0.2 of raw's time here; CHECK_OFF_LOOP_BYTES is not changed on one
+afternoon's figures (to be measured interleaved, before and after).
+
 On ``zmq.asyncio`` sockets (fedsim before it read its sockets itself,
 commit 4f7fdf4), the same runs: 1.64-1.66 up, 1.45-1.46 down, 2.41-2.43
 with the codec at 100 KB; 1.11-1.16, 1.03-1.09 and 1.24-1.40 at 10 MB.
