@@ -24,8 +24,8 @@ Claim by claim. Each claim's sweep runs alone (fedsim.sweep.run_sweep: its
 own scheduler finds how many of its runs may go at once) and its claim is
 recorded as soon as it ends: 127 minutes for the table on 2026-11-30 (171 on
 2026-11-29). Pools of several sweeps (fedsim.sweep.run_sweeps, packed by
-each run's cores in the last regeneration, docs/claims/times.json) were meant to fill the cores
-one sweep leaves idle, and failed every time they were measured: four
+each run's cores in the last regeneration, docs/claims/times.json) were
+meant to fill the cores one sweep leaves idle, and failed every time they were measured: four
 pools of every claim's sweeps, or all but AsyncFedED's, on 2026-11-29
 (``--one-pool``; the last one: after 18 minutes,
 with 7 runs at once, AF-1's first 300 s runs failed at dilation 1.5 beside
