@@ -31,6 +31,7 @@ from fedsim.errors import (
     RunInterrupted,
     ScenarioError,
 )
+from fedsim.results.report import format_summary, format_value
 from fedsim.scenario import overrides as _overrides
 from fedsim.scenario.ids import format_ids, parse_ids
 
@@ -115,10 +116,6 @@ def _exits_on(*catch: type[BaseException], close: Callable[[], None] | None = No
         raise
 
 
-def _fmt(v: Any, spec: str = ".4f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
 class ProgressLine:
     """A live status line (rich on a terminal, plain lines otherwise).
 
@@ -142,7 +139,8 @@ class ProgressLine:
         budget = f"/{p.budget:.0f}" if p.budget else ""
         line = (f"t={p.t:7.2f}{budget} s (emulated)  real={p.real:6.1f} s  "
                 f"updates={p.updates}  rounds={p.rounds}  in flight={p.in_flight}  "
-                f"acc={_fmt(p.accuracy)}  staleness={_fmt(p.staleness_mean, '.2f')}")
+                f"acc={format_value(p.accuracy)}  "
+                f"staleness={format_value(p.staleness_mean, '.2f')}")
         if self.live is not None:
             from rich.text import Text  # lazy: rich only for a terminal's live line
 
@@ -195,162 +193,10 @@ def _load(path: str, sets: tuple[str, ...], dilation: str | None = None) -> Scen
         return load(path, _overrides.from_cli(sets, dilation))
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0f} ms"
-
-
-def _transfer_line(s: Any) -> str | None:
-    """Realised per-message transfer times next to the configured one-way delay."""
-    t = s.get("transfer") or {}
-    parts, delays, sizes = [], [], []
-    for d in ("down", "up"):
-        x = t.get(d) or {}
-        if x.get("messages"):
-            parts.append(f"{d} p50 {_ms(x['p50_ms'])}, p95 {_ms(x['p95_ms'])}")
-            sizes.append(x.get("mean_bytes") or 0)
-        if x.get("configured_delay_ms") is not None:
-            delays.append((d, x["configured_delay_ms"]))
-    if not parts:
-        return None
-    if len({round(v, 3) for _, v in delays}) == 1:
-        conf = f"configured one-way delay {_ms(delays[0][1])}"
-    else:
-        conf = "configured one-way delay " + ", ".join(f"{d} {_ms(v)}" for d, v in delays)
-    kb = max(sizes) / 1e3
-    return f"  transfer         {'; '.join(parts)} per model message ({kb:.0f} KB; {conf})"
-
-
-def _secs(v: float | None) -> str:
-    """A duration in seconds, in the unit that suits it (``21 us``, ``1.23 ms``, ``4.56 s``)."""
-    if v is None:
-        return "-"
-    if v < 1e-3:
-        return f"{v * 1e6:.0f} us"
-    if v < 1.0:
-        return f"{v * 1e3:.3g} ms"
-    return f"{v:.3g} s" if v < 100 else f"{v:.0f} s"
-
-
-#: the phases of the "where time went" block, in order; transfer comes from
-#: summary["transfer"] (emulated) and has p95, not p99
-_PHASE_LINES = (("encode", ""), ("decode", ""), ("queueing", ""),
-                ("transfer", " (emulated; p50 / p95 / n)"), ("compute", " (budget: emulated)"),
-                ("aggregation", ""), ("evaluation", ""))
-
-
-def _phase_lines(s: Any) -> list[str]:
-    """The "where time went" block: per phase, p50 / p99 / n of each of its parts.
-
-    Phases overlap (a client computes while others' messages are in
-    transit), so each is a distribution of its own, not a share of a total.
-    """
-    phases = s.get("phases")
-    if not isinstance(phases, dict):
-        return []
-    transfer = s.get("transfer") or {}
-    lines = ["  where time went  p50 / p99 / n (real time unless marked emulated)"]
-    for phase, note in _PHASE_LINES:
-        if phase == "transfer":
-            parts = [(d, _secs(x.get("p50_ms") and x["p50_ms"] / 1e3),
-                      _secs(x.get("p95_ms") and x["p95_ms"] / 1e3), x.get("messages", 0))
-                     for d, x in transfer.items() if isinstance(x, dict)]
-        else:
-            parts = [(part.replace("_", " "), _secs(x.get("p50")), _secs(x.get("p99")),
-                      x.get("n", 0))
-                     for part, x in (phases.get(phase) or {}).items() if isinstance(x, dict)]
-        if parts:
-            lines.append(f"    {phase:<15}" + "; ".join(f"{part} {p50} / {p99} / {n}"
-                                                      for part, p50, p99, n in parts) + note)
-    return lines
-
-
-def _lost_work_line(s: Any) -> str | None:
-    """The summary's line on client runs that failed (None when none did)."""
-    lost = s.get("lost_work") or {}
-    if not lost.get("runs"):
-        return None
-    causes = ", ".join(f"{k} {v}" for k, v in sorted((lost.get("by_reason") or {}).items()))
-    ids = lost.get("clients") or []
-    shown = format_ids(ids[:12]) + (" ..." if len(ids) > 12 else "")
-    return (f"  lost work        {lost['runs']} client run(s) failed ({causes}); "
-            f"dropped: client(s) {shown}; see summary.json lost_work")
-
-
 def _report(result: Any) -> None:
-    """Print a run's summary."""
-    s = result.summary
-    st = s.get("staleness") or {}
-    fid = s.get("fidelity") or {}
-    lat = fid.get("lateness_ms") or {}
-    why = f" ({s['stop_reason']})" if s.get("stop_reason") else ""
-    click.echo(f"{s['algorithm']} on {s['clients']} clients: {s['status']}{why}")
-    click.echo(f"  final accuracy   {_fmt(s.get('final_accuracy'))}  "
-               f"(best {_fmt(s.get('best_accuracy'))})")
-    click.echo(f"  updates          {s['updates']} in {s['emulated_seconds']:.1f} emulated s "
-               f"({s['real_seconds']:.1f} real s)")
-    if st.get("count"):
-        click.echo(f"  staleness        mean {st['mean']:.2f}  p50 {st['p50']:.0f}  "
-                   f"p99 {st['p99']:.0f}  max {st['max']}  (as it really occurred)")
-    transfer = _transfer_line(s)
-    if transfer is not None:
-        click.echo(transfer)
-    if s.get("time_to_target_s") is not None:
-        click.echo(f"  time to target   {s['time_to_target_s']:.2f} s "
-                   f"(accuracy {s['target_accuracy']})")
-    compute = fid.get("compute") or {}
-    late = "" if lat.get("late") is None else (
-        f", {lat['late']} of {lat.get('n')} over {_fmt(lat.get('allowed_p99'), '.3g')} ms"
-        f" ({lat.get('late_limit')} allowed)")
-    overruns = "" if compute.get("overrun_limit") is None else (
-        f" ({compute['overrun_limit']} allowed)")
-    click.echo(f"  fidelity         {fid.get('verdict')}: "
-               f"lateness p50 {_fmt(lat.get('p50'), '.3f')} ms, "
-               f"p99 {_fmt(lat.get('p99'), '.3f')} ms{late}; "
-               f"{compute.get('overruns', 0)} compute overruns{overruns}")
-    for reason in fid.get("reasons", []):
-        click.echo(f"    fail: {reason}")
-    if fid.get("verdict") == "fail":
-        click.echo(f"    suggested dilation {fid.get('suggested_dilation')} "
-                   "(fedsim run --dilation X, or --dilation auto)")
-    hosts = s.get("hosts") or {}
-    if hosts.get("unreported"):
-        click.echo(f"  hosts            {hosts['reported']} of {hosts['registered']} reported; "
-                   f"lost: {', '.join(hosts['unreported'])} (the verdict covers the others)")
-    lost = _lost_work_line(s)
-    if lost is not None:
-        click.echo(lost)
-    if s.get("clients_missing"):
-        click.echo(f"  missing clients  {len(s['clients_missing'])} never registered")
-    if s.get("send_times_clamped"):
-        fixed = s.get("send_time_corrections") or {}
-        hosts = {h: c["send_times_corrected"] for h, c in (fid.get("clocks") or {}).items()
-                 if isinstance(c, dict) and c.get("send_times_corrected")}
-        click.echo(f"  corrected        {s['send_times_clamped']} messages claimed a send time "
-                   f"the server's record does not allow ({fixed.get('out_of_window', 0)} out "
-                   f"of the window, {fixed.get('before_record', 0)} before their task's "
-                   "earliest delivery and compute; by host: "
-                   + (", ".join(f"{h} {n}" for h, n in sorted(hosts.items())) or "-")
-                   + "): corrected, not judged, and the verdict fails")
-    guard = s.get("guard")
-    if isinstance(guard, dict):
-        click.echo(f"  update guard     {guard.get('rejected', 0)} rejected, "
-                   f"{guard.get('clipped', 0)} clipped")
-    if s.get("late_arrivals"):
-        click.echo(f"  late arrivals    {s['late_arrivals']} messages arrived after their "
-                   "emulated delivery time (real transit longer than the emulated link, or a "
-                   "forged send time; per host in fidelity.clocks): not judged")
-    rejected = (s.get("rejected_messages") or {}).get("server") or {}
-    if rejected:
-        click.echo("  rejected         " + ", ".join(f"{k} {v}" for k, v in sorted(
-            rejected.items())))
-    unlogged = (s.get("rejected_messages") or {}).get("unlogged") or {}
-    if unlogged:
-        click.echo(f"    of which {sum(unlogged.values())} counted, not logged (over "
-                   "deploy.max_logged_rejects per source): " + ", ".join(
-                       f"{k} {v}" for k, v in sorted(unlogged.items(), key=lambda kv: -kv[1])))
-    for line in _phase_lines(s):
+    """Print a run's summary (:func:`fedsim.results.report.format_summary`)."""
+    for line in format_summary(result.summary, result.run_dir):
         click.echo(line)
-    click.echo(f"  run directory    {result.run_dir}")
 
 
 def _status_code(summary: Any) -> int:
@@ -441,11 +287,11 @@ def _compare(runs: list[Any], out: str | None, target: float | None,
     """Print the comparison table of ``runs``; write it and the overlay figures to ``out``."""
     from fedsim.results.compare import (  # lazy: fedsim --help stays fast
         comparison_rows,
+        comparison_warnings,
         default_labels,
         format_table,
         plot_comparison,
         shared_target,
-        task_differences,
         write_csv,
     )
 
@@ -463,14 +309,8 @@ def _compare(runs: list[Any], out: str | None, target: float | None,
               *plot_comparison(runs, names, out_dir, target)]:
         click.echo(str(p))
     # last, where it is read: the table above compares what may not compare
-    differences = task_differences(runs, names)
-    if differences:
-        click.echo("warning: these runs learn different tasks, so their accuracies do not "
-                   "compare:\n  " + "\n  ".join(differences), err=True)
-    for run, name in zip(runs, names, strict=True):
-        if run.scenario is None:
-            click.echo(f"warning: {name} has no scenario.json: whether its task is the "
-                       "others' is not checked", err=True)
+    for warning in comparison_warnings(runs, names):
+        click.echo(warning, err=True)
 
 
 _TARGET = click.option("--target", type=click.FloatRange(0.0, 1.0), metavar="ACC",

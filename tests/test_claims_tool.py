@@ -974,8 +974,15 @@ def test_the_table_goes_between_the_readme_markers(tmp_path: Path,
     assert "old" not in text
     assert text.startswith("# x\nbefore\n")
     assert text.endswith("after\n")
-    # claim, verdict and when: the numbers and the reason are in docs/claims.md
-    assert "| [DG-1](docs/claims.md#dg-1) c | **reproduced** | 2026-11-24 at abc123 |" in text
+    # claim, verdict and the link: the numbers and the reason are in docs/claims.md
+    assert "Measured 2026-11-24 at abc123." in text
+    assert ("| **DG-1** c | **reproduced** | [numbers, setting, figure](docs/claims.md#dg-1) |"
+            in text)
+    # rows of different regenerations say each its own
+    writer.write_readme([rec, {**rec, "id": "DG-2", "measured": "2026-11-25", "commit": "def456"}])
+    text = readme.read_text()
+    assert "Measured 2026" not in text
+    assert "[numbers, setting, figure](docs/claims.md#dg-2) (2026-11-25 at def456) |" in text
 
 
 def test_a_pool_goes_by_the_last_regenerations_times_and_keeps_its_own(

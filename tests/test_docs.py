@@ -246,3 +246,35 @@ def test_the_readme_layout_is_the_tree() -> None:
                 if not list((fedsim / name).glob(module)):
                     missing.append(f"fedsim/{name}{module}")
     assert missing == []
+
+
+def test_the_readme_layout_lists_every_top_level_directory() -> None:
+    """The layout block's top-level entries are the repository's directories (hidden
+    ones aside), and each module a package's row names (``server.py``) is in it."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Layout\n\n```\n", 1)[1].split("```", 1)[0]
+    top = {line.split()[0] for line in block.splitlines() if line and not line[0].isspace()}
+    made = ("runs", "build", "dist", "__pycache__")  # what using the project creates
+    dirs = {p.name + "/" for p in ROOT.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and p.name not in made
+            and not p.name.endswith(".egg-info")}
+    assert sorted(dirs - top) == []
+    assert sorted(top - dirs) == []
+    missing = []
+    for name, job in readme_layout().items():
+        if not name.endswith("/"):
+            continue
+        for module in re.findall(r"(?<![\w*])(\w+\.py)\b", job):
+            if not (ROOT / "fedsim" / name / module).exists():
+                missing.append(f"fedsim/{name}{module}")
+    assert missing == []
+
+
+def test_every_bare_module_name_in_architecture_md_exists() -> None:
+    """A module named without its path (``uplinks.py``) is a file of the project."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    names = set(re.findall(r"(?<![\w/*.-])(\w+\.py)\b", text))
+    files = {p.name for d in ("fedsim", "netem", "tools", "tests")
+             for p in (ROOT / d).rglob("*.py")}
+    assert len(names) > 5
+    assert sorted(names - files) == []

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from fedsim import sweep as sw
 from fedsim.cli import cli
-from fedsim.sweep.execute import _Scheduler
+from fedsim.sweep.execute import Scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "scenarios" / "quickstart.toml"
@@ -354,7 +354,7 @@ def test_a_sweep_of_seeds_alone_says_it_draws_no_figure_on_stderr(
 
 
 def test_a_rerun_follows_the_suggestion_within_1_5x_to_4x_of_the_failed_dilation() -> None:
-    from fedsim.sweep.execute import _next_dilation
+    from fedsim.sweep.execute import next_dilation
 
     def failed(dilation: float, suggested: float | None) -> sw.PointResult:
         p = sw.Point(variant="", grid=(), seed=1, overrides=())
@@ -363,10 +363,10 @@ def test_a_rerun_follows_the_suggestion_within_1_5x_to_4x_of_the_failed_dilation
         return sw.PointResult(point=p, run_dir=Path("x"), status="completed", verdict="fail",
                               attempts=1, dilation=dilation, summary=summary, cores=None)
 
-    assert _next_dilation(failed(1.0, 2.0)) == 2.0       # the suggestion
-    assert _next_dilation(failed(1.0, 1.1)) == 1.5       # at least 1.5x
-    assert _next_dilation(failed(1.0, None)) == 1.5
-    assert _next_dilation(failed(0.5, 20.0)) == 2.0      # a starved run's 40x: at most 4x
+    assert next_dilation(failed(1.0, 2.0)) == 2.0       # the suggestion
+    assert next_dilation(failed(1.0, 1.1)) == 1.5       # at least 1.5x
+    assert next_dilation(failed(1.0, None)) == 1.5
+    assert next_dilation(failed(0.5, 20.0)) == 2.0      # a starved run's 40x: at most 4x
 
 
 # A run that takes 0.4 s to start (to write fedsim-run.json, as a run does at
@@ -450,7 +450,7 @@ def test_a_half_finished_sweep_resumes_without_redoing_finished_points(
 
 
 def test_auto_concurrency_follows_the_measured_load() -> None:
-    sched = _Scheduler("auto", max_jobs=8, max_scale=1.0)
+    sched = Scheduler("auto", max_jobs=8, max_scale=1.0)
     sched.cores = 2
     assert sched.allowed() == 1            # nothing measured yet
     sched.finished(0.2, "pass")             # a run that mostly waits: half the cores' worth
@@ -460,7 +460,7 @@ def test_auto_concurrency_follows_the_measured_load() -> None:
         assert sched.allowed() == want
     sched.finished(1.5, "pass")             # a heavy one
     assert sched.allowed() == 1
-    sched = _Scheduler("auto", max_jobs=8, max_scale=1.0)   # never scaled: see below
+    sched = Scheduler("auto", max_jobs=8, max_scale=1.0)   # never scaled: see below
     sched.cores = 2
     for _ in range(8):
         sched.finished(0.1, "pass")
@@ -479,11 +479,11 @@ def test_auto_concurrency_follows_the_measured_load() -> None:
     for _ in range(5):
         sched.finished(0.1, "pass")
     assert sched.allowed() == 5
-    assert _Scheduler(3, max_jobs=8).allowed() == 3
+    assert Scheduler(3, max_jobs=8).allowed() == 3
 
 
 def test_crowded_runs_with_room_on_the_cores_go_at_twice_the_dilation() -> None:
-    sched = _Scheduler("auto", max_jobs=8)
+    sched = Scheduler("auto", max_jobs=8)
     sched.cores = 2
     for _ in range(3):
         sched.finished(0.2, "pass")          # a fifth of a core: 5 would fit
@@ -519,25 +519,25 @@ def test_crowded_runs_with_room_on_the_cores_go_at_twice_the_dilation() -> None:
 
 
 def test_no_doubling_without_room_or_when_disabled() -> None:
-    sched = _Scheduler("auto", max_jobs=8)
+    sched = Scheduler("auto", max_jobs=8)
     sched.cores = 2
     sched.finished(0.45, "pass")
     sched.finished(0.45, "pass")             # 2 fit; at twice the dilation 4 would, not 3+
     sched.finished(0.9, "fail", at=2)        # a heavy run: at scale 2, fit = 2 < 3
     assert (sched.scale, sched.allowed()) == (1.0, 1)
-    off = _Scheduler("auto", max_jobs=8, max_scale=1.0)
+    off = Scheduler("auto", max_jobs=8, max_scale=1.0)
     off.cores = 2
     for _ in range(3):
         off.finished(0.2, "pass")
     off.finished(0.2, "fail", at=2)
     assert (off.scale, off.allowed()) == (1.0, 1)
-    fixed = _Scheduler(3, max_jobs=8)
+    fixed = Scheduler(3, max_jobs=8)
     fixed.finished(0.2, "fail", at=3)
     assert (fixed.scale, fixed.allowed()) == (1.0, 3)
 
 
 def test_a_sweep_scaled_up_runs_its_points_at_a_multiple_of_their_own_dilation() -> None:
-    from fedsim.sweep.execute import _dilation_for
+    from fedsim.sweep.execute import dilation_for
 
     p = sw.Point(variant="", grid=(), seed=1, overrides=())
 
@@ -549,17 +549,17 @@ def test_a_sweep_scaled_up_runs_its_points_at_a_multiple_of_their_own_dilation()
                               dilation=dilation, summary=summary, cores=None)
 
     fresh = result("", 0.5)
-    assert _dilation_for(fresh, 0.5, 1.0, False) is None      # its scenario's own
-    assert _dilation_for(fresh, 0.5, 2.0, False) == 1.0
-    assert _dilation_for(fresh, None, 2.0, False) is None     # "auto": not scaled
+    assert dilation_for(fresh, 0.5, 1.0, False) is None      # its scenario's own
+    assert dilation_for(fresh, 0.5, 2.0, False) == 1.0
+    assert dilation_for(fresh, None, 2.0, False) is None     # "auto": not scaled
     crowded = result("fail", 2.0)                             # at 4x, then back to 1x
-    assert _dilation_for(crowded, 0.5, 1.0, True) is None     # as a first attempt
-    assert _dilation_for(crowded, 0.5, 4.0, True) == 2.0      # ... at the scale of now
-    assert _dilation_for(crowded, 0.5, 1.0, True, need=1.5) == 1.5   # or its own need
+    assert dilation_for(crowded, 0.5, 1.0, True) is None     # as a first attempt
+    assert dilation_for(crowded, 0.5, 4.0, True) == 2.0      # ... at the scale of now
+    assert dilation_for(crowded, 0.5, 1.0, True, need=1.5) == 1.5   # or its own need
     alone = result("fail", 1.0)
-    assert _dilation_for(alone, 0.5, 2.0, False) == 3.0       # its own need wins
-    assert _dilation_for(alone, 0.5, 8.0, False) == 4.0       # ... unless the scale's is more
-    assert _dilation_for(alone, None, 2.0, False) == 3.0      # "auto": its suggestion
+    assert dilation_for(alone, 0.5, 2.0, False) == 3.0       # its own need wins
+    assert dilation_for(alone, 0.5, 8.0, False) == 4.0       # ... unless the scale's is more
+    assert dilation_for(alone, None, 2.0, False) == 3.0      # "auto": its suggestion
 
 
 # A run that fails its verdict whenever another run ran at the same time (as
@@ -721,15 +721,15 @@ def test_a_resumed_sweep_does_not_count_attempts_lost_to_a_crowded_machine(
 
 
 def test_a_rerun_beside_others_keeps_its_dilation() -> None:
-    from fedsim.sweep.execute import _next_dilation
+    from fedsim.sweep.execute import next_dilation
 
     p = sw.Point(variant="", grid=(), seed=1, overrides=())
     res = sw.PointResult(point=p, run_dir=Path("x"), status="completed", verdict="fail",
                          attempts=1, dilation=0.5, cores=None,
                          summary={"status": "completed",
                                   "fidelity": {"verdict": "fail", "suggested_dilation": 20.0}})
-    assert _next_dilation(res, shared=True) == 0.5
-    assert _next_dilation(res) == 2.0
+    assert next_dilation(res, shared=True) == 0.5
+    assert next_dilation(res) == 2.0
 
 
 def test_cli_dry_run_and_errors(tmp_path: Path) -> None:
@@ -919,7 +919,7 @@ def test_no_doubling_when_the_cap_on_runs_leaves_less_work_per_second() -> None:
     (max_jobs): 4 runs' worth per unit of time against 6 at their own dilation, so the
     sweep keeps the dilation and runs fewer at once (2026-11-29: a pool of every
     claim's sweep went to 4x with 8 at once, an idle machine)."""
-    sched = _Scheduler("auto", max_jobs=8)
+    sched = Scheduler("auto", max_jobs=8)
     sched.cores = 2
     for _ in range(8):
         sched.finished(0.05, "pass")          # a 40th of a core each: 8 fit
@@ -937,7 +937,7 @@ def test_the_cap_climbs_back_after_as_many_faithful_runs_as_it_allows() -> None:
     second run, at a sensitive point) halves the concurrency, which then climbs
     back by one each time as many faithful runs in a row as it allows have
     ended at it, instead of holding 300 runs at 1 at once (2026-11-29)."""
-    sched = _Scheduler("auto", max_jobs=8)
+    sched = Scheduler("auto", max_jobs=8)
     sched.cores = 2
     sched.finished(0.9, "pass")               # heavy: no room at twice the dilation
     sched.finished(0.9, "fail", at=2)
@@ -963,9 +963,9 @@ def test_the_live_ramp_lets_one_more_go_while_the_machine_has_room() -> None:
     """Before any run has finished (a pool's first, longest, runs take 455 real s),
     the machine's busy cores measured while the runs went say whether one more
     fits: each takes its share, and the sum stays within half the cores."""
-    from fedsim.sweep.policy import _MachineLoad
+    from fedsim.sweep.policy import MachineLoad
 
-    sched = _Scheduler("auto", max_jobs=8)
+    sched = Scheduler("auto", max_jobs=8)
     sched.cores = 2
     assert sched.allowed() == 1
     assert sched.room_for_one_more(1, 0.3)       # 0.3 + 0.3 <= 1
@@ -976,9 +976,9 @@ def test_the_live_ramp_lets_one_more_go_while_the_machine_has_room() -> None:
     sched.finished(0.45, "pass")                 # a finished run's load counts if larger
     assert not sched.room_for_one_more(2, 0.6)   # its 0.45, not the share 0.3: > 1
     assert sched.room_for_one_more(1, 0.3)       # 0.3 + 0.45 <= 1
-    assert not _Scheduler(3, max_jobs=8).room_for_one_more(1, 0.0)   # a fixed count
+    assert not Scheduler(3, max_jobs=8).room_for_one_more(1, 0.0)   # a fixed count
 
-    load = _MachineLoad()
+    load = MachineLoad()
     assert load.busy_cores(0.0) is None
     load.samples.extend([(0.0, 100, 1000), (10.0, 400, 2000), (20.0, 500, 3000)])
     cores = os.cpu_count() or 1
@@ -999,29 +999,29 @@ def test_runs_of_known_loads_are_packed_first_fit() -> None:
     first, longest first, whose load fits beside those under way within the
     headroom: three AsyncFedED runs of 0.48 cores crowded each other at 1.44 of 2
     cores (2026-11-29), so at 0.6 two go, and a light run fills beside them."""
-    from fedsim.sweep.pick import _Item, _next, _RunningItem
+    from fedsim.sweep.pick import Item, RunningItem, next_item
 
-    sched = _Scheduler("auto", max_jobs=8, headroom=0.6)
+    sched = Scheduler("auto", max_jobs=8, headroom=0.6)
     sched.cores = 2
 
-    def item(key: str) -> _Item:
+    def item(key: str) -> Item:
         p = sw.Point(variant=key, grid=(), seed=1, overrides=())
-        return _Item(0, "s", p, None, Path("."))  # type: ignore[arg-type]
+        return Item(0, "s", p, None, Path("."))  # type: ignore[arg-type]
 
     heavy1, heavy2, heavy3, light = item("h1"), item("h2"), item("h3"), item("l")
     loads = {heavy1.key: 0.48, heavy2.key: 0.48, heavy3.key: 0.48, light.key: 0.1}
     todo = [heavy1, heavy2, heavy3, light]
 
-    def of(it: _Item) -> float | None:
+    def of(it: Item) -> float | None:
         return loads.get(it.key)
 
-    assert _next(todo, {}, sched, of) == 0                 # the first always goes
-    running = {1: _RunningItem(heavy1, None, 0.0, 1, 1.0, 0.48)}
-    assert _next(todo[1:], running, sched, of) == 0        # 0.96 <= 1.2
-    running[2] = _RunningItem(heavy2, None, 0.0, 2, 1.0, 0.48)
-    assert _next(todo[2:], running, sched, of) == 1        # not h3 (1.44): the light one
-    running[3] = _RunningItem(light, None, 0.0, 3, 1.0, 0.1)
-    assert _next([heavy3], running, sched, of) is None
+    assert next_item(todo, {}, sched, of) == 0                 # the first always goes
+    running = {1: RunningItem(heavy1, None, 0.0, 1, 1.0, 0.48)}
+    assert next_item(todo[1:], running, sched, of) == 0        # 0.96 <= 1.2
+    running[2] = RunningItem(heavy2, None, 0.0, 2, 1.0, 0.48)
+    assert next_item(todo[2:], running, sched, of) == 1        # not h3 (1.44): the light one
+    running[3] = RunningItem(light, None, 0.0, 3, 1.0, 0.1)
+    assert next_item([heavy3], running, sched, of) is None
     # a crowded failure shrinks the share packed: 0.8 x 0.6 of 2 cores = 0.96
     sched.finished(0.5, "fail", shared=True, at=3)
     assert sched.budget == pytest.approx(0.48)
@@ -1029,9 +1029,9 @@ def test_runs_of_known_loads_are_packed_first_fit() -> None:
     sched.finished(0.5, "pass")
     assert sched.budget == pytest.approx(0.50)                # back up by 0.02 a run
     # a run of unknown load under way, or first in line: the count rule
-    running[4] = _RunningItem(item("u"), None, 0.0, 4, 1.0, None)
-    assert _next([heavy3], running, sched, of) is None     # 4 under way, 2 allowed
-    assert _next([item("u2")], {}, sched, of) == 0
+    running[4] = RunningItem(item("u"), None, 0.0, 4, 1.0, None)
+    assert next_item([heavy3], running, sched, of) is None     # 4 under way, 2 allowed
+    assert next_item([item("u2")], {}, sched, of) == 0
 
 
 
@@ -1039,37 +1039,37 @@ def test_a_light_run_takes_a_gap_only_if_it_ends_before_the_heaviest_can_go() ->
     """EASY backfilling: while the first in line waits for room, a later run that
     fits goes only if it is expected to end before enough room frees for the first
     (so the longest runs are not pushed to the tail by light ones)."""
-    from fedsim.sweep.pick import _Item, _next, _room_at, _RunningItem
+    from fedsim.sweep.pick import Item, RunningItem, _room_at, next_item
 
-    sched = _Scheduler("auto", max_jobs=8, headroom=0.6)
+    sched = Scheduler("auto", max_jobs=8, headroom=0.6)
     sched.cores = 2                                         # 1.2 cores to fill
 
-    def item(key: str) -> _Item:
+    def item(key: str) -> Item:
         p = sw.Point(variant=key, grid=(), seed=1, overrides=())
-        return _Item(0, "s", p, None, Path("."))  # type: ignore[arg-type]
+        return Item(0, "s", p, None, Path("."))  # type: ignore[arg-type]
 
     h1, h2, h3, long_, short = (item(k) for k in ("h1", "h2", "h3", "long", "short"))
     loads = {h1.key: 0.48, h2.key: 0.48, h3.key: 0.48, long_.key: 0.1, short.key: 0.1}
     seconds = {h1.key: 455.0, h2.key: 455.0, h3.key: 455.0, long_.key: 400.0,
                short.key: 100.0}
-    running = {1: _RunningItem(h1, None, 0.0, 0, 1.0, 0.48),
-               2: _RunningItem(h2, None, 100.0, 0, 1.0, 0.48)}
+    running = {1: RunningItem(h1, None, 0.0, 0, 1.0, 0.48),
+               2: RunningItem(h2, None, 100.0, 0, 1.0, 0.48)}
 
-    def of(it: _Item) -> float | None:
+    def of(it: Item) -> float | None:
         return loads.get(it.key)
 
-    def secs(it: _Item) -> float | None:
+    def secs(it: Item) -> float | None:
         return seconds.get(it.key)
 
     # h3 needs 0.24 cores freed: h1's end at 455 s frees them
     assert _room_at(0.48, 0.96, running, sched, secs, 200.0) == 455.0
-    assert _next([h3, long_, short], running, sched, of, secs, 200.0) == 2   # not long (600)
-    assert _next([h3, long_], running, sched, of, secs, 200.0) is None
-    assert _next([h3, long_], running, sched, of, lambda it: None, 200.0) == 1   # unknown
+    assert next_item([h3, long_, short], running, sched, of, secs, 200.0) == 2   # not long (600)
+    assert next_item([h3, long_], running, sched, of, secs, 200.0) is None
+    assert next_item([h3, long_], running, sched, of, lambda it: None, 200.0) == 1   # unknown
 
 
 def test_a_crowding_episode_shrinks_the_share_once_and_only_runs_at_the_cap_raise_it() -> None:
-    sched = _Scheduler("auto", max_jobs=8, headroom=0.6)
+    sched = Scheduler("auto", max_jobs=8, headroom=0.6)
     sched.cores = 2
     sched.finished(0.9, "pass")
     sched.finished(0.9, "fail", shared=True, at=2, started=10.0)

@@ -7,6 +7,7 @@ directory back (:func:`~fedsim.results.reader.load_run`);
 (:class:`~fedsim.results.values.RunResult`, what :func:`fedsim.run` returns);
 :mod:`~fedsim.results.phases` estimates where a run's time goes;
 :mod:`~fedsim.results.timeline` extracts what every client did, when;
+:mod:`~fedsim.results.report` formats a run's summary for the terminal;
 :mod:`~fedsim.results.plots` draws one run and :mod:`~fedsim.results.compare`
 several. Nothing here imports the actors: a run directory is readable without them.
 """

@@ -13,8 +13,8 @@ each with the target accuracy as a dashed line and each run's first
 evaluation at or above it marked; and writes ``compare.csv``, the table
 that :func:`format_table` prints. Runs of different tasks (another dataset,
 partition, client count or model: accuracies that do not compare) are
-named by :func:`task_differences`, which the command line prints as a
-warning.
+named by :func:`task_differences`; :func:`comparison_warnings` says so,
+and names a run whose task it cannot check, as the command line prints it.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from fedsim.results.plots import loss_scale, new_figure, save
 from fedsim.results.reader import Run
 from fedsim.scenario import unread_task_keys
 
-__all__ = ["TASK_TABLES", "ComparisonRow", "comparison_rows", "default_labels",
-           "format_table", "plot_comparison", "shared_target", "task_differences",
-           "time_to_target", "write_csv"]
+__all__ = ["TASK_TABLES", "ComparisonRow", "comparison_rows", "comparison_warnings",
+           "default_labels", "format_table", "plot_comparison", "shared_target",
+           "task_differences", "time_to_target", "write_csv"]
 
 #: The scenario tables that make a run's task (its data, their split over
 #: the clients, the model): runs that differ in a key of them that both read
@@ -130,6 +130,25 @@ def task_differences(runs: Sequence[Run], labels: Sequence[str]) -> list[str]:
             lines.append(f"{key}: " + ", ".join(f"{_shown(v)} ({', '.join(names)})"
                                                 for v, names in groups.items()))
     return lines
+
+
+def comparison_warnings(runs: Sequence[Run], labels: Sequence[str]) -> list[str]:
+    """What to say beside the table of ``runs``: each warning a message of its own.
+
+    One that names how the runs' tasks differ (:func:`task_differences`;
+    their accuracies do not compare), then one per run without a
+    ``scenario.json`` (its task is not checked). Empty: nothing to say.
+    """
+    differences = task_differences(runs, labels)
+    out = []
+    if differences:
+        out.append("warning: these runs learn different tasks, so their accuracies do not "
+                   "compare:\n  " + "\n  ".join(differences))
+    for run, label in zip(runs, labels, strict=True):
+        if run.scenario is None:
+            out.append(f"warning: {label} has no scenario.json: whether its task is the "
+                       "others' is not checked")
+    return out
 
 
 def _shown(value: str) -> str:

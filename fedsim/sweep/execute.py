@@ -16,17 +16,17 @@ from pathlib import Path
 
 from fedsim.results.writer import FORMAT_FILE
 from fedsim.sweep.launch import atomic_write, start_run
-from fedsim.sweep.pick import _Item, _next, _RunningItem
+from fedsim.sweep.pick import Item, RunningItem, next_item
 from fedsim.sweep.policy import (
     CROWDED_RETRIES,
-    _dilation_for,
-    _done,
-    _History,
-    _MachineLoad,
-    _next_dilation,
-    _Scheduler,
+    History,
+    MachineLoad,
+    Scheduler,
+    dilation_for,
+    is_done,
+    next_dilation,
 )
-from fedsim.sweep.results import PointResult, _read_point, _result, figure
+from fedsim.sweep.results import PointResult, figure, point_result, read_point
 from fedsim.sweep.spec import Sweep, SweepError
 from fedsim.sweep.tables import write_tables
 
@@ -61,7 +61,7 @@ START_GRACE = 120.0
 #: Real seconds the runs at once must have run unchanged (none started or
 #: ended; the last started one past its start-up) before the machine's busy
 #: cores over that stretch may let one more go (the live ramp,
-#: :meth:`fedsim.sweep.policy._Scheduler.room_for_one_more`).
+#: :meth:`fedsim.sweep.policy.Scheduler.room_for_one_more`).
 SETTLE = 20.0
 
 
@@ -113,7 +113,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     emulated budget times their dilation (an upper bound: a run that ends by
     its rounds ends sooner). ``headroom``: the share of the cores the runs
     at once may keep busy on average (default
-    :attr:`~fedsim.sweep.policy._Scheduler.HEADROOM`, a half). ``loads``: the
+    :attr:`~fedsim.sweep.policy.Scheduler.HEADROOM`, a half). ``loads``: the
     cores a point's run used at its own dilation, measured before (e.g. by an
     earlier run of the same sweeps): where every run under way and the next
     have one, runs are packed by them, first fit in the order above (a light
@@ -122,7 +122,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     finished runs showed (the largest lately, at their own dilation)."""
     say = report or (lambda _: None)
     many = len(sweeps) > 1
-    items: list[_Item] = []
+    items: list[Item] = []
     bases: dict[tuple[int, str], float | None] = {}
     for i, (sweep, out_) in enumerate(sweeps):
         out = Path(out_)
@@ -140,12 +140,12 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
         else:
             atomic_write(spec_file, json.dumps(spec, indent=2) + "\n")
         for pt in sweep.points():
-            items.append(_Item(i, sweep.name or out.name, pt, sweep, out / "runs"))
+            items.append(Item(i, sweep.name or out.name, pt, sweep, out / "runs"))
             bases[(i, pt.key)] = own.get(pt.key)
-    results = {it.key: _result(it.point, it.runs / it.point.key) for it in items}
-    history = {it.key: _History.of(_read_point(it.runs / it.point.key) or {}) for it in items}
+    results = {it.key: point_result(it.point, it.runs / it.point.key) for it in items}
+    history = {it.key: History.of(read_point(it.runs / it.point.key) or {}) for it in items}
     todo = [it for it in items
-            if not _done(results[it.key], max_attempts + history[it.key].crowded)]
+            if not is_done(results[it.key], max_attempts + history[it.key].crowded)]
     expect = {(i, k): v for i, (sw, _) in enumerate(sweeps)
               for k, v in sw.expected_real().items()}
     expect.update(expected or {})
@@ -167,21 +167,21 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
     caps = {i: s.max_jobs for i, (s, _) in enumerate(sweeps) if s.max_jobs}
     if not many and 0 in caps:
         max_jobs = min(max_jobs, caps[0])
-    sched = _Scheduler(jobs, max_jobs, 1.0 if per_sweep else max_scale, headroom)
+    sched = Scheduler(jobs, max_jobs, 1.0 if per_sweep else max_scale, headroom)
     multiple: dict[int, float] = {}    # by sweep (per_sweep): its runs' multiple
 
-    def mult(it: _Item) -> float:
+    def mult(it: Item) -> float:
         return multiple.get(it.which, 1.0)
-    running: dict[int, _RunningItem] = {}
+    running: dict[int, RunningItem] = {}
     python = python or sys.executable
     t0 = time.monotonic()
     finished = 0
     shared: set[int] = set()       # runs that had company at some moment
-    live = _MachineLoad() if sched.fixed is None else None
+    live = MachineLoad() if sched.fixed is None else None
     known_loads = dict(loads or {})
     learned: dict[int, float] = {}     # by sweep: its finished runs' load, at own dilation
 
-    def own_load(it: _Item) -> float | None:
+    def own_load(it: Item) -> float | None:
         """Its load at its own dilation: measured before, or its sweep's (None: not
         known, or a fixed number of runs at once)."""
         if sched.fixed is not None:
@@ -189,7 +189,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
         known = known_loads.get(it.key)
         return known if known is not None else learned.get(it.which)
 
-    def load_of(it: _Item) -> float | None:
+    def load_of(it: Item) -> float | None:
         """Its load at the multiple of its dilation it would go at now (None: not known)."""
         load = own_load(it)
         if load is None:
@@ -198,7 +198,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                                                   crowded=history[it.key].last_crowded,
                                                   alone=not running))
 
-    def seconds_of(it: _Item) -> float | None:
+    def seconds_of(it: Item) -> float | None:
         return expect.get(it.key) or None
 
     peak: dict[int, int] = {}      # by run: the most runs under way at once in its life
@@ -230,7 +230,7 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                 open_ = [k for k, it in enumerate(todo) if it.which not in full]
                 if not open_:
                     break
-                pick = _next([todo[k] for k in open_], running, sched, load_of, seconds_of, now)
+                pick = next_item([todo[k] for k in open_], running, sched, load_of, seconds_of, now)
                 if pick is None:
                     break
                 it = todo.pop(open_[pick])
@@ -238,14 +238,14 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
                 scale = mult(it) * sched.scale_for(len(todo) + 1 + len(running),
                                                    crowded=h.last_crowded, alone=not running)
                 prev = results[it.key]
-                dilation = _dilation_for(prev, bases[it.key], scale, h.last_crowded, h.need)
+                dilation = dilation_for(prev, bases[it.key], scale, h.last_crowded, h.need)
                 proc = start_run(it.point, it.sweep, it.runs / it.point.key, python, dilation,
                               run_plots, prev.attempts + 1, h.to_json())
                 if running:            # every run under way now shares the machine
                     shared.update(running)
                     shared.add(proc.pid)
                 known = own_load(it)
-                running[proc.pid] = _RunningItem(
+                running[proc.pid] = RunningItem(
                     it, proc, time.monotonic(), sched.allowed() if known is None else 0, scale,
                     None if known is None else known / scale, dilation)
                 for p in running:      # how many each run under way has beside it, at most
@@ -268,11 +268,11 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             real = time.monotonic() - started
             cores = (usage.ru_utime + usage.ru_stime) / real if real > 0 else None
             run_dir = it.runs / it.point.key
-            meta = _read_point(run_dir) or {}
+            meta = read_point(run_dir) or {}
             meta["cores"] = cores
             meta["exit_code"] = proc.returncode
             atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
-            res = _result(it.point, run_dir)
+            res = point_result(it.point, run_dir)
             results[it.key] = res
             was_shared = pid in shared
             verdict = res.verdict
@@ -296,17 +296,17 @@ def run_sweeps(sweeps: Sequence[tuple[Sweep, str | Path]], *, jobs: int | str = 
             h = history[it.key]
             h.last_crowded = False
             if res.verdict == "fail" and not was_shared and res.status == "completed":
-                h.need = max(h.need or 0.0, _next_dilation(res))
+                h.need = max(h.need or 0.0, next_dilation(res))
             if res.verdict == "fail" and was_shared and h.crowded < CROWDED_RETRIES:
                 # the machine was crowded: this attempt does not count against the point
                 h.crowded += 1
                 h.last_crowded = True
             meta.update(h.to_json())
             atomic_write(run_dir / "point.json", json.dumps(meta, indent=2) + "\n")
-            if res.status == "completed" and not _done(res, max_attempts + h.crowded):
+            if res.status == "completed" and not is_done(res, max_attempts + h.crowded):
                 todo.insert(0, it)     # an unfaithful run goes again, with more dilation
                 why = " beside other runs" if h.last_crowded else ""
-                nxt = _dilation_for(res, bases[it.key], mult(it) * sched.scale, h.last_crowded,
+                nxt = dilation_for(res, bases[it.key], mult(it) * sched.scale, h.last_crowded,
                                     h.need)
                 say(f"  rerun {it.label(many)}: verdict {res.verdict} at dilation "
                     f"{res.dilation}{why}; next {nxt or 'its own'} "

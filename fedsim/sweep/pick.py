@@ -10,11 +10,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fedsim.sweep.policy import _Scheduler
+from fedsim.sweep.policy import Scheduler
 from fedsim.sweep.spec import Point, Sweep
 
 
-class _Item(NamedTuple):
+class Item(NamedTuple):
     """A point of one of the sweeps run together, and where its runs go."""
 
     which: int          # the sweep's place in the list
@@ -31,12 +31,12 @@ class _Item(NamedTuple):
         return f"{self.name}/{self.point.key}" if many else self.point.key
 
 
-class _RunningItem(NamedTuple):
+class RunningItem(NamedTuple):
     """A point's run under way: what it is, its process, when it started, how many runs
     were allowed at once then, the multiple of its dilation it goes at, and the cores
     it is expected to use (None: not known)."""
 
-    item: _Item
+    item: Item
     proc: Any
     started: float
     level: int
@@ -45,15 +45,15 @@ class _RunningItem(NamedTuple):
     dilation: float | None = None     # the one it was given (None: its own)
 
 
-def _next(todo: Sequence[_Item], running: Mapping[int, _RunningItem], sched: _Scheduler,
-          load_of: Callable[[_Item], float | None],
-          seconds_of: Callable[[_Item], float | None] = lambda it: None,
+def next_item(todo: Sequence[Item], running: Mapping[int, RunningItem], sched: Scheduler,
+          load_of: Callable[[Item], float | None],
+          seconds_of: Callable[[Item], float | None] = lambda it: None,
           now: float = 0.0) -> int | None:
     """Which of ``todo`` starts next, if one may.
 
     Where the loads of the runs under way and of the first waiting one are known
     (``load_of``: cores at the multiple of its dilation it would go at), the first
-    if it fits beside them (:meth:`~fedsim.sweep.policy._Scheduler.fits`); if it
+    if it fits beside them (:meth:`~fedsim.sweep.policy.Scheduler.fits`); if it
     does not, a later one that fits and, where its real seconds are known
     (``seconds_of``), ends before the room the first needs is expected to free
     (EASY backfilling: the longest runs are not left for the tail while light
@@ -75,8 +75,8 @@ def _next(todo: Sequence[_Item], running: Mapping[int, _RunningItem], sched: _Sc
     return None
 
 
-def _room_at(load: float, busy: float, running: Mapping[int, _RunningItem],
-             sched: _Scheduler, seconds_of: Callable[[_Item], float | None],
+def _room_at(load: float, busy: float, running: Mapping[int, RunningItem],
+             sched: Scheduler, seconds_of: Callable[[Item], float | None],
              now: float) -> float:
     """When enough of the runs under way are expected to have ended for a run of
     ``load`` to fit (a run whose seconds are not known may end at any moment)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim.sweep.results import FIGURES
-from fedsim.sweep.spec import Sweep, SweepError, _literal, short_key
+from fedsim.sweep.spec import Sweep, SweepError, short_key, toml_literal
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -210,9 +210,9 @@ def _is_num(v: Any) -> bool:
 
 def _cell(v: Any) -> Any:
     """A grid value as the aggregate's rows hold it (a list or table as its TOML literal)."""
-    return _literal(v) if isinstance(v, (list, dict)) else v
+    return toml_literal(v) if isinstance(v, (list, dict)) else v
 
 
 def _label(v: Any) -> str:
     """A grid value as its axis names it: a string bare, anything else as TOML writes it."""
-    return v if isinstance(v, str) else _literal(v)
+    return v if isinstance(v, str) else toml_literal(v)

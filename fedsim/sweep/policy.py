@@ -15,10 +15,11 @@ from typing import Any
 
 from fedsim.sweep.results import PointResult
 
-__all__ = ["CROWDED_RETRIES", "MAX_STEP"]
+__all__ = ["CROWDED_RETRIES", "MAX_STEP", "History", "MachineLoad", "Scheduler", "dilation_for",
+           "is_done", "next_dilation"]
 
 
-class _Scheduler:
+class Scheduler:
     """How many runs may go at once, and at what multiple of their dilation
     (see the :mod:`fedsim.sweep` docstring)."""
 
@@ -212,7 +213,7 @@ class _Scheduler:
                     self._at_cap = 0
 
 
-def _done(res: PointResult, max_attempts: int) -> bool:
+def is_done(res: PointResult, max_attempts: int) -> bool:
     """Finished for good: faithful, unfaithful after every attempt, or failed as a run.
 
     A point never run, interrupted or crashed (no summary) is not: a resumed
@@ -231,7 +232,7 @@ def _done(res: PointResult, max_attempts: int) -> bool:
 MAX_STEP = 4.0
 
 
-def _next_dilation(res: PointResult, shared: bool = False) -> float:
+def next_dilation(res: PointResult, shared: bool = False) -> float:
     """The failed attempt's suggestion, at least 1.5x and at most 4x its dilation.
 
     An attempt that failed while it ``shared`` the machine with another run
@@ -246,7 +247,7 @@ def _next_dilation(res: PointResult, shared: bool = False) -> float:
     return round(min(max(want, 1.5 * current), MAX_STEP * current), 3)
 
 
-def _dilation_for(prev: PointResult, base: float | None, scale: float, shared: bool,
+def dilation_for(prev: PointResult, base: float | None, scale: float, shared: bool,
                   need: float | None = None) -> float | None:
     """The dilation of a point's next attempt (None: its scenario's own).
 
@@ -256,18 +257,18 @@ def _dilation_for(prev: PointResult, base: float | None, scale: float, shared: b
     nothing about the point: it goes again as a first attempt would, at the
     scale the sweep has now. A point whose scenario picks its dilation
     itself (``"auto"``) is not scaled: it goes again as
-    :func:`_next_dilation` says.
+    :func:`next_dilation` says.
     """
     failed_alone = prev.verdict == "fail" and not shared
     if base is None:
-        return _next_dilation(prev, shared=shared) if prev.verdict == "fail" else None
+        return next_dilation(prev, shared=shared) if prev.verdict == "fail" else None
     if failed_alone:
-        need = max(need or 0.0, _next_dilation(prev))
+        need = max(need or 0.0, next_dilation(prev))
     want = max(base * scale, need or 0.0)
     return None if want == base and need is None else round(want, 3)
 
 
-class _MachineLoad:
+class MachineLoad:
     """The machine's busy cores, averaged between two moments, from ``/proc/stat``
     (every CPU's time outside idle and I/O wait; a run's trainers, in the idle
     class, count as busy). Sampled each time the sweep's loop looks (about once
@@ -319,7 +320,7 @@ CROWDED_RETRIES = 4
 
 
 @dataclass
-class _History:
+class History:
     """What a point's attempts so far taught; kept in its point.json, so that a
     resumed sweep knows it too."""
 
@@ -328,7 +329,7 @@ class _History:
     need: float | None = None    # the dilation an attempt that failed alone asked for
 
     @classmethod
-    def of(cls, meta: dict[str, Any]) -> _History:
+    def of(cls, meta: dict[str, Any]) -> History:
         need = meta.get("needed_dilation")
         return cls(int(meta.get("crowded_attempts") or 0), bool(meta.get("last_crowded")),
                    None if need is None else float(need))

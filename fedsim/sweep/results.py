@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.results.writer import read_summary
-from fedsim.sweep.spec import Point, Sweep, SweepError, _literal
+from fedsim.sweep.spec import Point, Sweep, SweepError, toml_literal
 
 #: The figures taken from each run's summary.json into the tables: name ->
 #: (dotted path in the summary, description).
@@ -76,7 +76,7 @@ class PointResult:
     def row(self) -> dict[str, Any]:
         """Its row of sweep.csv."""
         row: dict[str, Any] = {"variant": self.point.variant}
-        row.update({k: _literal(v) if isinstance(v, (list, dict)) else v
+        row.update({k: toml_literal(v) if isinstance(v, (list, dict)) else v
                     for k, v in self.point.grid})
         row.update({"seed": self.point.seed, "status": self.status, "verdict": self.verdict,
                     "attempts": self.attempts, "dilation": self.dilation,
@@ -100,7 +100,7 @@ def figure(summary: dict[str, Any] | None, name: str) -> float | None:
     return float(node)
 
 
-def _read_point(run_dir: Path) -> dict[str, Any] | None:
+def read_point(run_dir: Path) -> dict[str, Any] | None:
     try:
         data: dict[str, Any] = json.loads((run_dir / "point.json").read_text())
         return data
@@ -108,8 +108,8 @@ def _read_point(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def _result(point: Point, run_dir: Path) -> PointResult:
-    meta = _read_point(run_dir) or {}
+def point_result(point: Point, run_dir: Path) -> PointResult:
+    meta = read_point(run_dir) or {}
     summary = read_summary(run_dir) if run_dir.is_dir() else None
     status = "pending" if summary is None else str(summary.get("status"))
     if summary is None and meta.get("exit_code") not in (None, 0):
@@ -130,4 +130,4 @@ def read_results(out: str | Path) -> tuple[Sweep, list[PointResult]]:
         sweep = Sweep.from_json(json.loads((out / "sweep.json").read_text()))
     except (OSError, json.JSONDecodeError, KeyError) as exc:
         raise SweepError(f"{out}: not a sweep directory (no readable sweep.json: {exc})") from None
-    return sweep, [_result(p, out / "runs" / p.key) for p in sweep.points()]
+    return sweep, [point_result(p, out / "runs" / p.key) for p in sweep.points()]

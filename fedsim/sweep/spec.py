@@ -47,13 +47,13 @@ class Point:
     def key(self) -> str:
         """A directory name that identifies the point within its sweep."""
         parts = [_slug(self.variant)] if self.variant else []
-        parts += [f"{short_key(k)}={_slug(_literal(v))}" for k, v in self.grid]
+        parts += [f"{short_key(k)}={_slug(toml_literal(v))}" for k, v in self.grid]
         parts.append(f"seed={self.seed}")
         return ",".join(parts)
 
     def set_args(self) -> list[str]:
         """The overrides as ``--set`` arguments (TOML literals)."""
-        return [f"{k}={_literal(v)}" for k, v in self.overrides]
+        return [f"{k}={toml_literal(v)}" for k, v in self.overrides]
 
 
 @dataclass
@@ -165,7 +165,7 @@ class Sweep:
             except ScenarioError as exc:
                 text = str(exc).split("\n", 1)[-1].strip()
                 where = ", ".join([f"variant {p.variant!r}"] * bool(p.variant)
-                                  + [f"{k}={_literal(v)}" for k, v in p.grid])
+                                  + [f"{k}={toml_literal(v)}" for k, v in p.grid])
                 if text not in seen_text:   # seeds repeat the same mistake
                     seen_text.add(text)
                     problems.append(f"point {where or '(base)'}: {text}")
@@ -412,12 +412,12 @@ def parse_grid(item: str) -> tuple[str, list[Any]]:
     return key.strip(), parsed
 
 
-def _literal(v: Any) -> str:
+def toml_literal(v: Any) -> str:
     """A TOML literal for a plain value."""
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_literal(x)}" for k, x in v.items()) + " }"
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_literal(x)}" for k, x in v.items()) + " }"
     if isinstance(v, list):
-        return "[" + ", ".join(_literal(x) for x in v) + "]"
+        return "[" + ", ".join(toml_literal(x) for x in v) + "]"
     return json.dumps(v)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from fedsim.sweep.plots import plot_sweep
 from fedsim.sweep.results import FIGURES, PointResult, figure
-from fedsim.sweep.spec import Sweep, _literal
+from fedsim.sweep.spec import Sweep, toml_literal
 
 
 def t_quantile(df: int) -> float:
@@ -40,7 +40,7 @@ def aggregate(sweep: Sweep, results: Sequence[PointResult]) -> list[dict[str, An
     """Per variant and grid point, over the seeds whose runs count: n, mean, ci95."""
     groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[PointResult]] = {}
     for r in results:
-        gkey = tuple((k, _literal(v)) for k, v in r.point.grid)
+        gkey = tuple((k, toml_literal(v)) for k, v in r.point.grid)
         groups.setdefault((r.point.variant, gkey), []).append(r)
     rows = []
     for (variant, gkey), rs in groups.items():
@@ -61,7 +61,7 @@ def aggregate(sweep: Sweep, results: Sequence[PointResult]) -> list[dict[str, An
 
 
 def _grid_values(r: PointResult) -> list[Any]:
-    return [_literal(v) if isinstance(v, (list, dict)) else v for _, v in r.point.grid]
+    return [toml_literal(v) if isinstance(v, (list, dict)) else v for _, v in r.point.grid]
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -369,12 +369,21 @@ def write_docs(records: list[dict[str, Any]]) -> None:
 
 
 def readme_table(records: list[dict[str, Any]]) -> str:
-    """The README's short table: each claim, its verdict and where its details are
-    (docs/claims.md: the numbers, the setting, the reason, the command)."""
-    lines = ["| claim | verdict | measured |", "|---|---|---|"]
+    """The README's short table: claim, verdict, and the link to its details
+    (docs/claims.md: the numbers, the setting, the reason, the figure, the
+    command). When the rows were measured, above it: once if every row was
+    measured on one day at one commit, else per row in its link."""
+    when = {(r["measured"], r["commit"]) for r in records}
+    lines = []
+    if len(when) == 1:
+        day, commit = next(iter(when))
+        lines += [f"Measured {day} at {commit}.", ""]
+    lines += ["| claim | verdict | details |", "|---|---|---|"]
     for r in records:
-        lines.append(f"| [{r['id']}](docs/claims.md#{r['id'].lower()}) {r['claim']} | "
-                     f"**{r['verdict']}** | {r['measured']} at {r['commit']} |")
+        anchor = f"docs/claims.md#{r['id'].lower()}"
+        stamp = "" if len(when) == 1 else f" ({r['measured']} at {r['commit']})"
+        lines.append(f"| **{r['id']}** {r['claim']} | **{r['verdict']}** | "
+                     f"[numbers, setting, figure]({anchor}){stamp} |")
     return "\n".join(lines)
 
 
