@@ -124,6 +124,14 @@ from fedsim.wire.tensors import Model, TensorSpec
 from fedsim.wire.transport import Connection, Endpoint, ZmqConnection, ZmqContext, ZmqEndpoint
 
 
+def _size(nbytes: int) -> str:
+    """``65536`` -> ``64 KiB``, ``1048576`` -> ``1 MiB``."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} bytes"
+
+
 def make_model(nbytes: int, ntensors: int) -> tuple[np.ndarray, TensorSpec]:
     """A flat float32 vector of about ``nbytes`` and a spec of ``ntensors`` tensors."""
     per = nbytes // 4 // ntensors
@@ -385,7 +393,8 @@ async def measure(args: argparse.Namespace) -> None:
                   f" {r['transport_codec']:>6.2f} {m['transport_codec_inline'] * k:>7.1f} {unit}"
                   f" {r['transport_codec_inline']:>6.2f} {m['raw_down'] * k:>7.1f} {unit}"
                   f" {m['transport_down'] * k:>7.1f} {unit} {r['transport_down']:>6.2f}")
-        print("(+ codec: the server's path: from 1 MB the value pass in a thread while the "
+        print(f"(+ codec: the server's path: from {_size(CHECK_OFF_LOOP_BYTES)} the value pass"
+              " in a thread while the "
               "update crosses its uplink;\n (on loop): that pass in decode, on the loop)")
         print("\nAgainst raw pyzmq's faster mode at each size (zero-copy send, or pyzmq's default"
               " copy):")
@@ -398,7 +407,8 @@ async def measure(args: argparse.Namespace) -> None:
             print(f"{label:>8} {m['raw'] * k:>7.1f} {unit} {m['raw_copy'] * k:>7.1f} {unit}"
                   f" {best['transport']:>9.2f} {best['transport_codec_inline']:>9.2f}"
                   f" {best['transport_codec_thread']:>8.2f}")
-        print("(the server's path is (on loop) below 1 MB and (thread) from 1 MB, as above)")
+        print(f"(the server's path is (on loop) below {_size(CHECK_OFF_LOOP_BYTES)} and (thread)"
+              " from it, as above)")
         print("\nThe value pass handed to the thread at every size (the loop's time):")
         for label, _, _, unit, k, m, r in rows:
             print(f"{label:>8} {m['transport_codec_thread'] * k:>7.1f} {unit}"

@@ -12,7 +12,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import zmq
 
@@ -127,7 +127,7 @@ def read_request(frames: Frames, holder: Holder) -> Request:
     return msg
 
 
-def send_reply(sock: zmq.Socket[Any], reply: Reply) -> None:
+def send_reply(sock: zmq.Socket[bytes], reply: Reply) -> None:
     """Send a reply, its update first."""
     msg, upload = reply
     if upload is not None:
@@ -208,7 +208,7 @@ class Preemption:
     state of their own between steps (:class:`~fedsim.algorithms.sgdclient.LocalSGDClient`).
     """
 
-    def __init__(self, sock: zmq.Socket[Any], worker: Worker, waiting: Requests) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], worker: Worker, waiting: Requests) -> None:
         self.sock = sock
         self.worker = worker
         self.waiting = waiting

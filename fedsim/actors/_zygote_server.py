@@ -23,7 +23,8 @@ from typing import Any, NoReturn
 
 from fedsim.actors import process
 from fedsim.actors.setup import build_data
-from fedsim.scenario import parse
+from fedsim.data import FederatedData
+from fedsim.scenario import Scenario, parse
 
 __all__ = ["USER_ERRORS", "forked", "listen", "main", "serve", "unix_address", "warm"]
 
@@ -61,7 +62,8 @@ def forked(name: str, body: Callable[[], int]) -> NoReturn:
         os._exit(code)
 
 
-def serve(sc: Any, data: Any, listener: socket.socket, broken: tuple[str, str] | None) -> int:
+def serve(sc: Scenario, data: FederatedData, listener: socket.socket,
+          broken: tuple[str, str] | None) -> int:
     """Serve requests on ``listener`` until terminated."""
     listener.setblocking(False)
     _Server(sc, data, listener, broken).serve()
@@ -73,8 +75,9 @@ def serve(sc: Any, data: Any, listener: socket.socket, broken: tuple[str, str] |
 class _Server:
     """The zygote's loop: accept requests, fork workers, report their exits."""
 
-    def __init__(self, sc: Any, data: Any, listener: socket.socket,
-                 broken: tuple[str, str] | None = None) -> None:
+    def __init__(self, sc: Scenario | None, data: FederatedData | None,
+                 listener: socket.socket, broken: tuple[str, str] | None = None) -> None:
+        #: the scenario and its data (None when they could not be built: ``broken``)
         self.sc, self.data, self.listener = sc, data, listener
         #: (kind, message) of the error that kept the zygote from building the
         #: data: every request is answered with it
@@ -88,9 +91,16 @@ class _Server:
         os.set_blocking(self.wakeup, False)
         self.rfd = rfd
 
+    def _built(self) -> tuple[Scenario, FederatedData]:
+        """The scenario and its data (a request is answered only when they were built)."""
+        assert self.sc is not None
+        assert self.data is not None
+        return self.sc, self.data
+
     def describe(self) -> dict[str, Any]:
-        return {"input_shape": list(self.data.input_shape),
-                "num_classes": int(self.data.num_classes), "stats": self.data.stats()}
+        _, data = self._built()
+        return {"input_shape": list(data.input_shape),
+                "num_classes": int(data.num_classes), "stats": data.stats()}
 
     def serve(self) -> None:
         signal.set_wakeup_fd(self.wakeup)
@@ -171,7 +181,8 @@ class _Server:
             os.close(self.rfd)
             os.close(self.wakeup)
             process.set_process_name(f"fedsim-{role}")
-            return run(self.sc, endpoint, clients, state, data=self.data)
+            sc, data = self._built()
+            return run(sc, endpoint, clients, state, data=data)
 
         forked(f"worker-{role}-{os.getpid()}", work)
 
@@ -231,20 +242,20 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot listen at @%s: %s", args.address, exc)
         return 2 if exc.errno == errno.EADDRINUSE else 1
 
-    built: dict[str, Any] = {}
+    built: list[tuple[Scenario, FederatedData]] = []  # (sc, data) once both are built
 
     def build() -> None:
         import torch  # lazy: after listen() (askers wait in the backlog); hosts stay torch-free
 
         torch.set_num_threads(1)
         with open(args.scenario) as fh:
-            built["sc"] = parse(json.load(fh), args.scenario)
-        built["data"] = build_data(built["sc"])
+            sc = parse(json.load(fh), args.scenario)
+        built.append((sc, build_data(sc)))
 
     broken = _guard(build)
-    sc, data = built.get("sc"), built.get("data")
-    if broken is None:
-        broken = warm(sc, data)
+    if broken is None:  # built: build() returned
+        broken = warm(*built[0])
+    sc, data = built[0] if built else (None, None)
     listener.setblocking(False)
     _Server(sc, data, listener, broken).serve()
     return 0
@@ -261,7 +272,7 @@ def listen(name: str) -> socket.socket:
     return listener
 
 
-def _guard(step: Any) -> tuple[str, str] | None:
+def _guard(step: Callable[[], None]) -> tuple[str, str] | None:
     """Run ``step()``; the error that keeps the zygote from serving, as (kind, message)."""
     try:
         step()
@@ -276,7 +287,7 @@ def _guard(step: Any) -> tuple[str, str] | None:
     return None
 
 
-def warm(sc: Any, data: Any) -> tuple[str, str] | None:
+def warm(sc: Scenario, data: FederatedData) -> tuple[str, str] | None:
     """Import what the workers use and run a step and an evaluation once, so
     none of torch's lazy start-up is left to the forked workers."""
     import torch  # lazy: torch stays out of client hosts

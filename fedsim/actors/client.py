@@ -50,6 +50,7 @@ from fedsim.wire.messages import (
     WorkerReady,
 )
 from fedsim.wire.tensors import Model, TensorSpec
+from netem.availability import Availability, Suspension
 from netem.clock import Clock
 from netem.fidelity import FidelityMonitor
 from netem.link import Delivery, Link
@@ -161,6 +162,17 @@ class Received:
 Inbox = Received | Average | _Back | _Stop
 
 
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """When a piece of a task's work began: the emulated instant its compute is charged
+    from, the client's time away by then (:meth:`ClientActor._away_total`), and the
+    index of the run (the device's draws are keyed by it)."""
+
+    t0: float
+    away0: float
+    run_index: int
+
+
 class ClientActor:
     """Protocol of one client: train tasks, send updates, follow its availability.
 
@@ -192,7 +204,7 @@ class ClientActor:
         self._down: Link | None = None
         self._rngs: tuple[np.random.Generator, np.random.Generator] | None = None
         self.suspension = host.plan.suspension(cid)
-        self.availability = host.plan.availability(cid)
+        self.availability: Availability = host.plan.availability(cid)
         self.rejected = 0
         self.overruns = 0
         self.runs = 0
@@ -431,49 +443,70 @@ class ClientActor:
     async def on_task(self, rec: Received) -> None:
         """Run a task's local work, piece by piece, and send its uploads.
 
-        The concerns each have a method: whether a suspension wastes the run
-        (:meth:`_wasted`), the trainer's failure (:meth:`_failed`), the
-        device's compute time and the fidelity accounting of a piece
-        (:meth:`_account`), the end of a task's work (:meth:`_finish`) and a
-        pipelined session's next piece (:meth:`_advance`).
+        Its steps each have a method: the start of the run (:meth:`_begin`),
+        the suspension drawn for it (:meth:`_draw_suspension`; one that
+        discards the update wastes the run, :meth:`_wasted`), the time the
+        trainer's first piece is due (:meth:`_due`), and the pieces, each held
+        until the device has computed it and then uploaded (:meth:`_pipeline`).
+        Within a piece: the trainer's failure (:meth:`_failed`), the device's
+        compute time and the fidelity accounting (:meth:`_account`), the wait
+        for that compute (:meth:`_hold`), the end of a task's work
+        (:meth:`_finish`) and a pipelined session's next piece (:meth:`_advance`).
         """
         host = self.host
         task = rec.task
-        t0 = host.clock.now()
-        away0 = self._away_total()
+        start = self._begin()
         gen = self.generation
-        run_index, self.runs = self.runs, self.runs + 1
         # stamped t0, the instant its compute is charged from (a stall before the
         # record would otherwise date the start after a short piece's deadline)
-        host.emit("train_start", at=t0, client=self.cid, version=task.version,
+        host.emit("train_start", at=start.t0, client=self.cid, version=task.version,
                   task_id=task.task_id, round=task.round)
-        susp = None
         expected = host.expected_steps(task, self.num_samples)
-        if self.suspension is not None:
-            # a run of unknown length (its client's own code) is expected to take
-            # what the client's previous one did
-            t_run = (self.device.compute_time(expected, self.device_rng, run_index)
-                     if expected is not None else self.last_budget)
-            susp = self.suspension.draw_run(t_run, self.suspension_rng)
+        susp = self._draw_suspension(expected, start.run_index)
         if susp is not None and susp.discard_update:
-            await self._wasted(task, t0 + susp.unavailable_for, gen)
+            await self._wasted(task, start.t0 + susp.unavailable_for, gen)
             return
-        due = t0 + (self.device.mean_step() * expected if expected is not None
-                    else self.last_budget)
+        due = self._due(start.t0, expected)
         rid = host.trainer.next_id()
         reply = await host.trainer.train(host.task_frames(rec, due, rid))
+        await self._pipeline(task, start, rid, reply, gen, susp)
+
+    def _begin(self) -> _Start:
+        """A piece of work starts now, as the client's next run."""
+        t0 = self.host.clock.now()
+        away0 = self._away_total()
+        run_index, self.runs = self.runs, self.runs + 1
+        return _Start(t0, away0, run_index)
+
+    def _draw_suspension(self, expected: int | None, run_index: int) -> Suspension | None:
+        """The suspension drawn for a run of ``expected`` steps (None: it is not suspended)."""
+        if self.suspension is None:
+            return None
+        # a run of unknown length (its client's own code) is expected to take
+        # what the client's previous one did
+        t_run = (self.device.compute_time(expected, self.device_rng, run_index)
+                 if expected is not None else self.last_budget)
+        return self.suspension.draw_run(t_run, self.suspension_rng)
+
+    def _due(self, t0: float, expected: int | None) -> float:
+        """When a task begun at ``t0`` is due: its mean compute, else the last run's budget."""
+        return t0 + (self.device.mean_step() * expected if expected is not None
+                     else self.last_budget)
+
+    async def _pipeline(self, task: Task, start: _Start, rid: int,
+                        reply: Trained | WorkerFailed, gen: int,
+                        susp: Suspension | None) -> None:
+        """Each piece in turn: held for its device compute, then uploaded; then the next, if any."""
+        host = self.host
         while True:
             upload = host.trainer.upload(rid)   # the update's frames, if the piece uploads
             if not isinstance(reply, Trained):
                 await self._failed(task, reply)
                 return
-            done, budget = self._account(reply, t0, run_index)
+            done, budget = self._account(reply, start.t0, start.run_index)
             self.last_budget = budget
-            deadline = t0 + budget
-            if reply.next != "done":  # a pipelined session: time away does not compute
-                await self._compute(t0, away0, budget)
-            elif budget > 0 and done <= deadline:
-                await host.timers.sleep_until(deadline)
+            deadline = start.t0 + budget
+            await self._hold(reply, start, done, budget)
             for r, delay in reply.notes.get("corrections", []):
                 host.emit("correction", client=self.cid, round=r, delay=delay)
             if reply.next == "done" and not await self._finish(task, reply, done, deadline,
@@ -488,10 +521,16 @@ class ClientActor:
             if averages is None:
                 return
             await self._until_back()
-            t0 = host.clock.now()
-            away0 = self._away_total()
-            run_index, self.runs = self.runs, self.runs + 1
-            rid, reply = await self._advance(averages, t0)
+            start = self._begin()
+            rid, reply = await self._advance(averages, start.t0)
+
+    async def _hold(self, reply: Trained, start: _Start, done: float, budget: float) -> None:
+        """Wait until the device has computed, in ``budget`` s, the piece back at ``done``."""
+        deadline = start.t0 + budget
+        if reply.next != "done":  # a pipelined session: time away does not compute
+            await self._compute(start.t0, start.away0, budget)
+        elif budget > 0 and done <= deadline:
+            await self.host.timers.sleep_until(deadline)
 
     async def _wasted(self, task: Task, until: float, gen: int) -> None:
         """A suspension wastes the run and the client hangs until ``until``: nothing
@@ -553,7 +592,7 @@ class ClientActor:
         return done, budget
 
     async def _finish(self, task: Task, reply: Trained, done: float, deadline: float,
-                      gen: int, susp: Any) -> bool:
+                      gen: int, susp: Suspension | None) -> bool:
         """A task's work is done: log it; a suspension that keeps the work hangs
         first. False: the client went away meanwhile (its update is not sent)."""
         host = self.host

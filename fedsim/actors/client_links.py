@@ -18,11 +18,11 @@ and the corrections counted against the host that claimed one outside it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from fedsim.scenario.network import NetPlan
+from netem.availability import Availability
 from netem.fidelity import FidelityMonitor
-from netem.link import Link
+from netem.link import Bottleneck, Link
 
 __all__ = ["ClientLinks", "SendTimes"]
 
@@ -40,11 +40,11 @@ class ClientLinks:
         self.links: dict[int, Link] = {}
         #: copies of the clients' downlinks (None: no longer known to match the host's)
         self.down_links: dict[int, Link | None] = {}
-        self.availability: dict[int, Any] = {}
+        self.availability: dict[int, Availability] = {}
         #: the server's downlink bottleneck (None: none), and its uplink one (made
         #: when the federation starts)
         self.egress = plan.bottleneck("down")
-        self.shared_up: Any = None
+        self.shared_up: Bottleneck | None = None
 
     def start(self) -> None:
         """The federation starts: the uplinks' shared bottleneck begins."""
@@ -92,7 +92,7 @@ class ClientLinks:
         for c in clients:
             self.down_links.pop(c, None)
 
-    def availability_of(self, cid: int) -> Any:
+    def availability_of(self, cid: int) -> Availability:
         """``cid``'s availability, made on first use (its own stream, drawn lazily)."""
         av = self.availability.get(cid)
         if av is None:

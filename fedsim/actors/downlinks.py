@@ -179,8 +179,7 @@ class Downlinks:
             self.tasks.sent(cid, TaskRecord(
                 task_id=fields["task_id"], version=fields["version"], round=fields["round"],
                 delivered=delivered, steps=steps))
-        state.bytes_down += nbytes
-        state.wire_bytes_down += body.nbytes
+        state.count_down(nbytes, body.nbytes)
         if owner is not None:
             self.records.sent(cid, owner.name)
         state.event(now, "send", client=cid, dir="down", bytes=nbytes, sent_at=now, **fields)

@@ -227,6 +227,16 @@ class RunState:
             self.events.write(rec)
         return bad
 
+    def count_up(self, nbytes: int) -> None:
+        """An update of ``nbytes`` reached the server (``bytes_up``)."""
+        self.bytes_up += nbytes
+
+    def count_down(self, nbytes: int, wire_nbytes: int) -> None:
+        """The server sent a message: ``nbytes`` as the emulated links carry it
+        (``bytes_down``), ``wire_nbytes`` as it really went (``wire_bytes_down``)."""
+        self.bytes_down += nbytes
+        self.wire_bytes_down += wire_nbytes
+
     def host_phases(self, samples: tuple[PhaseSample, ...]) -> None:
         """Add a host's phase durations (checked by the schema: only ``HOST_PHASES``)."""
         for p in samples:

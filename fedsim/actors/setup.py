@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fedsim.algorithms import LocalConfig
-from fedsim.data import build_federated, federate
+from fedsim.data import FederatedData, build_federated, federate
 from fedsim.scenario import Scenario, plugins
 from fedsim.scenario.sections import DATASETS, MODELS
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["build_data", "build_model", "local_config", "model_shapes"]
 
 
-def build_data(sc: Scenario) -> Any:
+def build_data(sc: Scenario) -> FederatedData:
     """The federated dataset of a scenario (a plug-in's through :func:`fedsim.data.federate`)."""
     d = sc.data
     options: dict[str, Any] = {}

@@ -15,15 +15,15 @@ server's queue as a :class:`~fedsim.actors._server_queue.FromClient`
 delivery is judged by netem's fidelity monitor unless its lateness is the
 sender's (it arrived after its own delivery time).
 
-A large update's values (no NaN or infinity in the model) are checked off
-the event loop: the reader decodes it without that pass, :meth:`Uplinks.check`
-hands the pass to a thread of its own while the update crosses its uplink,
-and at its delivery an update whose values failed is rejected (the
-reader's rejection, with its reason) instead of queued. The pass is a read
-of all the model's bytes: about 0.6 ms of a 10 MB update's 2.8 on the loop,
-against 0.1 ms to hand it over (``tools/bench_wire.py``); at 100 KB the
-pass (about 30 us) costs no more than handing it over, and it stays in the
-reader, below :data:`CHECK_OFF_LOOP_BYTES`.
+An update's values (no NaN or infinity in the model) are checked off the
+event loop from :data:`CHECK_OFF_LOOP_BYTES` (64 KiB): the reader decodes it
+without that pass, :meth:`Uplinks.check` hands the pass to a thread of its
+own while the update crosses its uplink, and at its delivery an update whose
+values failed is rejected (the reader's rejection, with its reason) instead
+of queued. The pass reads every byte of a model fresh from the socket (at
+100 KB about 20 us on the loop, against about 10 us to hand it over; at
+10 MB 0.6 ms against 0.1: ``tools/bench_wire.py``); a smaller update's pass
+stays in the reader.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ from netem.link import Delivery
 __all__ = ["CHECK_OFF_LOOP_BYTES", "Uplinks", "ValueCheck", "ValueChecks"]
 
 #: updates of at least this many bytes have their values checked off the event loop
-CHECK_OFF_LOOP_BYTES = 1 << 20
+#: (measured in docs/benchmarks.md's wire section)
+CHECK_OFF_LOOP_BYTES = 64 << 10
 
 
 class ValueCheck:
@@ -66,6 +67,11 @@ class ValueCheck:
         self.error: WireError | None = None
         self._done = _thread.allocate_lock()
         self._done.acquire()          # released by the checking thread
+
+    def finish(self) -> None:
+        """The checks are done (:attr:`error` says how): wake :meth:`result`'s waiter."""
+        self.model = None
+        self._done.release()
 
     def result(self) -> None:
         """Wait for the checks (they ran while the update crossed its uplink, as a
@@ -109,8 +115,7 @@ class ValueChecks:
                 check.error = WireError("bad_value", f"its values could not be checked: "
                                         f"{type(exc).__name__}: {exc}")
             finally:
-                check.model = None
-                check._done.release()
+                check.finish()
 
     def close(self) -> None:
         """End the thread once the checks handed over are done."""
@@ -222,5 +227,5 @@ class Uplinks:
         if lost:
             return
         if isinstance(msg, Update):
-            state.bytes_up += meta.nbytes
+            state.count_up(meta.nbytes)
         self.queue.put_nowait(FromClient(cid, msg, perf_counter(), task))

@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 import torch
@@ -49,6 +49,7 @@ from fedsim.algorithms import check_finite, failure_cause, local_train
 from fedsim.algorithms.api import ClientContext
 from fedsim.algorithms.local import between_steps, load_vector
 from fedsim.algorithms.sgdclient import LocalSGDClient
+from fedsim.data import FederatedData
 from fedsim.scenario import Scenario, parse
 from fedsim.scenario.ids import parse_id_list
 from fedsim.wire import statefile
@@ -120,7 +121,7 @@ class Worker:
     """
 
     def __init__(self, sc: Scenario, clients: list[int], state_path: str | None = None,
-                 save_every: float = 2.0, data: Any = None) -> None:
+                 save_every: float = 2.0, data: FederatedData | None = None) -> None:
         self.sc = sc
         self.state_path = Path(state_path) if state_path else None
         self.save_every = save_every
@@ -331,7 +332,7 @@ class InlineWorker:
         self.worker.save_state(force=True)
 
 
-def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
+def serve(sock: zmq.Socket[bytes], worker: Worker) -> None:
     """Answer requests until a Shutdown arrives or the socket closes.
 
     Before each request it takes every request already waiting on the
@@ -360,7 +361,7 @@ def serve(sock: zmq.Socket[Any], worker: Worker) -> None:
 
 
 def run(sc: Scenario, endpoint: str, clients: list[int], state: str | None = None,
-        data: Any = None) -> int:
+        data: FederatedData | None = None) -> int:
     """Build the worker (from ``data`` when given: a forked worker's) and serve ``endpoint``."""
     torch.set_num_threads(1)
     # A spawned worker builds the data (a long set-up): in the idle class from

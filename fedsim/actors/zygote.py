@@ -50,6 +50,8 @@ from typing import Any
 
 from fedsim.actors import process
 from fedsim.actors._zygote_server import USER_ERRORS, forked, listen, serve, unix_address, warm
+from fedsim.data import FederatedData
+from fedsim.scenario import Scenario
 from fedsim.scenario.plugins import child_env
 
 __all__ = ["ForkedProcess", "Zygote", "can_fork_here", "describe", "spawn"]
@@ -210,7 +212,7 @@ class Zygote:
         self.proc = proc
 
     @classmethod
-    def fork(cls, name: str, sc: Any, data: Any) -> Zygote:
+    def fork(cls, name: str, sc: Scenario, data: FederatedData) -> Zygote:
         """Fork the zygote from this process, which has imported torch and built ``data``.
 
         The zygote and the workers it forks then share this process's pages

@@ -42,9 +42,12 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Self
 
 from pydantic import PrivateAttr
+
+# typing's TypeVar takes a default from Python 3.13 (pyproject.toml requires typing_extensions)
+from typing_extensions import TypeVar
 
 from fedsim.algorithms.local import LocalConfig
 from fedsim.schema import SchemaModel
@@ -87,16 +90,16 @@ class AlgorithmConfig(SchemaModel):
 
     name: str
     #: the spec the scenario loader validated this table with (a plug-in's)
-    _spec: AlgorithmSpec | None = PrivateAttr(default=None)
+    _spec: AlgorithmSpec[Any] | None = PrivateAttr(default=None)
 
     @property
-    def spec(self) -> AlgorithmSpec:
+    def spec(self) -> AlgorithmSpec[Any]:
         """The algorithm this table configures: the spec the scenario loader
         validated it with (a plug-in's, found from its reference), else the one
         registered under ``name``."""
         return self._spec if self._spec is not None else get(self.name)
 
-    def with_spec(self, spec: AlgorithmSpec) -> Self:
+    def with_spec(self, spec: AlgorithmSpec[Any]) -> Self:
         """This table, tied to ``spec`` (the loader's, for a plug-in)."""
         self._spec = spec
         return self
@@ -134,6 +137,11 @@ class AlgorithmConfig(SchemaModel):
         their key: the scenario loader finds each without importing it, next
         to the scenario file if need be, so that every process of the run can."""
         return {}
+
+
+#: An algorithm's config class (its spec's builders take its validated table); a bare
+#: ``AlgorithmSpec`` is one of any config (the registry holds every algorithm's).
+ConfigT = TypeVar("ConfigT", bound=AlgorithmConfig, default=Any)
 
 
 # -- values exchanged with the actors -----------------------------------------------
@@ -309,7 +317,8 @@ class ServerContext:
     local: LocalConfig
     tasks: TaskMaker = field(default_factory=TaskMaker)
     wake: Waker = field(default_factory=Waker)
-    #: the run's resolved Scenario (what a Flower app's helpers read), if any
+    #: the run's resolved Scenario (what a Flower app's helpers read), if any; Any:
+    #: fedsim.scenario imports this module, so naming its class here is a cycle
     scenario: Any = None
 
 
@@ -321,7 +330,8 @@ class ClientContext:
     local: LocalConfig
     seed: int
     num_clients: int = 0
-    #: the run's resolved Scenario (what a Flower app's helpers read), if any
+    #: the run's resolved Scenario (what a Flower app's helpers read), if any; Any:
+    #: fedsim.scenario imports this module, so naming its class here is a cycle
     scenario: Any = None
 
 
@@ -454,8 +464,8 @@ class ClientAlgorithm(ABC):
 
 
 @dataclass(frozen=True)
-class AlgorithmSpec:
-    """One algorithm as the rest of fedsim sees it.
+class AlgorithmSpec(Generic[ConfigT]):
+    """One algorithm as the rest of fedsim sees it (its config class ``ConfigT``).
 
     Attributes
     ----------
@@ -480,24 +490,25 @@ class AlgorithmSpec:
     """
 
     names: tuple[str, ...]
-    config: type[AlgorithmConfig]
-    server: Callable[[Any, ServerContext], ServerAlgorithm]
-    client: Callable[[Any, ClientContext], ClientAlgorithm]
+    config: type[ConfigT]
+    server: Callable[[ConfigT, ServerContext], ServerAlgorithm]
+    client: Callable[[ConfigT, ClientContext], ClientAlgorithm]
     summary: str = ""
     task_copies: int = 1
     update_copies: int = 1
     optimizers: tuple[str, ...] | None = None
-    payload_bytes: Callable[[Any, TensorSpec], int] | None = None
+    payload_bytes: Callable[[ConfigT, TensorSpec], int] | None = None
 
 
-_REGISTRY: dict[str, AlgorithmSpec] = {}
+#: every algorithm's spec, each of its own config class
+_REGISTRY: dict[str, AlgorithmSpec[Any]] = {}
 #: built-in names whose home lives outside this package, as ``module:attribute``
 #: references to their spec, imported on first use (a Flower app's: its server
 #: side runs a process and a thread, which this sans-I/O package does not allow)
 _ELSEWHERE: dict[str, str] = {}
 
 
-def register(spec: AlgorithmSpec, *, replace: bool = False) -> AlgorithmSpec:
+def register(spec: AlgorithmSpec[ConfigT], *, replace: bool = False) -> AlgorithmSpec[ConfigT]:
     """Make ``spec`` available under each of its names; returns it."""
     if not spec.names:
         raise ValueError("Invalid AlgorithmSpec: no names")
@@ -520,7 +531,7 @@ def register_elsewhere(name: str, reference: str) -> None:
     _ELSEWHERE[name] = reference
 
 
-def get(name: str) -> AlgorithmSpec:
+def get(name: str) -> AlgorithmSpec[Any]:
     """The spec registered under ``name`` (a plug-in's: ``config.spec``), or the
     built-in one :func:`register_elsewhere` names."""
     if name not in _REGISTRY and name in _ELSEWHERE:

@@ -238,6 +238,7 @@ class FlowerServer(ServerAlgorithm):
         except (TypeError, ValueError):
             return
         if parts and sum(p.size for p in parts) == self._x.numel():
+            # Flower's arrays, not a wire Model: fedsim.wire.tensors' to_tensor takes a Model
             self._x = torch.from_numpy(np.concatenate(parts))
 
     def _expire(self, now: float, step: Step) -> None:

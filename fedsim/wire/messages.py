@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from fedsim.wire.errors import describe
 from fedsim.wire.records import VALUE_TYPES, AnyFloat, Bad, Record, non_negative, register
@@ -40,6 +40,13 @@ from fedsim.wire.tensors import Model, TensorSpec, flat_model, to_tensor
 
 if TYPE_CHECKING:
     import torch
+
+    #: What follows a worker's piece of work (:attr:`Trained.next`).
+    Next = Literal["done", "more", "wait"]
+else:
+    # On the wire a str, which Trained._validate keeps to Next's values:
+    # fedsim.wire.records checks fields by annotation and has no Literal kind.
+    Next = str
 
 __all__ = [
     "EVENT_KINDS",
@@ -610,7 +617,7 @@ class Trained(Record):
     loss: AnyFloat | None
     compute_s: float
     upload: bool
-    next: str
+    next: Next
     wait_round: int | None
     notes: dict[str, Any]
     #: the piece's real CPU seconds, for an algorithm charged by CPU time (a Flower

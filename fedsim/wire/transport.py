@@ -508,7 +508,7 @@ class ZmqEndpoint:
             sock.bind(address)
         self.address = address
         self.disconnects = 0
-        self.on_disconnect: Any = None
+        self.on_disconnect: Callable[[str], None] | None = None
         #: accepted connections not closed yet: descriptor -> (peer address, accepted at)
         self._accepted: dict[int, tuple[str, float]] = {}
         events = zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED
