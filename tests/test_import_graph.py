@@ -140,6 +140,32 @@ def test_no_module_imports_another_packages_private_module():
     assert offenders == []
 
 
+def test_a_private_name_stays_among_private_modules():
+    """``from m import _x`` (a private name, not a module) only between two private
+    modules of one package (``fedsim.data._federate`` from ``fedsim.data._build``):
+    a name another module needs is public. Tools count too."""
+    offenders, seen = [], 0
+    paths = {**MODULES, **{f"tools.{p.stem}": p for p in (ROOT / "tools").rglob("*.py")}}
+    for module, path in paths.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or not node.module or node.level:
+                continue
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or name.startswith("__"):
+                    continue
+                if f"{node.module}.{name}" in MODULES:  # a private module: the test above
+                    continue
+                seen += 1
+                both_private = (module.rpartition(".")[2].startswith("_")
+                                and node.module.rpartition(".")[2].startswith("_"))
+                same_package = module.rpartition(".")[0] == node.module.rpartition(".")[0]
+                if not (both_private and same_package):
+                    offenders.append(f"{module} imports {name} from {node.module}")
+    assert seen > 3  # the check sees the allowed ones
+    assert offenders == []
+
+
 def _unit(module: str) -> str:
     """The package (``fedsim.wire``, ``netem``) or loose module (``fedsim.api``) of ``module``."""
     parts = module.split(".")

@@ -1,4 +1,5 @@
-"""Each client optimizer reads only its own ``[client]`` keys, and ``fedsim check`` says so.
+"""Each client optimizer reads only its own ``[client]`` keys; a scenario file that sets
+another is refused, and ``fedsim check`` marks the rest.
 
 The table (:data:`fedsim.scenario.sections.OPTIMIZER_KEYS`, from each optimizer's
 own declaration in :mod:`fedsim.algorithms.optim`) is checked against
@@ -9,6 +10,7 @@ bit; each key it does read changes it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, get_args
 
 import pytest
@@ -17,7 +19,9 @@ import torch
 from fedsim.actors.setup import local_config
 from fedsim.algorithms.local import local_train
 from fedsim.algorithms.optim import OPTIMIZERS, optimizer_config
-from fedsim.scenario import parse, unused_keys
+from fedsim.errors import OverrideError, ScenarioError
+from fedsim.scenario import load, parse, resolved, unused_keys
+from fedsim.scenario.file import unread_options
 from fedsim.scenario.sections import OPTIMIZER_KEYS, OPTIMIZER_OPTIONS, ClientConfig
 
 #: another valid value for every optimizer option (each differs from the default)
@@ -89,3 +93,61 @@ def test_fedsim_check_marks_a_key_the_chosen_optimizer_does_not_read() -> None:
     assert unused["client.gamma"] == "not used by optimizer sgd (it reads lr, weight_decay)"
     assert "client.lr" not in unused
     assert "client.gamma" not in unused_keys(parse({"client": {"optimizer": "deltasgd"}}))
+
+
+# -- a key the file sets that its optimizer does not read is refused (issue: one declaration) --
+
+
+def _file(tmp_path: Path, client: str) -> Path:
+    path = tmp_path / "scenario.toml"
+    path.write_text(f'[algorithm]\nname = "fedavg"\n\n[client]\n{client}\n')
+    return path
+
+
+def test_loading_a_file_that_sets_a_key_its_optimizer_does_not_read_fails(
+        tmp_path: Path) -> None:
+    """``fedsim check`` and ``fedsim run`` load with :func:`fedsim.scenario.load`."""
+    path = _file(tmp_path, 'optimizer = "sgd"\nlr = 0.1\ngamma = 0.5\nmomentum = 0.9')
+    with pytest.raises(ScenarioError) as info:
+        load(path)
+    assert not isinstance(info.value, OverrideError)
+    assert list(info.value.problems) == [
+        "client.momentum: set to 0.9, but optimizer 'sgd' does not read it (it reads lr, "
+        "weight_decay; momentum is read by sgdm): remove it, or choose an optimizer that "
+        "reads it",
+        "client.gamma: set to 0.5, but optimizer 'sgd' does not read it (it reads lr, "
+        "weight_decay; gamma is read by deltasgd): remove it, or choose an optimizer that "
+        "reads it",
+    ]
+    assert load(_file(tmp_path, 'optimizer = "deltasgd"\ngamma = 0.5')).client.gamma == 0.5
+
+
+def test_an_override_that_sets_a_key_the_optimizer_does_not_read_is_blamed(
+        tmp_path: Path) -> None:
+    path = _file(tmp_path, 'optimizer = "sgd"')
+    with pytest.raises(OverrideError, match=r"client\.eps: .*optimizer 'sgd' does not read it"
+                                            r".*\(from --set client\.eps=0\.1\)"):
+        load(path, ["client.eps=0.1"])
+    with pytest.raises(OverrideError, match=r"client\.momentum: .*'adam' does not read it"):
+        load(_file(tmp_path, 'optimizer = "sgdm"\nmomentum = 0.5'),
+             ["client.optimizer=adam", "client.momentum=0.7"])
+
+
+def test_an_override_that_switches_optimizers_keeps_the_files_own_options(
+        tmp_path: Path) -> None:
+    """A sweep's point that switches optimizers (ds1.sweep.toml, dg2.sweep.toml) keeps
+    the options the file set for its own optimizer; ``fedsim check`` marks them."""
+    path = _file(tmp_path, 'optimizer = "sgdm"\nlr = 0.1\nmomentum = 0.5')
+    sc = load(path, ["client.optimizer=sgd"])
+    assert sc.client.optimizer_config() == optimizer_config("sgd", lr=0.1)
+    assert unused_keys(sc)["client.momentum"].startswith("not used by optimizer sgd")
+    # ... but not a key that no optimizer of the file's reads either
+    with pytest.raises(ScenarioError, match=r"client\.gamma: set to 0\.5, but optimizer 'sgd'"):
+        load(_file(tmp_path, 'optimizer = "sgdm"\ngamma = 0.5'), ["client.optimizer=sgd"])
+
+
+def test_a_resolved_scenario_holds_every_key_and_parses() -> None:
+    """A resolved scenario (a run's scenario.json, what the hosts parse) sets every key."""
+    sc = parse({"client": {"optimizer": "sgd", "lr": 0.1}})
+    assert "gamma" in parse(resolved(sc)).client.model_fields_set
+    assert unread_options(parse(resolved(sc)).client) != []   # what load() would refuse

@@ -26,15 +26,15 @@ The client side is local SGD on ``f(x) + rho/2 ||x - x_tau||^2``: see
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import Field
 
 from fedsim.algorithms._kernels import check_async_update, lerp
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
-from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
+from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule, Concurrency
 from fedsim.algorithms.sgdclient import local_sgd_client
-from fedsim.schema import FiniteNonNeg, FinitePos
+from fedsim.schema import FiniteNonNeg, FinitePos, SchemaModel
 from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
@@ -45,16 +45,42 @@ __all__ = [
     "STALENESS_FUNCTIONS",
     "FedAsync",
     "FedAsyncConfig",
+    "StalenessKeys",
     "fedasync_mix",
     "staleness_weight",
 ]
 
 StalenessFn = Literal["const", "poly", "hinge"]
-STALENESS_FUNCTIONS: tuple[str, ...] = ("const", "poly", "hinge")
+STALENESS_FUNCTIONS: tuple[str, ...] = get_args(StalenessFn)
 
 
-def staleness_weight(fn: str, d: float, a: float = 0.5, b: float = 4.0) -> float:
-    """Return ``s(d)`` for staleness ``d >= 0``.
+class StalenessKeys(SchemaModel):
+    """How an asynchronous rule weighs an update by its staleness ``d``, declared once
+    (FedAsync's and FedBuff's ``[algorithm]`` keys).
+
+    Attributes
+    ----------
+    staleness : {"const", "poly", "hinge"}
+        Staleness function ``s`` (:func:`staleness_weight`).
+    a, b : float
+        Parameters of ``poly`` (a) and ``hinge`` (a, b); finite, ``a > 0``, ``b >= 0``.
+    max_staleness : int or None
+        Discard updates with ``d > max_staleness`` (the theory's bounded
+        delay; not in the papers' experiments). ``None`` keeps all.
+    """
+
+    staleness: StalenessFn = "const"
+    a: FinitePos = 0.5
+    b: FiniteNonNeg = 4.0
+    max_staleness: Annotated[int, Field(ge=0)] | None = None
+
+
+_STALENESS = StalenessKeys.model_fields
+
+
+def staleness_weight(fn: str, d: float, a: float = _STALENESS["a"].default,
+                     b: float = _STALENESS["b"].default) -> float:
+    """Return ``s(d)`` for staleness ``d >= 0`` (``a``, ``b``: :class:`StalenessKeys`').
 
     >>> staleness_weight("poly", 3, a=0.5)
     0.5
@@ -83,17 +109,16 @@ def fedasync_mix(
     return lerp(global_, local, alpha_t)
 
 
-class FedAsyncConfig(AsyncConfig):
+class FedAsyncConfig(StalenessKeys, AsyncConfig):
     """``[algorithm]`` of FedAsync: :class:`FedAsync`'s parameters and the client's ``rho``.
+
+    ``staleness`` (default ``const``), ``a``, ``b`` and ``max_staleness`` are
+    :class:`StalenessKeys`; ``concurrency`` defaults to 4 here.
 
     Attributes
     ----------
     alpha : float
         Mixing weight in (0, 1].
-    staleness : {"const", "poly", "hinge"}
-        Staleness function ``s``.
-    a, b : float
-        Parameters of ``poly`` (a) and ``hinge`` (a, b); ``a > 0``, ``b >= 0``.
     rho : float
         The client's proximal weight (W5; local SGD on ``f(x) + rho/2 ||x - x_tau||^2``).
     staleness_offset : {0, 1}
@@ -102,21 +127,14 @@ class FedAsyncConfig(AsyncConfig):
     alpha_decay : float
         Multiply ``alpha`` by this after every applied update (R-FA3; 1.0 =
         constant alpha, the default).
-    max_staleness : int or None
-        Discard updates with ``d > max_staleness`` (the theory's bounded
-        delay; not in the paper's experiments). ``None`` keeps all.
     """
 
     name: Literal["fedasync"] = "fedasync"
+    concurrency: Concurrency = 4
     alpha: Annotated[float, Field(gt=0, le=1)] = 0.6
-    staleness: StalenessFn = "const"
-    a: FinitePos = 0.5
-    b: FiniteNonNeg = 4.0
     rho: FiniteNonNeg = 0.0
     staleness_offset: Literal[0, 1] = 0
     alpha_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
-    max_staleness: Annotated[int, Field(ge=0)] | None = None
-    concurrency: Annotated[int, Field(ge=1)] | None = 4
 
     def prox_mu(self) -> float:
         return self.rho

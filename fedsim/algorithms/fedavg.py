@@ -13,14 +13,14 @@ term ``mu/2 ||y - x||^2`` (``LocalConfig.prox_mu``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from fedsim.algorithms._kernels import check_round, weighted_average
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
-from fedsim.algorithms.robust import Aggregator
+from fedsim.algorithms.robust import AggregatorKeys
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.schema import FiniteNonNeg
 from fedsim.wire.messages import Update
@@ -54,21 +54,19 @@ def fedavg_aggregate(
     return x + server_lr * (avg - x)
 
 
-class FedAvgConfig(RoundsConfig):
+class FedAvgConfig(AggregatorKeys, RoundsConfig):
     """``[algorithm]`` of FedAvg and FedProx (``mu``: FedProx's proximal weight).
 
     :class:`FedAvg` reads ``server_lr`` (``eta_g``, > 0; 1 = plain averaging)
     and ``weighting``: ``samples`` weights by ``n_i`` (R-AF4), ``uniform`` is
-    the plain mean.
+    the plain mean. ``aggregator`` and ``trim``
+    (:class:`~fedsim.algorithms.robust.AggregatorKeys`) may make the round's
+    model a robust centre of the client models instead of their mean.
     """
 
     name: Literal["fedavg", "fedprox"] = "fedavg"
     weighting: Literal["samples", "uniform"] = "samples"
     mu: FiniteNonNeg = 0.0
-    # the round's model: the (weighted) mean of the client models, or a
-    # robust coordinate-wise median / trimmed mean (fedsim.algorithms.robust)
-    aggregator: Aggregator = "mean"
-    trim: Annotated[float, Field(ge=0, lt=0.5)] = 0.1
 
     @model_validator(mode="after")
     def _mu_only_for_fedprox(self) -> FedAvgConfig:

@@ -31,11 +31,11 @@ from pydantic import Field
 
 from fedsim.algorithms._kernels import check_async_update, check_shape, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
-from fedsim.algorithms.fedasync import StalenessFn, staleness_weight
+from fedsim.algorithms.fedasync import StalenessFn, StalenessKeys, staleness_weight
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.lazy import lazy_module
-from fedsim.schema import FiniteNonNeg, FinitePos
+from fedsim.schema import FinitePos
 from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
@@ -57,8 +57,13 @@ def fedbuff_step(x: torch.Tensor, acc: torch.Tensor, count: int, server_lr: floa
     return x.to(f64).add(acc.to(f64), alpha=float(server_lr) / count).to(x.dtype)
 
 
-class FedBuffConfig(AsyncConfig):
+class FedBuffConfig(StalenessKeys, AsyncConfig):
     """``[algorithm]`` of FedBuff: buffered asynchronous aggregation.
+
+    ``staleness``, ``a``, ``b`` and ``max_staleness`` are FedAsync's
+    (:class:`~fedsim.algorithms.fedasync.StalenessKeys`), but ``staleness``
+    defaults to ``poly`` (with ``a = 0.5``: the paper's ``1 / sqrt(1 + d)``);
+    an update over ``max_staleness`` is discarded without being buffered.
 
     Attributes
     ----------
@@ -67,22 +72,12 @@ class FedBuffConfig(AsyncConfig):
         an asynchronous server-lr rule with no buffering). The paper uses 10.
     server_lr : float
         ``eta_g`` (> 0, finite).
-    staleness : {"const", "poly", "hinge"}
-        Staleness function ``s`` (default ``poly`` with ``a = 0.5``: the
-        paper's ``1 / sqrt(1 + d)``).
-    a, b : float
-        Parameters of ``s`` (as in FedAsync; finite, ``a > 0``, ``b >= 0``).
-    max_staleness : int or None
-        Discard updates with ``d > max_staleness`` without buffering them.
     """
 
     name: Literal["fedbuff"] = "fedbuff"
+    staleness: StalenessFn = "poly"
     buffer_size: Annotated[int, Field(ge=1)] = 4
     server_lr: FinitePos = 1.0
-    staleness: StalenessFn = "poly"
-    a: FinitePos = 0.5
-    b: FiniteNonNeg = 4.0
-    max_staleness: Annotated[int, Field(ge=0)] | None = None
 
 
 class FedBuff(AsyncRule):

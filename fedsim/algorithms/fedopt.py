@@ -56,9 +56,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal
-
-from pydantic import Field
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedsim.algorithms._kernels import (
     check_round,
@@ -70,7 +68,8 @@ from fedsim.algorithms._kernels import (
 )
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
-from fedsim.algorithms.robust import Aggregator
+from fedsim.algorithms.optim import Beta
+from fedsim.algorithms.robust import AggregatorKeys
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.lazy import lazy_module
 from fedsim.schema import FinitePos
@@ -300,7 +299,7 @@ _BY_NAME: dict[str, Literal["adam", "yogi", "adagrad", "avgm"]] = {
     "fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad", "fedavgm": "avgm"}
 
 
-class FedOptConfig(RoundsConfig):
+class FedOptConfig(AggregatorKeys, RoundsConfig):
     """``[algorithm]`` of FedAdam, FedYogi, FedAdagrad and FedAvgM.
 
     ``name`` picks the server optimizer (it has no default: there is no
@@ -332,18 +331,17 @@ class FedOptConfig(RoundsConfig):
     weighting : {"uniform", "samples"}
         ``uniform`` (default) is Reddi et al.'s plain mean; ``samples``
         weights by ``n_i``.
+    aggregator, trim
+        The pseudo-gradient from the mean of the client models, or from a
+        robust centre of them (:class:`~fedsim.algorithms.robust.AggregatorKeys`).
     """
 
     name: Literal["fedadam", "fedyogi", "fedadagrad", "fedavgm"]
     server_lr: FinitePos | None = None  # type: ignore[assignment]
-    beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.99
+    beta1: Beta = 0.9
+    beta2: Beta = 0.99
     tau: FinitePos = 1e-3
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    # the pseudo-gradient from the mean of the client models, or from a robust
-    # coordinate-wise median / trimmed mean (fedsim.algorithms.robust)
-    aggregator: Aggregator = "mean"
-    trim: Annotated[float, Field(ge=0, lt=0.5)] = 0.1
+    momentum: Beta = 0.9
 
 
 # --------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 from pydantic import StrictBool, model_validator
 
@@ -54,7 +54,7 @@ from fedsim.algorithms.api import (
 )
 from fedsim.algorithms.fedavg import fedavg_aggregate
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
-from fedsim.algorithms.local import LocalConfig, _batches, load_vector
+from fedsim.algorithms.local import LocalConfig, batches, load_vector
 from fedsim.algorithms.optim import fixed_lr, make_optimizer
 from fedsim.lazy import lazy_module
 from fedsim.schema import FiniteNonNeg, FinitePos, Pos, Prob, SchemaModel
@@ -81,7 +81,8 @@ __all__ = [
     "quasi_gradient",
 ]
 
-ASCENT_MODES: tuple[str, ...] = ("normalized", "constant")
+AscentMode = Literal["normalized", "constant"]
+ASCENT_MODES: tuple[str, ...] = get_args(AscentMode)
 
 
 def _require(ok: bool, name: str, value: object, rule: str) -> None:
@@ -124,7 +125,7 @@ class FedSpeedKeys(SchemaModel):
     prox_lambda: FinitePos = 10.0
     perturb_alpha: Prob = 0.9375
     ascent_rho: FiniteNonNeg = 0.1
-    ascent_mode: Literal["normalized", "constant"] = "normalized"
+    ascent_mode: AscentMode = "normalized"
     prox: StrictBool = True
     correction: StrictBool = True
     perturbation: StrictBool = True
@@ -152,9 +153,13 @@ class FedSpeedConfig(FedSpeedKeys):
 
 
 def ascent_scale(
-    grad_norm: float, rho: float, mode: str = "normalized", eps: float = 1e-7
+    grad_norm: float,
+    rho: float,
+    mode: str = FedSpeedKeys.model_fields["ascent_mode"].default,
+    eps: float = FedSpeedConfig.model_fields["ascent_eps"].default,
 ) -> float:
-    """Step length of the ascent ``xcheck = x + scale * g1`` (C5, R-FS3)."""
+    """Step length of the ascent ``xcheck = x + scale * g1`` (C5, R-FS3); ``mode`` and
+    ``eps`` default to the config's ``ascent_mode`` and ``ascent_eps``."""
     _allowed("ascent_mode", mode, ASCENT_MODES)
     return rho / (grad_norm + eps) if mode == "normalized" else rho
 
@@ -316,10 +321,10 @@ def fedspeed_local_train(
     inv_lambda = 1.0 / cfg.prox_lambda if cfg.prox else 0.0
     opt = make_optimizer(local_cfg.optimizer, params)
     steps = local_cfg.num_steps(n)
-    batches = _batches(n, local_cfg.batch_size, generator)
+    order = batches(n, local_cfg.batch_size, generator)
     total, seen, scales = 0.0, 0, 0.0
     for _ in range(steps):
-        idx = next(batches)
+        idx = next(order)
         xb, yb = data_x[idx], data_y[idx]
 
         def forward(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> torch.Tensor:

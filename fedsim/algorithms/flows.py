@@ -15,7 +15,7 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias
 
 from pydantic import Field
 
@@ -28,10 +28,9 @@ from fedsim.algorithms.api import (
     ServerAlgorithm,
     ServerContext,
     Step,
-    TaskMaker,
 )
 from fedsim.algorithms.base import NonFiniteUpdate
-from fedsim.algorithms.robust import Aggregator, GuardConfig, UpdateGuard, aggregate_models
+from fedsim.algorithms.robust import AggregatorKeys, GuardConfig, UpdateGuard, aggregate_models
 from fedsim.algorithms.scheduling import AsyncScheduler, RoundScheduler
 from fedsim.lazy import lazy_module
 from fedsim.schema import FiniteNonNeg, FinitePos, Pos
@@ -42,9 +41,14 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch")
 
-__all__ = ["AsyncConfig", "AsyncFlow", "AsyncRule", "RoundRule", "RoundsConfig", "RoundsFlow"]
+__all__ = ["AsyncConfig", "AsyncFlow", "AsyncRule", "Concurrency", "RoundRule", "RoundsConfig",
+           "RoundsFlow"]
 
 Info = dict[str, Any]
+
+#: ``concurrency``'s type and bounds, declared once: an algorithm whose default
+#: differs (FedAsync's 4) declares the key again with this type and its own default
+Concurrency: TypeAlias = Annotated[int, Field(ge=1)] | None
 
 
 def _metrics(info: Info, drop: tuple[str, ...]) -> dict[str, Any]:
@@ -62,7 +66,7 @@ class AsyncConfig(AlgorithmConfig):
     update guard (:class:`~fedsim.algorithms.robust.GuardConfig`).
     """
 
-    concurrency: Annotated[int, Field(ge=1)] | None = None
+    concurrency: Concurrency = None
     task_timeout: Pos | None = None
     guard: GuardConfig | None = None
 
@@ -169,19 +173,20 @@ class AsyncFlow(ServerAlgorithm):
 
     @classmethod
     def build(cls, rule: AsyncRule, cfg: AsyncConfig, ctx: ServerContext) -> AsyncFlow:
-        """The flow of an algorithm whose config extends :class:`AsyncConfig`."""
-        return cls(rule, ctx.x0, concurrency=cfg.concurrency or ctx.num_clients,
-                   task_timeout=cfg.task_timeout, seed=ctx.seed, guard=cfg.guard,
-                   tasks=ctx.tasks)
+        """The flow of an algorithm whose config extends :class:`AsyncConfig`
+        (``AsyncFlow(rule, cfg, ctx)``)."""
+        return cls(rule, cfg, ctx)
 
-    def __init__(self, rule: AsyncRule, x0: torch.Tensor, *, concurrency: int,
-                 task_timeout: float | None, seed: int, guard: GuardConfig | None = None,
-                 tasks: TaskMaker | None = None) -> None:
+    def __init__(self, rule: AsyncRule, cfg: AsyncConfig, ctx: ServerContext) -> None:
+        """``rule`` applies the updates; ``cfg`` (validated) says how many tasks are in
+        flight, when one times out and how updates are guarded; ``ctx`` gives the
+        initial model, the clients, the seed and the task maker."""
         self.rule = rule
-        self.make_task = tasks if tasks is not None else TaskMaker()
-        self.guard = UpdateGuard(guard) if guard is not None else None
-        self.sched = AsyncScheduler(concurrency, task_timeout=task_timeout, seed=seed)
-        self.x = x0
+        self.make_task = ctx.tasks
+        self.guard = UpdateGuard(cfg.guard) if cfg.guard is not None else None
+        self.sched = AsyncScheduler(cfg.concurrency or ctx.num_clients,
+                                    task_timeout=cfg.task_timeout, seed=ctx.seed)
+        self.x = ctx.x0
         self.version = 0
         self.round = 0
         self.task_version: dict[int, int] = {}
@@ -320,34 +325,34 @@ class RoundsFlow(ServerAlgorithm):
 
     @classmethod
     def build(cls, rule: RoundRule, cfg: RoundsConfig, ctx: ServerContext) -> RoundsFlow:
-        """The flow of an algorithm whose config extends :class:`RoundsConfig`."""
-        return cls(rule, ctx.x0, fraction=cfg.fraction, min_clients=cfg.min_clients,
-                   over_selection=cfg.over_selection, deadline=cfg.round_deadline,
-                   seed=ctx.seed, total=ctx.num_clients, guard=cfg.guard,
-                   aggregator=getattr(cfg, "aggregator", "mean"), trim=getattr(cfg, "trim", 0.1),
-                   tasks=ctx.tasks)
+        """The flow of an algorithm whose config extends :class:`RoundsConfig`
+        (``RoundsFlow(rule, cfg, ctx)``)."""
+        return cls(rule, cfg, ctx)
 
-    def __init__(self, rule: RoundRule, x0: torch.Tensor, *, fraction: float,
-                 min_clients: int, over_selection: float, deadline: float | None,
-                 seed: int, total: int, guard: GuardConfig | None = None,
-                 aggregator: Aggregator = "mean", trim: float = 0.1,
-                 tasks: TaskMaker | None = None) -> None:
+    def __init__(self, rule: RoundRule, cfg: RoundsConfig, ctx: ServerContext) -> None:
+        """``rule`` aggregates a round; ``cfg`` (validated) says how rounds sample, wait
+        and guard, and, when it takes
+        :class:`~fedsim.algorithms.robust.AggregatorKeys`, how the round's models are
+        combined; ``ctx`` gives the initial model, the clients, the seed and the task
+        maker."""
         self.rule = rule
-        self.guard = UpdateGuard(guard) if guard is not None else None
-        self.aggregator: Aggregator = aggregator
-        self.trim = trim
-        self.sched = RoundScheduler(fraction, min_clients=min_clients,
-                                    over_selection=over_selection, deadline=deadline,
-                                    seed=seed)
-        self.total = total
-        self.x = x0
+        self.guard = UpdateGuard(cfg.guard) if cfg.guard is not None else None
+        #: the robust centre of a round's models, when the config asks for one (None:
+        #: the rule gets the round's results themselves)
+        self.robust: AggregatorKeys | None = (
+            cfg if isinstance(cfg, AggregatorKeys) and cfg.aggregator != "mean" else None)
+        self.sched = RoundScheduler(cfg.fraction, min_clients=cfg.min_clients,
+                                    over_selection=cfg.over_selection,
+                                    deadline=cfg.round_deadline, seed=ctx.seed)
+        self.total = ctx.num_clients
+        self.x = ctx.x0
         self.version = 0
         self.available: set[int] = set()
         self.busy: set[int] = set()
         self.results: list[Update] = []
         self.started = False
         self._payload: tuple[int, torch.Tensor] | None = None
-        self.make_task = tasks if tasks is not None else TaskMaker()
+        self.make_task = ctx.tasks
 
     @property
     def round(self) -> int:  # type: ignore[override]
@@ -418,9 +423,10 @@ class RoundsFlow(ServerAlgorithm):
             else:
                 good.append(r)
         self.results = []
-        if good and self.aggregator != "mean":
+        robust = self.robust
+        if good and robust is not None:
             # one robust centre of the round's models stands for them all
-            center = aggregate_models([r.params for r in good], self.aggregator, self.trim)
+            center = aggregate_models([r.params for r in good], robust.aggregator, robust.trim)
             merged = good[0].with_params(center, num_samples=sum(r.num_samples for r in good),
                                          steps=max(r.steps for r in good))
             try:
@@ -428,7 +434,7 @@ class RoundsFlow(ServerAlgorithm):
             except (NonFiniteUpdate, ValueError) as exc:
                 step.discarded.extend(Discarded(r.client, str(exc)) for r in good)
             else:
-                info = {**info, "aggregator": self.aggregator}
+                info = {**info, "aggregator": robust.aggregator}
                 self.x = new
                 self.version += 1
                 step.applied.append(Applied(

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import Field, model_validator
 
 from fedsim.algorithms._kernels import flatten
 from fedsim.algorithms._sgd import SGD
 from fedsim.algorithms.optim import OptimizerConfig, SGDOptions, make_optimizer
 from fedsim.lazy import lazy_module
+from fedsim.schema import Pos, SchemaModel
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +43,11 @@ else:
     nn = lazy_module("torch.nn")
     functional = lazy_module("torch.nn.functional")
 
-__all__ = ["LocalConfig", "between_steps", "load_vector", "local_train"]
+__all__ = ["LocalConfig", "LocalWorkKeys", "batches", "between_steps", "load_vector",
+           "local_train"]
+
+#: local steps per task when neither ``local_steps`` nor ``local_epochs`` is set
+DEFAULT_STEPS = 10
 
 #: Called after every local step of :func:`local_train` when set (a trainer
 #: process sets it to let a more urgent run go first: see
@@ -55,33 +62,64 @@ def between_steps(hook: Callable[[], None] | None) -> None:
     _between_steps = hook
 
 
+class LocalWorkKeys(SchemaModel):
+    """The local work of a task, declared once: the ``[client]`` table's
+    ``batch_size``, ``local_steps`` and ``local_epochs``
+    (:class:`fedsim.scenario.sections.ClientConfig` takes them from here) and
+    the checks and defaults of :class:`LocalConfig`.
+
+    Exactly one of ``local_steps`` (local minibatch steps, K) and
+    ``local_epochs`` (passes over the client's data) is set; with neither
+    given, ``local_steps`` is :data:`DEFAULT_STEPS`.
+    """
+
+    batch_size: Annotated[int, Field(ge=1)] = 32
+    local_steps: Annotated[int, Field(ge=1)] | None = None
+    local_epochs: Pos | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_steps(cls, data: Any) -> Any:
+        if (isinstance(data, dict) and data.get("local_epochs") is None
+                and "local_steps" not in data):
+            return {**data, "local_steps": DEFAULT_STEPS}
+        return data
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> LocalWorkKeys:
+        if self.local_steps is not None and self.local_epochs is not None:
+            raise ValueError(
+                "set either local_steps or local_epochs, not both "
+                f"(got local_steps={self.local_steps}, local_epochs={self.local_epochs})"
+            )
+        if self.local_steps is None and self.local_epochs is None:
+            raise ValueError("set local_steps or local_epochs")
+        return self
+
+
 @dataclass(frozen=True, slots=True)
 class LocalConfig:
-    """How one local run trains.
+    """How one local run trains: the ``[client]`` table's local work, its optimizer
+    and the algorithm's proximal weight, in one frozen value built once per run
+    (and per task with its own budget, :meth:`with_work`).
 
-    Exactly one of ``steps`` (local minibatch steps, K) and ``epochs``
-    (passes over the client's data) may be set; with neither, ``steps = 10``.
+    ``steps``, ``epochs`` and ``batch_size`` are :class:`LocalWorkKeys`'
+    ``local_steps``, ``local_epochs`` and ``batch_size``, with their defaults
+    and checks (a ``ValueError`` naming the key): exactly one of ``steps`` and
+    ``epochs`` may be set; with neither, ``steps`` is :data:`DEFAULT_STEPS`.
     """
 
     steps: int | None = None
     epochs: float | None = None
-    batch_size: int = 32
+    batch_size: int = LocalWorkKeys.model_fields["batch_size"].default
     optimizer: OptimizerConfig = field(default_factory=SGDOptions)
     prox_mu: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.steps is None and self.epochs is None:
-            object.__setattr__(self, "steps", 10)
-        if self.steps is not None and self.epochs is not None:
-            raise ValueError(
-                f"Invalid local config: steps={self.steps} and epochs={self.epochs}; set one"
-            )
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"Invalid steps: {self.steps} (must be >= 1)")
-        if self.epochs is not None and not self.epochs > 0:
-            raise ValueError(f"Invalid epochs: {self.epochs} (must be > 0)")
-        if self.batch_size < 1:
-            raise ValueError(f"Invalid batch_size: {self.batch_size} (must be >= 1)")
+        given = {"local_steps": self.steps, "local_epochs": self.epochs,
+                 "batch_size": self.batch_size}
+        work = LocalWorkKeys.model_validate({k: v for k, v in given.items() if v is not None})
+        object.__setattr__(self, "steps", work.local_steps)
         if not self.prox_mu >= 0:
             raise ValueError(f"Invalid prox_mu: {self.prox_mu} (must be >= 0)")
 
@@ -123,7 +161,10 @@ def _copy_into(params: Sequence[torch.Tensor], vec: torch.Tensor) -> None:
             offset += n
 
 
-def _batches(n: int, batch_size: int, generator: torch.Generator) -> Any:
+def batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Minibatches of indices into ``n`` samples, without end: each epoch a fresh
+    permutation from ``generator``, cut into ``batch_size`` pieces (the last one
+    shorter, no ``drop_last``)."""
     while True:
         perm = torch.randperm(n, generator=generator)
         for start in range(0, n, batch_size):
@@ -206,15 +247,15 @@ def local_train(
     anchor = [p.detach().clone() for p in params] if cfg.prox_mu > 0 else None
     opt = make_optimizer(cfg.optimizer, params, buffers=list(model.buffers()))
     steps = cfg.num_steps(n)
-    batches = _batches(n, cfg.batch_size, generator)
+    order = batches(n, cfg.batch_size, generator)
     loss = loss_fn or functional.cross_entropy   # nn.CrossEntropyLoss()'s computation
     if isinstance(opt, SGD):
         total, seen = _sgd_steps(model, loss, opt, params, anchor, cfg.prox_mu, data_x, data_y,
-                                 batches, steps)
+                                 order, steps)
     else:
         total, seen = _closure_steps(
             _MinibatchObjective(model, loss, opt, params, anchor, cfg.prox_mu),
-            data_x, data_y, batches, steps)
+            data_x, data_y, order, steps)
     stats: dict[str, Any] = {"steps": steps, "loss": total / seen, "samples": seen}
     if isinstance(opt, AdaptiveStepOptimizer):
         stats.update(step_size_stats(opt.step_sizes))
@@ -222,7 +263,7 @@ def local_train(
 
 
 def _closure_steps(objective: _MinibatchObjective, data_x: torch.Tensor, data_y: torch.Tensor,
-                   batches: Iterator[torch.Tensor], steps: int) -> tuple[float, int]:
+                   order: Iterator[torch.Tensor], steps: int) -> tuple[float, int]:
     """Step an optimizer through the closure (Delta-SGD and SPS evaluate the objective
     themselves; Adam and Adagrad take it too): the summed data loss over the
     steps' minibatches and their size."""
@@ -230,7 +271,7 @@ def _closure_steps(objective: _MinibatchObjective, data_x: torch.Tensor, data_y:
     total = 0.0
     seen = 0
     for step in range(steps):
-        idx = next(batches)
+        idx = next(order)
         objective.inputs, objective.targets = data_x[idx], data_y[idx]
         opt.step(objective)
         total += objective.loss * len(idx)
@@ -242,7 +283,7 @@ def _closure_steps(objective: _MinibatchObjective, data_x: torch.Tensor, data_y:
 
 def _sgd_steps(model: nn.Module, loss_fn: Callable[..., torch.Tensor], opt: SGD,
                params: Sequence[torch.Tensor], anchor: list[torch.Tensor] | None, mu: float,
-               data_x: torch.Tensor, data_y: torch.Tensor, batches: Iterator[torch.Tensor],
+               data_x: torch.Tensor, data_y: torch.Tensor, order: Iterator[torch.Tensor],
                steps: int) -> tuple[float, int]:
     """The same steps for fedsim's own SGD, without the closure.
 
@@ -258,7 +299,7 @@ def _sgd_steps(model: nn.Module, loss_fn: Callable[..., torch.Tensor], opt: SGD,
     seen = 0
     with torch.enable_grad():
         for step in range(steps):
-            idx = next(batches)
+            idx = next(order)
             for p in params:
                 p.grad = None
             loss = loss_fn(model(data_x.index_select(0, idx)), data_y.index_select(0, idx))

@@ -59,9 +59,9 @@ else:
 
 __all__ = [
     "OPTIMIZERS", "OPTIMIZER_MODELS", "AdagradKeys", "AdagradOptions", "AdamKeys",
-    "AdamOptions", "DeltaSGDKeys", "DeltaSGDOptions", "OptimizerConfig", "SGDKeys",
-    "SGDMKeys", "SGDMOptions", "SGDOptions", "SPSKeys", "SPSOptions", "fixed_lr",
-    "make_optimizer", "optimizer_config",
+    "AdamOptions", "Beta", "DeltaSGDKeys", "DeltaSGDOptions", "OptimizerConfig",
+    "OptimizerName", "SGDKeys", "SGDMKeys", "SGDMOptions", "SGDOptions", "SPSKeys",
+    "SPSOptions", "fixed_lr", "make_optimizer", "optimizer_config",
 ]  # fmt: skip
 
 # The options two or more optimizers share, each declared here once.
@@ -87,6 +87,7 @@ class _EtaMax(SchemaModel):
     eta_max: Pos | None = None
 
 
+#: a decay rate in [0, 1): momentum, Adam's betas (and FedOpt's server betas and momentum)
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
 # Each optimizer's keys (what the scenario's [client] table takes from it) ...
@@ -178,6 +179,11 @@ _MODELS: tuple[type[OptimizerConfig], ...] = (
 OPTIMIZER_MODELS: dict[str, type[OptimizerConfig]] = {
     str(m.model_fields["name"].default): m for m in _MODELS}
 OPTIMIZERS: tuple[str, ...] = tuple(OPTIMIZER_MODELS)
+if TYPE_CHECKING:
+    OptimizerName: TypeAlias = str
+else:
+    #: ``[client] optimizer``: one of the names the models above declare
+    OptimizerName = Literal[OPTIMIZERS]
 
 
 def optimizer_config(name: str = "sgd", **options: Any) -> OptimizerConfig:

@@ -20,9 +20,9 @@ authenticates who sent it, not what it says):
   synchronous round's client models (Yin et al. 2018, "Byzantine-robust
   distributed learning: towards optimal statistical rates"), selectable with
   ``aggregator`` for the algorithms whose round is a mean of client models
-  (FedAvg, FedProx, the FedOpt family). Both are unweighted, as in that
-  paper: a robust statistic cannot let a client's claimed sample count buy
-  it weight.
+  (FedAvg, FedProx, the FedOpt family, whose configs take
+  :class:`AggregatorKeys`). Both are unweighted, as in that paper: a robust
+  statistic cannot let a client's claimed sample count buy it weight.
 
 Pure: no I/O, no global state.
 """
@@ -45,9 +45,21 @@ if TYPE_CHECKING:
 else:
     torch = lazy_module("torch")
 
-__all__ = ["Aggregator", "GuardConfig", "GuardResult", "UpdateGuard", "aggregate_models"]
+__all__ = ["Aggregator", "AggregatorKeys", "GuardConfig", "GuardResult", "UpdateGuard",
+           "aggregate_models"]
 
 Aggregator = Literal["mean", "median", "trimmed_mean"]
+
+
+class AggregatorKeys(SchemaModel):
+    """``aggregator`` and ``trim`` of an ``[algorithm]`` table whose round is a mean of
+    client models, declared once (FedAvg's, FedOpt's): the round's model is the
+    (weighted) mean of the client models, or their robust coordinate-wise
+    ``"median"`` or ``"trimmed_mean"`` (``trim``: the fraction cut from each end;
+    :func:`aggregate_models`)."""
+
+    aggregator: Aggregator = "mean"
+    trim: Annotated[float, Field(ge=0, lt=0.5)] = 0.1
 
 
 class GuardConfig(SchemaModel):
@@ -149,8 +161,8 @@ class UpdateGuard:
         return r.params, r.reason
 
 
-def aggregate_models(models: list[torch.Tensor], how: Aggregator, trim: float = 0.1
-                     ) -> torch.Tensor:
+def aggregate_models(models: list[torch.Tensor], how: Aggregator,
+                     trim: float = AggregatorKeys.model_fields["trim"].default) -> torch.Tensor:
     """The coordinate-wise ``"median"``, ``"trimmed_mean"`` or ``"mean"`` of ``models``.
 
     ``trim`` is the fraction cut from each end per coordinate (``floor(trim

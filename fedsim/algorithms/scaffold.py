@@ -46,7 +46,7 @@ from fedsim.algorithms.api import (
     register,
 )
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
-from fedsim.algorithms.local import LocalConfig, _batches, load_vector
+from fedsim.algorithms.local import LocalConfig, batches, load_vector
 from fedsim.algorithms.optim import fixed_lr, make_optimizer
 from fedsim.lazy import lazy_module
 from fedsim.wire.messages import Task, Update
@@ -204,10 +204,10 @@ def scaffold_local_train(
         full_grad = _full_gradient(model, params, loss_fn, data_x, data_y, local_cfg.batch_size)
     opt = make_optimizer(local_cfg.optimizer, params)
     steps = local_cfg.num_steps(n)
-    batches = _batches(n, local_cfg.batch_size, generator)
+    order = batches(n, local_cfg.batch_size, generator)
     total, seen = 0.0, 0
     for _ in range(steps):
-        idx = next(batches)
+        idx = next(order)
         opt.zero_grad(set_to_none=False)
         loss = loss_fn(model(data_x[idx]), data_y[idx])
         loss.backward()

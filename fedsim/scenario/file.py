@@ -9,7 +9,9 @@ go through the same validation, and an error they cause is blamed on them
 (:class:`~fedsim.errors.OverrideError` when only they are wrong).
 :func:`resolved` gives the scenario with every default filled in, which each
 run writes to its directory; :func:`unused_keys` says which of those keys the
-chosen algorithm or model does not read.
+chosen algorithm or model does not read. A scenario file that sets a client
+optimizer option the chosen optimizer does not read is refused on load
+(:func:`load`).
 
 ``algorithm.name``, ``model.name`` and ``data.dataset`` also accept a
 plug-in: a ``module:attribute`` reference or an entry-point name
@@ -67,6 +69,7 @@ __all__ = [
     "resolved",
     "scenario_hash",
     "to_toml",
+    "unread_options",
     "unread_task_keys",
     "unused_keys",
 ]
@@ -197,7 +200,7 @@ def _error(source: str, problems: list[Problem], overrides: Sequence[Override],
 
 def parse(raw: dict[str, Any], source: str = "scenario",
           overrides: Sequence[Override] = (), *,
-          base: Mapping[str, Any] | None = None) -> Scenario:
+          base: Mapping[str, Any] | None = None, refuse_unread: bool = False) -> Scenario:
     """Validate a raw mapping into a :class:`Scenario`.
 
     The ``[algorithm]`` table is validated with its algorithm's config
@@ -206,6 +209,11 @@ def parse(raw: dict[str, Any], source: str = "scenario",
     ``raw``: an error at a key one of them set is said to come from it, as
     is an error at a table one of them made where ``base`` (``raw`` before
     the overrides) has none (``--set netwrk.up.delay=0.1``'s ``netwrk``).
+
+    ``refuse_unread``: ``raw`` is a scenario as a person wrote it (a file),
+    whose keys are those it sets, not a resolved one, which holds every key:
+    a client optimizer option it sets that the chosen optimizer does not
+    read is an error too (:func:`unread_options`).
     """
     problems: list[Problem] = []
     alg = raw.get("algorithm", {})
@@ -216,9 +224,46 @@ def parse(raw: dict[str, Any], source: str = "scenario",
         sc = Scenario.model_validate({**raw, "algorithm": alg})
     except ValidationError as exc:
         problems += explain(exc, Scenario)
+    else:
+        if refuse_unread:
+            problems += unread_options(sc.client, overrides, base)
     if problems:
         raise _error(source, problems, overrides, base) from None
     return sc
+
+
+def unread_options(client: ClientConfig, overrides: Sequence[Override] = (),
+                   base: Mapping[str, Any] | None = None) -> list[Problem]:
+    """The optimizer options a written ``[client]`` table sets (its
+    ``model_fields_set``) that its optimizer does not read, each a problem
+    naming the key, the optimizer and the keys that optimizer reads.
+
+    A key the file (``base``, the scenario before ``overrides``) sets for
+    the file's own optimizer is no problem when an override chose another
+    one: a sweep's point that switches optimizers keeps the file's options,
+    which ``fedsim check`` then marks as unused. A key an override sets is
+    held to the optimizer chosen.
+    """
+    opt = client.optimizer
+    reads = OPTIMIZER_KEYS[opt]
+    table = base.get("client") if base is not None else None
+    own = (table.get("optimizer", type(client).model_fields["optimizer"].default)
+           if isinstance(table, Mapping) else None)
+    # the options of the file's own optimizer, when an override chose another
+    kept = OPTIMIZER_KEYS.get(own, ()) if isinstance(own, str) and own != opt else ()
+    out: list[Problem] = []
+    for key in OPTIMIZER_OPTIONS:
+        if key in reads or key not in client.model_fields_set:
+            continue
+        loc = ("client", key)
+        if key in kept and not any(o.key == loc[:len(o.key)] for o in overrides):
+            continue
+        owners = [name for name, keys in OPTIMIZER_KEYS.items() if key in keys]
+        out.append(Problem(loc, (
+            f"set to {getattr(client, key)!r}, but optimizer {opt!r} does not read it "
+            f"(it reads {', '.join(reads)}; {key} is read by {', '.join(owners)}): "
+            "remove it, or choose an optimizer that reads it")))
+    return out
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -258,7 +303,7 @@ def load(path: str | Path,
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: not valid TOML: {exc}", source=str(p)) from None
     with plugins.searching(p.parent):
-        return parse(_overrides.apply(raw, ovs), str(p), ovs, base=raw)
+        return parse(_overrides.apply(raw, ovs), str(p), ovs, base=raw, refuse_unread=True)
 
 
 def unused_keys(scenario: Scenario) -> dict[str, str]:
@@ -266,7 +311,10 @@ def unused_keys(scenario: Scenario) -> dict[str, str]:
 
     ``resolved`` fills every default in, so ``client.local_steps = 10``
     appears under DGA, whose clients take ``algorithm.local_steps`` per
-    round: ``fedsim check`` marks such keys with these reasons.
+    round: ``fedsim check`` marks such keys with these reasons. (An
+    optimizer option a scenario file sets for another optimizer is refused
+    by :func:`load`; the ones marked here were left at their defaults, or
+    set for the file's own optimizer that an override replaced.)
     """
     out: dict[str, str] = {}
     opt = scenario.client.optimizer

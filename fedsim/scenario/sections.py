@@ -12,12 +12,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from fedsim.algorithms.local import LocalWorkKeys
 from fedsim.algorithms.optim import (
     OPTIMIZER_MODELS,
     AdagradKeys,
     AdamKeys,
     DeltaSGDKeys,
     OptimizerConfig,
+    OptimizerName,
     SGDMKeys,
     SPSKeys,
     optimizer_config,
@@ -138,47 +140,29 @@ OPTIMIZER_OPTIONS: tuple[str, ...] = tuple(dict.fromkeys(
 
 
 class _Chosen(SchemaModel):
-    optimizer: Literal["sgd", "sgdm", "adam", "adagrad", "deltasgd", "sps"] = "sgd"
+    #: the names the optimizers' own models declare (fedsim.algorithms.optim)
+    optimizer: OptimizerName = "sgd"
 
 
 # the bases in reverse of the order the table lists their keys in (pydantic orders
-# fields by the reversed MRO): optimizer, the shared keys, sgdm's, adam's, ... sps's
-class ClientConfig(SPSKeys, DeltaSGDKeys, AdagradKeys, AdamKeys, SGDMKeys, _Chosen):
+# fields by the reversed MRO): optimizer, the shared keys, sgdm's, adam's, ... sps's,
+# then the local work's
+class ClientConfig(LocalWorkKeys, SPSKeys, DeltaSGDKeys, AdagradKeys, AdamKeys, SGDMKeys,
+                   _Chosen):
     """Client optimizer and local work per task.
 
     The table is flat, as a sweep that switches optimizers needs it: it takes
     every optimizer's options from the optimizer's own declaration
     (:mod:`fedsim.algorithms.optim`; each optimizer reads :data:`OPTIMIZER_KEYS`
-    of them, the rest are marked by ``fedsim check``), and :meth:`optimizer_config`
-    builds the chosen one."""
-
-    batch_size: Annotated[int, Field(ge=1)] = 32
-    local_steps: Annotated[int, Field(ge=1)] | None = None
-    local_epochs: Pos | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_steps(cls, data: Any) -> Any:
-        if (isinstance(data, dict) and data.get("local_epochs") is None
-                and "local_steps" not in data):
-            return {**data, "local_steps": 10}
-        return data
+    of them: a scenario file that sets one the chosen optimizer does not read
+    is refused, :func:`fedsim.scenario.file.load`, and ``fedsim check`` marks
+    the rest), and :meth:`optimizer_config` builds the chosen one. The local
+    work's keys, defaults and checks are :class:`~fedsim.algorithms.local.LocalWorkKeys`'."""
 
     def optimizer_config(self) -> OptimizerConfig:
         """The chosen optimizer with this table's values of its keys."""
         return optimizer_config(self.optimizer,
                                 **self.model_dump(include=set(OPTIMIZER_KEYS[self.optimizer])))
-
-    @model_validator(mode="after")
-    def _one_budget(self) -> ClientConfig:
-        if self.local_steps is not None and self.local_epochs is not None:
-            raise ValueError(
-                "set either local_steps or local_epochs, not both "
-                f"(got local_steps={self.local_steps}, local_epochs={self.local_epochs})"
-            )
-        if self.local_steps is None and self.local_epochs is None:
-            raise ValueError("set local_steps or local_epochs")
-        return self
 
 
 class RunConfig(SchemaModel):

@@ -54,7 +54,7 @@ def _gen(seed: int = SEED) -> torch.Generator:
 
 
 def mirrored_batches(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
-    """The minibatch order of fedsim.algorithms.local._batches."""
+    """The minibatch order of fedsim.algorithms.local.batches."""
     gen = _gen(seed)
     out: list[list[int]] = []
     while len(out) < steps:

@@ -21,7 +21,7 @@ from fedsim.algorithms.api import (
 from fedsim.algorithms.dga import DGAFlow, DGAScenarioConfig, dga_config
 from fedsim.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedsim.algorithms.fedbuff import FedBuff, FedBuffConfig
-from fedsim.algorithms.flows import AsyncFlow, RoundRule, RoundsFlow
+from fedsim.algorithms.flows import AsyncFlow, RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig
 from fedsim.algorithms.optim import optimizer_config
 from fedsim.algorithms.sgdclient import local_sgd_client
@@ -84,8 +84,8 @@ def test_fedbuff_discard_for_max_staleness_is_reported_with_a_non_empty_buffer()
     """Bug 4: FedBuff dropped an update for max_staleness without a trace when its
     buffer held other updates."""
     x0 = torch.zeros(N)
-    flow = AsyncFlow(FedBuff(FedBuffConfig(buffer_size=2, max_staleness=0)), x0, concurrency=3,
-                     task_timeout=None, seed=0)
+    cfg = FedBuffConfig(buffer_size=2, max_staleness=0, concurrency=3)
+    flow = AsyncFlow(FedBuff(cfg), cfg, _ctx(x0))
     step = flow.start([0, 1, 2], 0.0)
     tasks = {t.client: t for t in step.tasks}
     # client 0's update fills half the buffer (version stays 0)
@@ -120,8 +120,7 @@ class _Exploding(RoundRule):
 
 def test_an_aggregation_error_in_a_round_is_a_discard_not_a_crash():
     """Bug 6: an aggregation error in a synchronous round crashed the server."""
-    flow = RoundsFlow(_Exploding(), torch.zeros(N), fraction=1.0, min_clients=1,
-                      over_selection=0.0, deadline=None, seed=0, total=2)
+    flow = RoundsFlow(_Exploding(), RoundsConfig(name="exploding"), _ctx(torch.zeros(N), 2))
     step = flow.start([0, 1], 0.0)
     assert sorted(t.client for t in step.tasks) == [0, 1]
     flow.update(_result(0, torch.ones(N), round_=1), 1.0)
@@ -188,9 +187,7 @@ class _Halfway(RoundRule):
 def test_an_algorithm_defined_outside_the_package_registers_and_validates():
     spec = register(AlgorithmSpec(
         names=("halfway",), config=_HalfConfig,
-        server=lambda cfg, ctx: RoundsFlow(_Halfway(), ctx.x0, fraction=1.0, min_clients=1,
-                                           over_selection=0.0, deadline=None, seed=ctx.seed,
-                                           total=ctx.num_clients),
+        server=lambda cfg, ctx: RoundsFlow(_Halfway(), RoundsConfig(name="halfway"), ctx),
         client=local_sgd_client), replace=True)
     sc = parse({"algorithm": {"name": "halfway"}})
     assert isinstance(sc.algorithm, _HalfConfig)
@@ -210,9 +207,8 @@ def test_unknown_algorithm_names_the_registered_ones():
 
 
 def test_rounds_flow_reproduces_fedavg_rule():
-    rule = FedAvg(FedAvgConfig())
-    flow = RoundsFlow(rule, torch.zeros(N), fraction=1.0, min_clients=1, over_selection=0.0,
-                      deadline=None, seed=0, total=2)
+    cfg = FedAvgConfig()
+    flow = RoundsFlow(FedAvg(cfg), cfg, _ctx(torch.zeros(N), 2))
     flow.start([0, 1], 0.0)
     flow.update(_result(0, torch.ones(N), round_=1), 1.0)
     step = flow.update(_result(1, 3 * torch.ones(N), round_=1), 1.0)

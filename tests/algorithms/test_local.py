@@ -130,7 +130,7 @@ def test_num_steps_for_epoch_configs(n, batch, epochs, expected):
 
 def test_steps_and_epochs_are_exclusive():
     # steps defaults to 10 only when epochs is not set; setting both is an error.
-    with pytest.raises(ValueError, match=r"steps=4 and epochs=3\.0"):
+    with pytest.raises(ValueError, match=r"local_steps=4, local_epochs=3\.0"):
         LocalConfig(steps=4, epochs=3.0, batch_size=2)
     assert LocalConfig(epochs=3.0, batch_size=2).num_steps(100) == 150
     assert LocalConfig(batch_size=2).num_steps(100) == 10
@@ -211,17 +211,17 @@ def test_empty_client_data_rejected():
 def _plain_loop(model, x0, cfg, generator):
     """local_train's loop before closures: zero_grad, forward, backward, prox, step()."""
     from fedsim.algorithms._kernels import flatten
-    from fedsim.algorithms.local import _batches, load_vector
+    from fedsim.algorithms.local import batches, load_vector
     from fedsim.algorithms.optim import make_optimizer
 
     load_vector(model, x0)
     params = list(model.parameters())
     anchor = [p.detach().clone() for p in params]
     opt = make_optimizer(cfg.optimizer, params)
-    batches = _batches(len(XS), cfg.batch_size, generator)
+    order = batches(len(XS), cfg.batch_size, generator)
     losses = []
     for _ in range(cfg.num_steps(len(XS))):
-        idx = next(batches)
+        idx = next(order)
         opt.zero_grad(set_to_none=False)
         loss = nn.CrossEntropyLoss()(model(DATA_X[idx]), DATA_Y[idx])
         loss.backward()

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.algorithms.api import Step
+from fedsim.algorithms.api import ServerContext, Step
 from fedsim.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedsim.algorithms.flows import RoundsFlow
+from fedsim.algorithms.local import LocalConfig
 from fedsim.algorithms.robust import GuardConfig, UpdateGuard, aggregate_models
 from fedsim.wire.messages import Update
 
@@ -112,6 +113,10 @@ def test_the_guard_bounds_the_first_update() -> None:
     assert g.rejected == 1
 
 
+def _ctx(x0: torch.Tensor, clients: int) -> ServerContext:
+    return ServerContext(x0=x0, num_clients=clients, seed=0, local=LocalConfig())
+
+
 def _round(flow: RoundsFlow, values: dict[int, float]) -> list[Step]:
     steps = [flow.start(sorted(values), 0.0)]
     tasks = {t.client: t for t in steps[0].tasks}
@@ -125,9 +130,8 @@ def _round(flow: RoundsFlow, values: dict[int, float]) -> list[Step]:
 
 @pytest.mark.parametrize("action", ["reject", "clip"])
 def test_a_flow_reports_every_guarded_update(action: str) -> None:
-    flow = RoundsFlow(FedAvg(FedAvgConfig(server_lr=1.0)), torch.zeros(3), fraction=1.0,
-                      min_clients=1, over_selection=0.0, deadline=None, seed=0, total=3,
-                      guard=GuardConfig(max_norm=5.0, action=action))
+    cfg = FedAvgConfig(server_lr=1.0, guard=GuardConfig(max_norm=5.0, action=action))
+    flow = RoundsFlow(FedAvg(cfg), cfg, _ctx(torch.zeros(3), 3))
     steps = _round(flow, {0: 1000.0, 1: 1.0, 2: 2.0})
     guarded = [g for s in steps for g in s.guarded]
     past = "rejected" if action == "reject" else "clipped"
@@ -139,9 +143,8 @@ def test_a_flow_reports_every_guarded_update(action: str) -> None:
 
 def test_a_round_with_median_resists_one_poisoned_client() -> None:
     x0 = torch.zeros(3)
-    flow = RoundsFlow(FedAvg(FedAvgConfig(server_lr=1.0, weighting="samples")), x0, fraction=1.0,
-                      min_clients=1, over_selection=0.0, deadline=None, seed=0, total=5,
-                      aggregator="median")
+    cfg = FedAvgConfig(server_lr=1.0, weighting="samples", aggregator="median")
+    flow = RoundsFlow(FedAvg(cfg), cfg, _ctx(x0, 5))
     step = flow.start(range(5), 0.0)
     tasks = {t.client: t for t in step.tasks}
     assert sorted(tasks) == [0, 1, 2, 3, 4]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, StrictInt
 
 from fedsim.algorithms._kernels import weighted_average
+from fedsim.algorithms.optim import Beta
 from fedsim.schema import FiniteNonNeg, FinitePos, SchemaModel
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ class DGAConfig(DGAKeys):
     """
 
     lr: FinitePos = 0.1
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    momentum: Beta = 0.0
     weight_decay: FiniteNonNeg = 0.0
     rounds: Annotated[StrictInt, Field(ge=1)] | None = None
 

@@ -44,7 +44,7 @@ from fedsim.algorithms.dga._client import Corrected, DGAClient, Done, Send, Wait
 from fedsim.algorithms.dga._client import Step as DGAStep
 from fedsim.algorithms.dga._core import DGAConfig, DGAKeys, DGAProtocolError
 from fedsim.algorithms.dga._reducer import DGAServer
-from fedsim.algorithms.local import LocalConfig, _batches, load_vector
+from fedsim.algorithms.local import LocalConfig, batches, load_vector
 from fedsim.algorithms.optim import SGDMOptions, SGDOptions
 from fedsim.lazy import lazy_module
 from fedsim.wire.messages import Task, Update
@@ -207,7 +207,7 @@ class DGAClientWork(ClientAlgorithm):
     ) -> Outcome:
         self.clients[task.client] = DGAClient(self.cfg, task.params, client=task.client)
         stream = torch.Generator().manual_seed(self.ctx.seed + task.client)
-        self.batches[task.client] = _batches(len(y), self.ctx.local.batch_size, stream)
+        self.batches[task.client] = batches(len(y), self.ctx.local.batch_size, stream)
         return self.advance(task.client, (), x, y)
 
     def advance(
