@@ -14,8 +14,10 @@ Rules
    a module here binds torch with :func:`fedsim.lazy.lazy_module` (or
    under ``TYPE_CHECKING`` alone) and touches it only inside functions.
 
-Every algorithm registers an :class:`AlgorithmSpec` (:mod:`fedsim.algorithms.api`)
-when this package is imported; :func:`get` finds it by ``algorithm.name``.
+Every built-in algorithm's home defines its :class:`AlgorithmSpec`
+(:mod:`fedsim.algorithms.api`) as ``SPEC``, and this package registers those
+of :data:`BUILTIN` when it is imported; :func:`get` finds one by
+``algorithm.name``.
 
 Models travel through these functions as flat float32 vectors (one
 contiguous ``torch.Tensor`` of the trainable parameters); norms and inner
@@ -74,8 +76,12 @@ from fedsim.algorithms.scheduling import (
     SchedulerError,
 )
 
-#: The built-in homes; importing each registers its algorithm.
+#: The built-in homes, each with its :class:`AlgorithmSpec` as ``SPEC``: the
+#: registry holds them from here, the one place it is filled (a plug-in is
+#: resolved by reference, ``module:attribute``, and never registered by parsing).
 BUILTIN = (fedavg, fedasync, asyncfeded, fedbuff, fedspeed, scaffold, dga, fedopt)
+for _home in BUILTIN:
+    register(_home.SPEC)
 # a Flower app (fedsim.flower): a built-in whose home is outside this sans-I/O package
 register_elsewhere("flower", "fedsim.flower.spec:SPEC")
 

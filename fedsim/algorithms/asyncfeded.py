@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from fedsim.algorithms._kernels import check_async_update, norm64, pack_tensor, unpack_tensor
-from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
+from fedsim.algorithms.api import AlgorithmSpec, ServerContext
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.lazy import lazy_module
@@ -451,6 +451,6 @@ def _server(cfg: AsyncFedEDConfig, ctx: ServerContext) -> AsyncFlow:
     return AsyncFlow.build(rule, cfg, ctx)
 
 
-SPEC = register(AlgorithmSpec(
+SPEC = AlgorithmSpec(
     names=("asyncfeded",), config=AsyncFedEDConfig, server=_server, client=local_sgd_client,
-    summary="gamma = ||x_t - x_tau|| / ||Delta||, eta_g = lambda / (gamma + eps), adaptive K"))
+    summary="gamma = ||x_t - x_tau|| / ||Delta||, eta_g = lambda / (gamma + eps), adaptive K")

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 from pydantic import Field
 
 from fedsim.algorithms._kernels import check_async_update, lerp
-from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
+from fedsim.algorithms.api import AlgorithmSpec, ServerContext
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule, Concurrency
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.schema import FiniteNonNeg, FinitePos, SchemaModel
@@ -199,6 +199,6 @@ def _server(cfg: FedAsyncConfig, ctx: ServerContext) -> AsyncFlow:
     return AsyncFlow.build(FedAsync(cfg), cfg, ctx)
 
 
-SPEC = register(AlgorithmSpec(
+SPEC = AlgorithmSpec(
     names=("fedasync",), config=FedAsyncConfig, server=_server, client=local_sgd_client,
-    summary="staleness-weighted mixing (const, poly, hinge; rho)"))
+    summary="staleness-weighted mixing (const, poly, hinge; rho)")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import model_validator
 
 from fedsim.algorithms._kernels import check_round, weighted_average
-from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
+from fedsim.algorithms.api import AlgorithmSpec, ServerContext
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.robust import AggregatorKeys
 from fedsim.algorithms.sgdclient import local_sgd_client
@@ -107,7 +107,7 @@ def _server(cfg: FedAvgConfig, ctx: ServerContext) -> RoundsFlow:
     return RoundsFlow.build(FedAvg(cfg), cfg, ctx)
 
 
-SPEC = register(AlgorithmSpec(
+SPEC = AlgorithmSpec(
     names=("fedavg", "fedprox"), config=FedAvgConfig, server=_server, client=local_sgd_client,
     summary="synchronous rounds with sampling, deadline and over-selection; "
-            "FedProx adds the proximal term mu"))
+            "FedProx adds the proximal term mu")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field
 
 from fedsim.algorithms._kernels import check_async_update, check_shape, pack_tensor, unpack_tensor
-from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
+from fedsim.algorithms.api import AlgorithmSpec, ServerContext
 from fedsim.algorithms.fedasync import StalenessFn, StalenessKeys, staleness_weight
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
@@ -179,6 +179,6 @@ def _server(cfg: FedBuffConfig, ctx: ServerContext) -> AsyncFlow:
     return AsyncFlow.build(FedBuff(cfg), cfg, ctx)
 
 
-SPEC = register(AlgorithmSpec(
+SPEC = AlgorithmSpec(
     names=("fedbuff",), config=FedBuffConfig, server=_server, client=local_sgd_client,
-    summary="buffered asynchronous aggregation of staleness-weighted deltas"))
+    summary="buffered asynchronous aggregation of staleness-weighted deltas")

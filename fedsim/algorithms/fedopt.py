@@ -66,7 +66,7 @@ from fedsim.algorithms._kernels import (
     unpack_tensor,
     weighted_average,
 )
-from fedsim.algorithms.api import AlgorithmSpec, ServerContext, register
+from fedsim.algorithms.api import AlgorithmSpec, ServerContext
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.optim import Beta
 from fedsim.algorithms.robust import AggregatorKeys
@@ -527,7 +527,7 @@ def _server(cfg: FedOptConfig, ctx: ServerContext) -> RoundsFlow:
     return RoundsFlow.build(FedOpt(cfg), cfg, ctx)
 
 
-SPEC = register(AlgorithmSpec(
+SPEC = AlgorithmSpec(
     names=tuple(_BY_NAME), config=FedOptConfig, server=_server, client=local_sgd_client,
     summary="FedAvg rounds with a server optimizer on the pseudo-gradient: FedAdam, FedYogi, "
-            "FedAdagrad (Reddi et al. 2021, no bias correction, v starts at tau^2), FedAvgM"))
+            "FedAdagrad (Reddi et al. 2021, no bias correction, v starts at tau^2), FedAvgM")

@@ -50,7 +50,6 @@ from fedsim.algorithms.api import (
     ClientContext,
     Outcome,
     ServerContext,
-    register,
 )
 from fedsim.algorithms.fedavg import fedavg_aggregate
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
@@ -506,8 +505,8 @@ def _server(cfg: FedSpeedScenarioConfig, ctx: ServerContext) -> RoundsFlow:
     return RoundsFlow.build(FedSpeedServer(cfg, total_clients=ctx.num_clients), cfg, ctx)
 
 
-SPEC = register(AlgorithmSpec(
+SPEC = AlgorithmSpec(
     names=("fedspeed",), config=FedSpeedScenarioConfig, server=_server,
     client=lambda cfg, ctx: FedSpeedClient(cfg.client_config(), ctx),
     summary="quasi-gradient with normalized ascent, prox 1/lambda, persistent g_hat",
-    optimizers=("sgd", "sgdm", "adam", "adagrad")))
+    optimizers=("sgd", "sgdm", "adam", "adagrad"))

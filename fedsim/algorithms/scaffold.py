@@ -43,7 +43,6 @@ from fedsim.algorithms.api import (
     ClientContext,
     Outcome,
     ServerContext,
-    register,
 )
 from fedsim.algorithms.flows import RoundRule, RoundsConfig, RoundsFlow
 from fedsim.algorithms.local import LocalConfig, batches, load_vector
@@ -411,9 +410,9 @@ def _server(cfg: ScaffoldConfig, ctx: ServerContext) -> RoundsFlow:
     return RoundsFlow.build(ScaffoldRounds(cfg, ctx.num_clients), cfg, ctx)
 
 
-SPEC = register(AlgorithmSpec(
+SPEC = AlgorithmSpec(
     names=("scaffold",), config=ScaffoldConfig, server=_server,
     client=lambda cfg, ctx: ScaffoldClient(cfg.option, ctx),
     summary="control variates (option II; I as option); tasks carry (x, c), "
             "updates (y_i, delta c_i)",
-    task_copies=2, update_copies=2, optimizers=("sgd", "sgdm", "adam", "adagrad")))
+    task_copies=2, update_copies=2, optimizers=("sgd", "sgdm", "adam", "adagrad"))

@@ -26,7 +26,7 @@ Client ``i`` runs rounds of ``K`` local steps. With ``D = s K + r``,
 
 from __future__ import annotations
 
-from fedsim.algorithms.api import AlgorithmSpec, register
+from fedsim.algorithms.api import AlgorithmSpec
 from fedsim.algorithms.dga._client import (
     CLIENT_TRANSITIONS,
     Corrected,
@@ -49,12 +49,12 @@ from fedsim.algorithms.dga._core import (
 from fedsim.algorithms.dga._home import DGAClientWork, DGAFlow, DGAScenarioConfig, dga_config
 from fedsim.algorithms.dga._reducer import DGAServer
 
-SPEC = register(AlgorithmSpec(
+SPEC = AlgorithmSpec(
     names=("dga",), config=DGAScenarioConfig,
     server=lambda cfg, ctx: DGAFlow(dga_config(cfg, ctx.local), ctx.x0, ctx.tasks),
     client=lambda cfg, ctx: DGAClientWork(dga_config(cfg, ctx.local), cfg.chunk_steps, ctx),
     summary="delayed gradient averaging: clients keep stepping while the average travels",
-    optimizers=("sgd", "sgdm")))
+    optimizers=("sgd", "sgdm"))
 
 __all__ = [
     "CLIENT_TRANSITIONS",
