@@ -11,6 +11,7 @@ federation's own time.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -26,6 +27,11 @@ from matplotlib.ticker import MaxNLocator
 from fedsim.results.reader import Run, load_run
 from fedsim.results.timeline import MAX_CLIENTS, Timeline, build_timeline, sample_clients
 from fedsim.scenario.ids import format_ids
+
+# A font missing from matplotlib's font cache (a stale ~/.cache/matplotlib) falls
+# back to DejaVu Sans with a warning for each font, a screen of them under a run's
+# summary; the figure is drawn all the same, so they are not shown.
+logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
