@@ -533,6 +533,34 @@ def install_flower(where: Path) -> str:
     return str(python)
 
 
+def draw(med: dict[str, dict[str, float]], path: Path, rounds: int, reps: int) -> None:
+    """Each contestant's real seconds per round and summed PSS, as two bar charts."""
+    import matplotlib  # lazy: only with --figure
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure  # lazy: after the backend is chosen
+
+    names = list(med)[::-1]
+    colour = ["#c0504d" if n.startswith("flower") else "#4f81bd" if n.startswith("fedsim")
+              else "#7f7f7f" for n in names]
+    fig = Figure(figsize=(9.0, 0.45 * len(names) + 1.6), dpi=100, layout="constrained")
+    left, right = fig.subplots(1, 2, sharey=True)
+    for ax, key, scale, label, fmt in (
+            (left, "s_per_round", 1e3, "real ms per round", "{:.0f} ms"),
+            (right, "pss_gb", 1.0, "summed PSS, GB", "{:.2f} GB")):
+        values = [med[n][key] * scale for n in names]
+        ax.barh(names, values, color=colour)
+        for y, v in enumerate(values):
+            ax.text(v, y, " " + fmt.format(v), va="center", fontsize=8)
+        ax.set_xlabel(label)
+        ax.grid(axis="x", alpha=0.3)
+        ax.margins(x=0.25)
+    fig.suptitle(f"FedAvg, 100 clients, 10 a round, MLP on Synthetic(1,1), {rounds} rounds: "
+                 f"median of {reps} runs ({os.cpu_count()} cores)", fontsize=10)
+    fig.savefig(path)
+    print(f"figure: {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=30)
@@ -542,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--install-flower", default=None, metavar="DIR",
                     help="create that environment in DIR (minutes; ~1.4 GB) and use it")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--figure", default=None, metavar="PNG",
+                    help="draw each contestant's time per round and memory there")
     ap.add_argument("--keep", default=None, metavar="DIR",
                     help="write the scenarios, the data and the apps to DIR and keep them (to "
                          "run or profile a contestant alone: tools/profile_breakdown.py)")
@@ -629,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "memory": memory, "median": med},
                                               indent=1))
+    if args.figure:
+        draw(med, Path(args.figure), args.rounds, args.reps)
     if {"plain-lean", "fedsim", "fedsim-flower", "flower-serial"} <= med.keys():
         # the floor under the Flower rows: what Flower's own code costs a round
         pl, f = med["plain-lean"], med["fedsim"]
