@@ -166,6 +166,27 @@ def test_a_private_name_stays_among_private_modules():
     assert offenders == []
 
 
+def test_no_tool_imports_a_private_module():
+    """tools/ is a user of fedsim and netem: it imports their public modules only."""
+    offenders, seen = [], 0
+    for path in sorted((ROOT / "tools").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] not in ("fedsim", "netem"):
+                    continue
+                seen += 1
+                if _private_owner(name) is not None:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert seen > 20
+    assert offenders == []
+
+
 def _unit(module: str) -> str:
     """The package (``fedsim.wire``, ``netem``) or loose module (``fedsim.api``) of ``module``."""
     parts = module.split(".")

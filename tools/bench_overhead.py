@@ -449,12 +449,8 @@ def save_data(path: Path) -> list[int]:
     the shards' sizes."""
     import numpy as np
 
+    from fedsim.actors.setup import build_data  # lazy: imports torch
     from fedsim.api import load
-
-    try:
-        from fedsim.actors.setup import build_data
-    except ModuleNotFoundError:   # a checkout from before set-up had a public home
-        from fedsim.actors._setup import build_data  # type: ignore[import-not-found,no-redef]
 
     sc = load(path.parent / "overhead.toml")
     fed = build_data(sc)

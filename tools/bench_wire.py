@@ -92,17 +92,19 @@ one CPU) made raw 100 KB 151 us and the server's path 316 us: 2.10x.
 Measured 2026-11-30 afternoon (a freshly booted machine, load average 0.4-0.9,
 three runs: one default, two ``--iters 2000``; raw 100 KB 134-147 us, its copy
 mode 122-131 us), against raw pyzmq's faster mode: at 100 KB the server's path
-1.66-1.68 with the value pass on the loop (as it is below CHECK_OFF_LOOP_BYTES,
-1 MB) and 1.46-1.49 with the pass handed to the value-check thread; at 10 MB
-1.03-1.04. The hand-over that cost the loop as much as the pass on 2026-11-29
-saved 0.2 of raw's time here; CHECK_OFF_LOOP_BYTES is not changed on one
-afternoon's figures (to be measured interleaved, before and after).
+1.66-1.68 with the value pass on the loop (as it was then below
+CHECK_OFF_LOOP_BYTES, 1 MB) and 1.46-1.49 with the pass handed to the
+value-check thread; at 10 MB 1.03-1.04. The hand-over that cost the loop as
+much as the pass on 2026-11-29 saved 0.2 of raw's time here; the threshold
+was left for the runs below.
 
 Measured 2026-11-30, 16:10-16:33 (nine runs, ``--iters 2000``, load average
-0.3-1.0; every run times both paths message after message): the pass on the
-loop 1.65-1.75, handed to the thread 1.45-1.52 (median 1.48) against raw's
-faster mode; CHECK_OFF_LOOP_BYTES is now 64 KiB, so the server's path at
-100 KB is the "(thread)" column. At 10 MB 0.98-1.04.
+0.3-1.0; every run times both paths message after message, so each run is a
+before and after): the pass on the loop 1.65-1.75, handed to the thread
+1.45-1.52 (median 1.48; two of the nine above 1.50) against raw's faster
+mode, the hand-over ahead in every run; so CHECK_OFF_LOOP_BYTES is now
+64 KiB, and the server's path at 100 KB is the "(thread)" column. At 10 MB
+0.98-1.04.
 
 On ``zmq.asyncio`` sockets (fedsim before it read its sockets itself,
 commit 4f7fdf4), the same runs: 1.64-1.66 up, 1.45-1.46 down, 2.41-2.43

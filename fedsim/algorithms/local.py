@@ -21,7 +21,7 @@ stepped directly (:func:`_sgd_steps`), to the same iterates bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, model_validator
@@ -125,12 +125,17 @@ class LocalConfig:
 
     def with_work(self, work: LocalWork | None) -> LocalConfig:
         """This config with a task's own budget in place of its own (unchanged for None
-        or an empty budget)."""
-        if work is not None and work.steps is not None:
-            return replace(self, steps=work.steps, epochs=None)
-        if work is not None and work.epochs is not None:
-            return replace(self, steps=None, epochs=work.epochs)
-        return self
+        or an empty budget). The budget was checked as the task's
+        :class:`~fedsim.wire.messages.LocalWork` (one of steps >= 1 or epochs > 0),
+        so it is not validated again: no pydantic per task."""
+        if work is None or (work.steps is None and work.epochs is None):
+            return self
+        new = object.__new__(LocalConfig)
+        for name, value in (("steps", work.steps), ("epochs", work.epochs),
+                            ("batch_size", self.batch_size), ("optimizer", self.optimizer),
+                            ("prox_mu", self.prox_mu)):
+            object.__setattr__(new, name, value)
+        return new
 
     def num_steps(self, num_samples: int) -> int:
         """Local steps this config takes on ``num_samples`` samples."""

@@ -261,3 +261,26 @@ def test_sgd_without_closure_is_bit_identical_to_the_closure_path(monkeypatch, o
     assert not took
     assert torch.equal(fast, slow)
     assert fast_stats == slow_stats
+
+
+def test_with_work_keeps_every_other_field_and_validates_nothing_again():
+    """A task's budget (checked as its LocalWork on the wire) replaces the config's,
+    every other field is kept, and no pydantic model runs per task."""
+    import dataclasses
+    from unittest import mock
+
+    from fedsim.algorithms.local import LocalConfig, LocalWorkKeys
+    from fedsim.wire.messages import LocalWork
+
+    base = LocalConfig(steps=5, batch_size=8, prox_mu=0.1)
+    with mock.patch.object(LocalWorkKeys, "model_validate",
+                           side_effect=AssertionError("validated again")):
+        by_steps = base.with_work(LocalWork(steps=7))
+        by_epochs = base.with_work(LocalWork(epochs=1.5))
+        assert base.with_work(None) is base
+        assert base.with_work(LocalWork()) is base
+    assert by_steps == dataclasses.replace(base, steps=7)
+    assert by_epochs == dataclasses.replace(base, steps=None, epochs=1.5)
+    for f in dataclasses.fields(LocalConfig):
+        if f.name not in ("steps", "epochs"):
+            assert getattr(by_steps, f.name) == getattr(base, f.name), f.name
