@@ -11,7 +11,6 @@ the two apart. Nothing here runs a federation.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import itertools
 import json
 import math
@@ -49,20 +48,9 @@ from claimslib.verdict import (  # noqa: E402
     pts,
     side,
 )
+from tool_module import load_tool  # noqa: E402
 
-
-def _tool() -> Any:
-    """tools/claims.py, loaded by its path (it is a script), for its CLAIMS."""
-    spec = importlib.util.spec_from_file_location("claims_tool", ROOT / "tools" / "claims.py")
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["claims_tool"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-claims = _tool()
+claims = load_tool("claims", "claims_tool")
 KEY = "network.up.delay+network.down.delay"
 
 

@@ -7,28 +7,15 @@ another, crosses an arrow, spills out of its box or leaves the canvas.
 
 from __future__ import annotations
 
-import importlib.util
 import struct
-import sys
 from pathlib import Path
-from typing import Any
+
+from tool_module import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tool() -> Any:
-    """tools/deployment_figure.py, loaded by its path (it is a script)."""
-    path = ROOT / "tools" / "deployment_figure.py"
-    spec = importlib.util.spec_from_file_location("deployment_figure", path)
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["deployment_figure"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fig = _tool()
+fig = load_tool("deployment_figure")
 
 
 def test_figure_drawn(tmp_path: Path) -> None:

@@ -10,31 +10,17 @@ serialisation at the rate and TCP's slow start after idle are always added.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tool_module import load_tool
 
 from netem.profiles import profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tool() -> Any:
-    """tools/netem_figure.py, loaded by its path (it is a script)."""
-    path = ROOT / "tools" / "netem_figure.py"
-    spec = importlib.util.spec_from_file_location("netem_figure", path)
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["netem_figure"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fig = _tool()
+fig = load_tool("netem_figure")
 
 
 def test_figure_drawn_and_medians_exceed_the_configured_delay(
