@@ -317,9 +317,10 @@ class ServerContext:
     local: LocalConfig
     tasks: TaskMaker = field(default_factory=TaskMaker)
     wake: Waker = field(default_factory=Waker)
-    #: the run's resolved Scenario (what a Flower app's helpers read), if any; Any:
-    #: fedsim.scenario imports this module, so naming its class here is a cycle
-    scenario: Any = None
+    #: the run's resolved Scenario (what a Flower app's helpers read), if any; opaque
+    #: here (fedsim.scenario imports this module, so naming its class is a cycle):
+    #: fedsim.flower, which reads it, narrows it with an isinstance check
+    scenario: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,9 +331,10 @@ class ClientContext:
     local: LocalConfig
     seed: int
     num_clients: int = 0
-    #: the run's resolved Scenario (what a Flower app's helpers read), if any; Any:
-    #: fedsim.scenario imports this module, so naming its class here is a cycle
-    scenario: Any = None
+    #: the run's resolved Scenario (what a Flower app's helpers read), if any; opaque
+    #: here (fedsim.scenario imports this module, so naming its class is a cycle):
+    #: fedsim.flower, which reads it, narrows it with an isinstance check
+    scenario: object = None
 
 
 # -- the two interfaces ----------------------------------------------------------------

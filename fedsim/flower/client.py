@@ -45,6 +45,7 @@ from fedsim.flower.config import FlowerConfig
 from fedsim.flower.content import message_at_client, reply_bytes, to_bytes
 from fedsim.flower.exchange import node_of
 from fedsim.flower.running import serving, set_scenario
+from fedsim.scenario import Scenario
 from fedsim.wire.messages import Task
 
 __all__ = ["FlowerClient"]
@@ -70,7 +71,7 @@ class FlowerClient(ClientAlgorithm):
         #: the most bytes a reply may have (the run's payload limit, less its envelope)
         self.limit = cfg.payload_bytes(
             sum(int(p.numel()) * 4 for p in ctx.model.parameters() if p.requires_grad)) - 4096
-        if ctx.scenario is not None:
+        if isinstance(ctx.scenario, Scenario):
             set_scenario(ctx.scenario)
         # imported now, while the trainer starts: a first call that imported it
         # (torch, Flower, the app's own module) would overrun its compute budget

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedsim.scenario import Scenario
 
 __all__ = ["current", "scenario", "serving", "set_scenario"]
 
 _current: tuple[int, Any, Any] | None = None
-_scenario: Any = None
+_scenario: Scenario | None = None
 
 
 def current() -> tuple[int, Any, Any] | None:
@@ -34,12 +37,12 @@ def serving(client: int, x: Any, y: Any) -> Iterator[None]:
         _current = None
 
 
-def set_scenario(sc: Any) -> None:
+def set_scenario(sc: Scenario | None) -> None:
     """The run this process serves (its resolved :class:`~fedsim.scenario.Scenario`)."""
     global _scenario
     _scenario = sc
 
 
-def scenario() -> Any:
+def scenario() -> Scenario | None:
     """The run's scenario, or None outside a fedsim run."""
     return _scenario

@@ -72,6 +72,7 @@ from fedsim.flower.content import content_of, header, reply_head, to_bytes, to_m
 from fedsim.flower.exchange import Exchange, Pushed, Reply, client_of, node_of
 from fedsim.flower.running import set_scenario
 from fedsim.flower.serverapp import Boot, ServerAppProcess, crossable
+from fedsim.scenario import Scenario
 from fedsim.wire.messages import Task, Update
 from fedsim.wire.tensors import Model
 
@@ -111,7 +112,7 @@ class FlowerServer(ServerAlgorithm):
 
     def __init__(self, cfg: FlowerConfig, ctx: ServerContext) -> None:
         self.cfg, self.ctx = cfg, ctx
-        if ctx.scenario is not None:
+        if isinstance(ctx.scenario, Scenario):
             set_scenario(ctx.scenario)
         self.version = 0
         self.round = 0
