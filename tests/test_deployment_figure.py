@@ -12,9 +12,6 @@ from pathlib import Path
 
 from tool_module import load_tool
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 fig = load_tool("deployment_figure")
 
 

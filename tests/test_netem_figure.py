@@ -17,9 +17,6 @@ from tool_module import load_tool
 
 from netem.profiles import profile
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 fig = load_tool("netem_figure")
 
 

@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="messages per profile and direction (default 2000)")
     args = ap.parse_args(argv)
     if args.samples < 1:
-        ap.error("--samples must be >= 1")
+        ap.error(f"--samples must be >= 1 (got {args.samples})")
     run(args.out, args.samples)
     return 0
 

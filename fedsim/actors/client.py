@@ -506,7 +506,7 @@ class ClientActor:
             done, budget = self._account(reply, start.t0, start.run_index)
             self.last_budget = budget
             deadline = start.t0 + budget
-            await self._hold(reply, start, done, budget)
+            await self._hold(reply, start, done, budget, deadline)
             for r, delay in reply.notes.get("corrections", []):
                 host.emit("correction", client=self.cid, round=r, delay=delay)
             if reply.next == "done" and not await self._finish(task, reply, done, deadline,
@@ -524,9 +524,10 @@ class ClientActor:
             start = self._begin()
             rid, reply = await self._advance(averages, start.t0)
 
-    async def _hold(self, reply: Trained, start: _Start, done: float, budget: float) -> None:
-        """Wait until the device has computed, in ``budget`` s, the piece back at ``done``."""
-        deadline = start.t0 + budget
+    async def _hold(self, reply: Trained, start: _Start, done: float, budget: float,
+                    deadline: float) -> None:
+        """Wait until the device has computed, in ``budget`` s (by ``deadline``), the piece
+        back at ``done``."""
         if reply.next != "done":  # a pipelined session: time away does not compute
             await self._compute(start.t0, start.away0, budget)
         elif budget > 0 and done <= deadline:

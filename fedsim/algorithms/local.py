@@ -21,7 +21,7 @@ stepped directly (:func:`_sgd_steps`), to the same iterates bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, model_validator
@@ -131,10 +131,10 @@ class LocalConfig:
         if work is None or (work.steps is None and work.epochs is None):
             return self
         new = object.__new__(LocalConfig)
-        for name, value in (("steps", work.steps), ("epochs", work.epochs),
-                            ("batch_size", self.batch_size), ("optimizer", self.optimizer),
-                            ("prox_mu", self.prox_mu)):
-            object.__setattr__(new, name, value)
+        for name in _LOCAL_FIELDS:
+            object.__setattr__(new, name, getattr(self, name))
+        object.__setattr__(new, "steps", work.steps)
+        object.__setattr__(new, "epochs", work.epochs)
         return new
 
     def num_steps(self, num_samples: int) -> int:
@@ -143,6 +143,10 @@ class LocalConfig:
             return self.steps
         per_epoch = -(-num_samples // self.batch_size)
         return max(1, round(float(self.epochs or 0) * per_epoch))
+
+
+#: every field of :class:`LocalConfig`, which :meth:`LocalConfig.with_work` copies
+_LOCAL_FIELDS = tuple(f.name for f in fields(LocalConfig))
 
 
 def load_vector(model: nn.Module, vec: torch.Tensor) -> None:

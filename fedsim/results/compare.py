@@ -31,6 +31,7 @@ import matplotlib
 
 from fedsim.results.plots import loss_scale, new_figure, save
 from fedsim.results.reader import Run
+from fedsim.results.report import format_value
 from fedsim.scenario import unread_task_keys
 
 __all__ = ["TASK_TABLES", "ComparisonRow", "comparison_rows", "comparison_warnings",
@@ -203,16 +204,13 @@ def comparison_rows(runs: Sequence[Run], labels: Sequence[str],
     return rows
 
 
-def _cell(x: Any, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def _cells(r: ComparisonRow) -> list[str]:
     ttt = ("-" if r.target is None else "not reached" if r.time_to_target is None
            else f"{r.time_to_target:.2f}")
-    return [r.run, r.algorithm, r.status, _cell(r.final_accuracy, ".4f"),
-            _cell(r.best_accuracy, ".4f"), ttt, str(r.updates), str(r.rounds),
-            f"{r.megabytes:.1f}", _cell(r.staleness_mean, ".2f"), _cell(r.staleness_p99, "g"),
+    return [r.run, r.algorithm, r.status, format_value(r.final_accuracy, ".4f"),
+            format_value(r.best_accuracy, ".4f"), ttt, str(r.updates), str(r.rounds),
+            f"{r.megabytes:.1f}", format_value(r.staleness_mean, ".2f"),
+            format_value(r.staleness_p99, "g"),
             r.fidelity]
 
 

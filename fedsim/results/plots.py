@@ -28,10 +28,11 @@ from fedsim.results.reader import Run, load_run
 from fedsim.results.timeline import MAX_CLIENTS, Timeline, build_timeline, sample_clients
 from fedsim.scenario.ids import format_ids
 
-# A font missing from matplotlib's font cache (a stale ~/.cache/matplotlib) falls
-# back to DejaVu Sans with a warning for each font, a screen of them under a run's
-# summary; the figure is drawn all the same, so they are not shown.
-logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
+#: A font missing from matplotlib's font cache (a stale ~/.cache/matplotlib) falls
+#: back to DejaVu Sans with a warning for each font while a figure is drawn, a
+#: screen of them under a run's summary; the figure is the same, so :func:`save`
+#: quiets this logger while it draws (and only then).
+_FONTS = logging.getLogger("matplotlib.font_manager")
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -60,7 +61,12 @@ def new_figure(width: float, height: float, *, dpi: int = 110,
 
 def save(fig: Figure, path: Path) -> Path:
     """Write ``fig`` as a PNG to ``path``; return ``path``."""
-    fig.savefig(path)
+    level = _FONTS.level
+    _FONTS.setLevel(logging.ERROR)
+    try:
+        fig.savefig(path)
+    finally:
+        _FONTS.setLevel(level)
     return path
 
 

@@ -232,6 +232,16 @@ def parse(raw: dict[str, Any], source: str = "scenario",
     return sc
 
 
+#: the optimizer of a ``[client]`` table that names none
+_DEFAULT_OPTIMIZER: str = ClientConfig.model_fields["optimizer"].default
+
+
+def _foreign_options(client: ClientConfig) -> tuple[tuple[str, ...], list[str]]:
+    """The options the client's optimizer reads, and the other optimizers' options."""
+    reads = OPTIMIZER_KEYS[client.optimizer]
+    return reads, [key for key in OPTIMIZER_OPTIONS if key not in reads]
+
+
 def unread_options(client: ClientConfig, overrides: Sequence[Override] = (),
                    base: Mapping[str, Any] | None = None) -> list[Problem]:
     """The optimizer options a written ``[client]`` table sets (its
@@ -245,15 +255,14 @@ def unread_options(client: ClientConfig, overrides: Sequence[Override] = (),
     held to the optimizer chosen.
     """
     opt = client.optimizer
-    reads = OPTIMIZER_KEYS[opt]
+    reads, foreign = _foreign_options(client)
     table = base.get("client") if base is not None else None
-    own = (table.get("optimizer", type(client).model_fields["optimizer"].default)
-           if isinstance(table, Mapping) else None)
+    own = table.get("optimizer", _DEFAULT_OPTIMIZER) if isinstance(table, Mapping) else None
     # the options of the file's own optimizer, when an override chose another
     kept = OPTIMIZER_KEYS.get(own, ()) if isinstance(own, str) and own != opt else ()
     out: list[Problem] = []
-    for key in OPTIMIZER_OPTIONS:
-        if key in reads or key not in client.model_fields_set:
+    for key in foreign:
+        if key not in client.model_fields_set:
             continue
         loc = ("client", key)
         if key in kept and not any(o.key == loc[:len(o.key)] for o in overrides):
@@ -317,12 +326,11 @@ def unused_keys(scenario: Scenario) -> dict[str, str]:
     set for the file's own optimizer that an override replaced.)
     """
     out: dict[str, str] = {}
-    opt = scenario.client.optimizer
-    reads = OPTIMIZER_KEYS[opt]
-    for key in OPTIMIZER_OPTIONS:
-        if key not in reads and getattr(scenario.client, key) is not None:
-            out[f"client.{key}"] = (f"not used by optimizer {opt} (it reads "
-                                    f"{', '.join(reads)})")
+    reads, foreign = _foreign_options(scenario.client)
+    for key in foreign:
+        if getattr(scenario.client, key) is not None:
+            out[f"client.{key}"] = (f"not used by optimizer {scenario.client.optimizer} (it "
+                                    f"reads {', '.join(reads)})")
     own = scenario.algorithm.client_table()
     if own is not None:
         for key in sorted(type(scenario.client).model_fields):

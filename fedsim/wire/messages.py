@@ -32,19 +32,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args
 
 from fedsim.wire.errors import describe
 from fedsim.wire.records import VALUE_TYPES, AnyFloat, Bad, Record, non_negative, register
 from fedsim.wire.tensors import Model, TensorSpec, flat_model, to_tensor
 
+#: What follows a worker's piece of work (:attr:`Trained.next`): its values.
+NextValue = Literal["done", "more", "wait"]
+_NEXT_VALUES: tuple[str, ...] = get_args(NextValue)
+
 if TYPE_CHECKING:
     import torch
 
-    #: What follows a worker's piece of work (:attr:`Trained.next`).
-    Next = Literal["done", "more", "wait"]
+    Next = NextValue
 else:
-    # On the wire a str, which Trained._validate keeps to Next's values:
+    # On the wire a str, which Trained._validate keeps to NextValue's values:
     # fedsim.wire.records checks fields by annotation and has no Literal kind.
     Next = str
 
@@ -625,7 +628,7 @@ class Trained(Record):
     cpu_s: float | None = None
 
     def _validate(self) -> None:
-        if self.next not in ("done", "more", "wait"):
+        if self.next not in _NEXT_VALUES:
             raise Bad(f" must be 'done', 'more' or 'wait', got {describe(self.next)}", ".next")
 
 
