@@ -441,13 +441,20 @@ def _protocol_error(code: int, curve: bool) -> str:
     return f"ZMTP protocol error 0x{code:x}"
 
 
+UNKNOWN_PEER = "an unknown address"
+"""The source of a connection closed before its monitor event was read: the
+address is read from the socket when the event is, and under load a failed
+handshake's connection can be gone by then."""
+
+
 def _peer_of(fd: int) -> str:
-    """The IP address of the peer of accepted socket ``fd`` (``local`` for ipc, ``?``)."""
+    """The IP address of the peer of accepted socket ``fd`` (``local`` for ipc,
+    :data:`UNKNOWN_PEER` once it is closed)."""
     try:
         with socket.socket(fileno=os.dup(fd)) as s:
             name = s.getpeername()
     except OSError:
-        return "?"
+        return UNKNOWN_PEER
     if isinstance(name, tuple) and name:
         return str(name[0])
     return "local"
@@ -522,7 +529,7 @@ class ZmqEndpoint:
         if self.on_refused is not None:
             self.on_refused(source, reason, why)
         else:
-            log.warning("refused a connection from %s: %s: %s", source or "?", reason, why)
+            log.warning("refused a connection from %s: %s: %s", source or UNKNOWN_PEER, reason, why)
 
     async def _watch(self) -> None:
         failed: tuple[int, int] | None = None  # the last failed handshake: (event, value)
@@ -536,7 +543,7 @@ class ZmqEndpoint:
                 elif event in _HANDSHAKE_FAILED:
                     failed = (event, value)
                 elif event == zmq.EVENT_DISCONNECTED:
-                    source, since = self._accepted.pop(value, ("?", time.monotonic()))
+                    source, since = self._accepted.pop(value, (UNKNOWN_PEER, time.monotonic()))
                     if failed is not None:
                         self._handshake_failed(source, since, *failed)
                         failed = None

@@ -23,6 +23,7 @@ import zmq.auth
 
 from fedsim.wire.codec import encode
 from fedsim.wire.messages import SCHEMA_VERSION, ClockProbe, HostHello
+from fedsim.wire.transport import UNKNOWN_PEER
 
 from .conftest import (
     DEPLOY_SCENARIO,
@@ -150,13 +151,22 @@ def test_a_host_whose_key_is_refused_knows_in_seconds_and_the_server_says_so_onc
     assert len(refusals) == 1, refusals
     assert "rejected a connection from 127.0.0.1: unauthenticated: CURVE key" in refusals[0]
     # the wrong server key: each attempt counted, logged up to 10 per source (libzmq
-    # tries every 50 ms until the host has read 5 failures from its monitor and stops)
+    # tries every 50 ms until the host gives up at deploy.start_timeout)
     summary = json.loads((run_dir / "summary.json").read_text())
     rejected = summary["rejected_messages"]
     attempts = rejected["server"]["bad_handshake"]
     assert attempts >= 5, rejected
-    wrong = [line for line in server_err.splitlines() if "a peer with a wrong server key" in line]
-    assert len(wrong) == attempts - sum(rejected["unlogged"].values()), (wrong, rejected)
+    failed = [line for line in server_err.splitlines() if ": bad_handshake: " in line]
+    assert len(failed) == attempts - sum(rejected["unlogged"].values()), (failed, rejected)
+    # each names the wrong key but for at most one: a CI run under load (141 attempts)
+    # logged one failure of another kind (its text was cut from the report; the attempt
+    # the host drops when it gives up would be one), and a connection closed before the
+    # server read its address, whose source is "an unknown address"
+    wrong = [line for line in failed if "a peer with a wrong server key" in line]
+    assert len(wrong) >= len(failed) - 1, failed
+    sources = {line.split("rejected a connection from ")[1].split(": bad_handshake")[0]
+               for line in failed}
+    assert sources <= {"127.0.0.1", UNKNOWN_PEER}, sources
     assert set(rejected["server"]) == {"unauthenticated", "bad_handshake"}, rejected
     assert rejected["server"]["unauthenticated"] == 1
     # a host says what it does: one line per phase
