@@ -531,15 +531,12 @@ def install_flower(where: Path) -> str:
 
 def draw(med: dict[str, dict[str, float]], path: Path, rounds: int, reps: int) -> None:
     """Each contestant's real seconds per round and summed PSS, as two bar charts."""
-    import matplotlib  # lazy: only with --figure
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure  # lazy: after the backend is chosen
+    from fedsim.results.plots import new_figure, save  # lazy: matplotlib only with --figure
 
     names = list(med)[::-1]
     colour = ["#c0504d" if n.startswith("flower") else "#4f81bd" if n.startswith("fedsim")
               else "#7f7f7f" for n in names]
-    fig = Figure(figsize=(9.0, 0.45 * len(names) + 1.6), dpi=100, layout="constrained")
+    fig = new_figure(9.0, 0.45 * len(names) + 1.6, dpi=100, layout="constrained")
     left, right = fig.subplots(1, 2, sharey=True)
     for ax, key, scale, label, fmt in (
             (left, "s_per_round", 1e3, "real ms per round", "{:.0f} ms"),
@@ -553,8 +550,7 @@ def draw(med: dict[str, dict[str, float]], path: Path, rounds: int, reps: int) -
         ax.margins(x=0.25)
     fig.suptitle(f"FedAvg, 100 clients, 10 a round, MLP on Synthetic(1,1), {rounds} rounds: "
                  f"median of {reps} runs ({os.cpu_count()} cores)", fontsize=10)
-    fig.savefig(path)
-    print(f"figure: {path}")
+    print(f"figure: {save(fig, path)}")
 
 
 def main(argv: list[str] | None = None) -> int:

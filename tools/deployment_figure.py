@@ -44,6 +44,8 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 from matplotlib.path import Path as MplPath
 from matplotlib.text import Text
 
+from fedsim.results.plots import new_figure, save
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "docs" / "img" / "deployment.png"
 
@@ -160,7 +162,7 @@ def _host(ax: Axes, y0: float, name: str, ids: str) -> tuple[float, float]:
 
 def figure() -> Figure:
     """The whole schematic, on a Figure of its own (Agg canvas)."""
-    fig = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
+    fig = new_figure(WIDTH / DPI, HEIGHT / DPI, dpi=DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
     ax.set_xlim(0, WIDTH)
@@ -241,8 +243,7 @@ def draw(path: Path = DEFAULT_OUT) -> Path:
     fig = figure()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, facecolor="white")
-    return path
+    return save(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,11 +46,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
+from fedsim.results.plots import new_figure, save
 from netem.link import Link
 from netem.linkparams import LinkParams
 from netem.profiles import PROFILES, profile
@@ -136,7 +136,7 @@ def _label(name: str) -> str:
 def draw(samples: Sequence[Sample], out: Path) -> Path:
     """Draw the box plots of ``samples`` (profile by profile, down then up) to ``out``."""
     names = list(dict.fromkeys(s.name for s in samples))
-    fig = Figure(figsize=(9.0, 5.0), dpi=100, layout="constrained")
+    fig = new_figure(9.0, 5.0, dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     offset = {"down": 0.2, "up": -0.2}
@@ -200,8 +200,7 @@ def draw(samples: Sequence[Sample], out: Path) -> Path:
         title="box p25-p75, line p50, whiskers p5-p95", title_fontsize=8,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    return out
+    return save(fig, out)
 
 
 def run(out: Path = DEFAULT_OUT, samples: int = 2000,

@@ -448,7 +448,7 @@ class AsyncFedED(AsyncRule):
 def _server(cfg: AsyncFedEDConfig, ctx: ServerContext) -> AsyncFlow:
     rule = AsyncFedED(cfg)
     rule.snapshot(0, ctx.x0)
-    return AsyncFlow.build(rule, cfg, ctx)
+    return AsyncFlow(rule, cfg, ctx)
 
 
 SPEC = AlgorithmSpec(

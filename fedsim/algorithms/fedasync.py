@@ -196,7 +196,7 @@ class FedAsync(AsyncRule):
 
 
 def _server(cfg: FedAsyncConfig, ctx: ServerContext) -> AsyncFlow:
-    return AsyncFlow.build(FedAsync(cfg), cfg, ctx)
+    return AsyncFlow(FedAsync(cfg), cfg, ctx)
 
 
 SPEC = AlgorithmSpec(

@@ -104,7 +104,7 @@ class FedAvg(RoundRule):
 
 
 def _server(cfg: FedAvgConfig, ctx: ServerContext) -> RoundsFlow:
-    return RoundsFlow.build(FedAvg(cfg), cfg, ctx)
+    return RoundsFlow(FedAvg(cfg), cfg, ctx)
 
 
 SPEC = AlgorithmSpec(

@@ -176,7 +176,7 @@ class FedBuff(AsyncRule):
 
 
 def _server(cfg: FedBuffConfig, ctx: ServerContext) -> AsyncFlow:
-    return AsyncFlow.build(FedBuff(cfg), cfg, ctx)
+    return AsyncFlow(FedBuff(cfg), cfg, ctx)
 
 
 SPEC = AlgorithmSpec(

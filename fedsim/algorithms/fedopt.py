@@ -524,7 +524,7 @@ FEDOPT_OPTIMIZERS: tuple[str, ...] = ("adam", "yogi", "adagrad", "avgm")
 
 
 def _server(cfg: FedOptConfig, ctx: ServerContext) -> RoundsFlow:
-    return RoundsFlow.build(FedOpt(cfg), cfg, ctx)
+    return RoundsFlow(FedOpt(cfg), cfg, ctx)
 
 
 SPEC = AlgorithmSpec(

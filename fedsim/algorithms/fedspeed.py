@@ -502,7 +502,7 @@ class FedSpeedClient(ClientAlgorithm):
 
 
 def _server(cfg: FedSpeedScenarioConfig, ctx: ServerContext) -> RoundsFlow:
-    return RoundsFlow.build(FedSpeedServer(cfg, total_clients=ctx.num_clients), cfg, ctx)
+    return RoundsFlow(FedSpeedServer(cfg, total_clients=ctx.num_clients), cfg, ctx)
 
 
 SPEC = AlgorithmSpec(

@@ -171,12 +171,6 @@ class AsyncFlow(ServerAlgorithm):
 
     cadence = "updates"
 
-    @classmethod
-    def build(cls, rule: AsyncRule, cfg: AsyncConfig, ctx: ServerContext) -> AsyncFlow:
-        """The flow of an algorithm whose config extends :class:`AsyncConfig`
-        (``AsyncFlow(rule, cfg, ctx)``)."""
-        return cls(rule, cfg, ctx)
-
     def __init__(self, rule: AsyncRule, cfg: AsyncConfig, ctx: ServerContext) -> None:
         """``rule`` applies the updates; ``cfg`` (validated) says how many tasks are in
         flight, when one times out and how updates are guarded; ``ctx`` gives the
@@ -322,12 +316,6 @@ class RoundsFlow(ServerAlgorithm):
     """
 
     cadence = "rounds"
-
-    @classmethod
-    def build(cls, rule: RoundRule, cfg: RoundsConfig, ctx: ServerContext) -> RoundsFlow:
-        """The flow of an algorithm whose config extends :class:`RoundsConfig`
-        (``RoundsFlow(rule, cfg, ctx)``)."""
-        return cls(rule, cfg, ctx)
 
     def __init__(self, rule: RoundRule, cfg: RoundsConfig, ctx: ServerContext) -> None:
         """``rule`` aggregates a round; ``cfg`` (validated) says how rounds sample, wait

@@ -407,7 +407,7 @@ class ScaffoldClient(ClientAlgorithm):
 
 
 def _server(cfg: ScaffoldConfig, ctx: ServerContext) -> RoundsFlow:
-    return RoundsFlow.build(ScaffoldRounds(cfg, ctx.num_clients), cfg, ctx)
+    return RoundsFlow(ScaffoldRounds(cfg, ctx.num_clients), cfg, ctx)
 
 
 SPEC = AlgorithmSpec(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedsim.sweep.results import FIGURES
-from fedsim.sweep.spec import Sweep, SweepError, short_key, toml_literal
+from fedsim.sweep.spec import Sweep, SweepError, grid_cell, short_key, toml_literal
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -86,7 +86,7 @@ def sweep_figures(sweep: Sweep, agg: list[dict[str, Any]]) -> dict[str, Figure]:
         cats = [v.label for v in sweep.variants]
         ticks = list(cats)
     elif not numeric:
-        cats = [_cell(v) for v in sweep.grid[x]]
+        cats = [grid_cell(v) for v in sweep.grid[x]]
         ticks = [_label(v) for v in sweep.grid[x]]
     logx = sweep.plot.get("logx")
     if numeric and logx is None:
@@ -206,11 +206,6 @@ _TIMES = ("emulated_seconds", "time_to_target_s", "real_seconds")
 
 def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _cell(v: Any) -> Any:
-    """A grid value as the aggregate's rows hold it (a list or table as its TOML literal)."""
-    return toml_literal(v) if isinstance(v, (list, dict)) else v
 
 
 def _label(v: Any) -> str:

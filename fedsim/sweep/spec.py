@@ -421,6 +421,12 @@ def toml_literal(v: Any) -> str:
     return json.dumps(v)
 
 
+def grid_cell(v: Any) -> Any:
+    """A grid value as a table's cell holds it: a list or table as its TOML literal,
+    anything else as it is."""
+    return toml_literal(v) if isinstance(v, (list, dict)) else v
+
+
 def short_key(key: str) -> str:
     """A grid key's short name: ``network.up.delay+network.down.delay`` -> ``delay``."""
     return key.split("+")[0].rsplit(".", 1)[-1]

@@ -13,7 +13,7 @@ from typing import Any
 
 from fedsim.sweep.plots import plot_sweep
 from fedsim.sweep.results import FIGURES, PointResult, figure
-from fedsim.sweep.spec import Sweep, toml_literal
+from fedsim.sweep.spec import Sweep, grid_cell, toml_literal
 
 
 def t_quantile(df: int) -> float:
@@ -61,7 +61,7 @@ def aggregate(sweep: Sweep, results: Sequence[PointResult]) -> list[dict[str, An
 
 
 def _grid_values(r: PointResult) -> list[Any]:
-    return [toml_literal(v) if isinstance(v, (list, dict)) else v for _, v in r.point.grid]
+    return [grid_cell(v) for _, v in r.point.grid]
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -93,7 +93,7 @@ class _FailsInRoundTwo(RoundRule):
 
 
 def _failing_server(cfg: _FailingConfig, ctx: ServerContext) -> RoundsFlow:
-    return RoundsFlow.build(_FailsInRoundTwo(), cfg, ctx)
+    return RoundsFlow(_FailsInRoundTwo(), cfg, ctx)
 
 
 @pytest.fixture

@@ -85,7 +85,7 @@ class NormTrim(RoundRule):
 
 
 def _server(cfg: NormTrimConfig, ctx: ServerContext) -> RoundsFlow:
-    return RoundsFlow.build(NormTrim(cfg), cfg, ctx)
+    return RoundsFlow(NormTrim(cfg), cfg, ctx)
 
 
 SPEC = AlgorithmSpec(
