@@ -90,13 +90,15 @@ def load(source: str | Path | Mapping[str, Any] | Scenario,
         ovs = list(overrides)  # type: ignore[arg-type]
     else:
         ovs = _overrides.from_python([str(o) for o in overrides])
+    # an optimizer option the chosen optimizer does not read is refused as in
+    # a file (of a resolved scenario, only the keys the overrides set)
     if isinstance(source, Scenario):
         label = f"scenario {source.name!r}"
         raw = resolved(source)
-        sc = parse(_overrides.apply(raw, ovs), label, ovs, base=raw)
+        sc = parse(_overrides.apply(raw, ovs), label, ovs, base=raw, refuse_unread=True)
     elif isinstance(source, Mapping):
         label = "scenario"
-        sc = parse(_overrides.apply(source, ovs), label, ovs, base=source)
+        sc = parse(_overrides.apply(source, ovs), label, ovs, base=source, refuse_unread=True)
     else:
         label = str(source)
         sc = load_file(source, ovs)

@@ -20,7 +20,7 @@ from fedsim.actors.setup import local_config
 from fedsim.algorithms.local import local_train
 from fedsim.algorithms.optim import OPTIMIZERS, optimizer_config
 from fedsim.errors import OverrideError, ScenarioError
-from fedsim.scenario import load, parse, resolved, unused_keys
+from fedsim.scenario import load, parse, resolved, to_toml, unused_keys
 from fedsim.scenario.file import unread_options
 from fedsim.scenario.sections import OPTIMIZER_KEYS, OPTIMIZER_OPTIONS, ClientConfig
 
@@ -151,3 +151,43 @@ def test_a_resolved_scenario_holds_every_key_and_parses() -> None:
     sc = parse({"client": {"optimizer": "sgd", "lr": 0.1}})
     assert "gamma" in parse(resolved(sc)).client.model_fields_set
     assert unread_options(parse(resolved(sc)).client) != []   # what load() would refuse
+
+
+def test_pythons_load_holds_a_mapping_and_a_derived_scenarios_overrides_to_the_rule(
+        tmp_path: Path) -> None:
+    """``fedsim.load`` of a mapping is a scenario as a person wrote it; of a scenario,
+    only the keys its overrides set were written (the rest is resolved)."""
+    import fedsim  # lazy: the public entry point under test
+
+    with pytest.raises(ScenarioError, match=r"client\.gamma: set to 0\.5, but optimizer 'sgd'"):
+        fedsim.load({"algorithm": {"name": "fedavg"},
+                     "client": {"optimizer": "sgd", "gamma": 0.5}})
+    sc = fedsim.load({"algorithm": {"name": "fedavg"}, "client": {"optimizer": "sgdm",
+                                                                  "momentum": 0.5}})
+    assert sc.client.momentum == 0.5
+    # derived: the resolved keys of other optimizers are no problem, an override's are
+    assert fedsim.load(sc, {"run.time_budget": 3.0}).client.optimizer == "sgdm"
+    assert fedsim.load(sc, {"client.optimizer": "adam"}).client.optimizer == "adam"
+    for overrides in ({"client.gamma": 0.5}, {"client": {"gamma": 0.5}}):
+        with pytest.raises(OverrideError, match=r"client\.gamma: .*'sgdm' does not read it"):
+            fedsim.load(sc, overrides)
+
+
+def test_a_resolved_scenario_file_loads_and_only_its_overrides_are_held_to_the_rule(
+        tmp_path: Path) -> None:
+    """``fedsim check``'s output, and a run's ``scenario.toml``, hold every key (the other
+    optimizers' at their defaults): filled in, not written, so they load again."""
+    sc = load(_file(tmp_path, 'optimizer = "sgdm"\nmomentum = 0.5'), ["client.optimizer=sgd"])
+    path = tmp_path / "resolved.toml"
+    path.write_text(to_toml(resolved(sc), unused_keys(sc)))
+    again = load(path)
+    assert again == sc
+    assert again.client.optimizer_config() == optimizer_config("sgd", lr=sc.client.lr)
+    with pytest.raises(OverrideError, match=r"client\.gamma: .*'sgd' does not read it"):
+        load(path, ["client.gamma=0.3"])
+    assert load(path, ["client.optimizer=deltasgd", "client.gamma=0.3"]).client.gamma == 0.3
+    # a table that lacks one key a resolved one holds is a person's: held whole
+    written = dict(resolved(sc)["client"])
+    del written["lr"]
+    with pytest.raises(ScenarioError, match=r"client\.momentum: set to 0\.5"):
+        parse({"client": written}, refuse_unread=True)

@@ -28,7 +28,7 @@ import copy
 import hashlib
 import json
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -213,7 +213,11 @@ def parse(raw: dict[str, Any], source: str = "scenario",
     ``refuse_unread``: ``raw`` is a scenario as a person wrote it (a file),
     whose keys are those it sets, not a resolved one, which holds every key:
     a client optimizer option it sets that the chosen optimizer does not
-    read is an error too (:func:`unread_options`).
+    read is an error too (:func:`unread_options`). A ``[client]`` table that
+    holds every key a resolved one does (``fedsim check``'s output, a run's
+    ``scenario.toml`` or ``scenario.json``, a scenario derived from another)
+    was filled in, not written: only the keys ``overrides`` set are held to
+    that rule.
     """
     problems: list[Problem] = []
     alg = raw.get("algorithm", {})
@@ -226,10 +230,28 @@ def parse(raw: dict[str, Any], source: str = "scenario",
         problems += explain(exc, Scenario)
     else:
         if refuse_unread:
-            problems += unread_options(sc.client, overrides, base)
+            problems += unread_options(sc.client, overrides, base,
+                                       _written_client_keys(raw, sc, overrides))
     if problems:
         raise _error(source, problems, overrides, base) from None
     return sc
+
+
+def _written_client_keys(raw: Mapping[str, Any], sc: Scenario,
+                         overrides: Sequence[Override]) -> Collection[str] | None:
+    """The ``[client]`` keys a person wrote: None (the table's own) unless ``raw``'s
+    table holds every key the resolved scenario's does; then those ``overrides`` set."""
+    table = raw.get("client")
+    filled = {k for k, v in resolved(sc)["client"].items() if v is not None}  # TOML omits None
+    if not isinstance(table, Mapping) or not filled <= set(table):
+        return None
+    keys: set[str] = set()
+    for o in overrides:
+        if o.key[0] == "client" and len(o.key) > 1:
+            keys.add(o.key[1])
+        elif o.key == ("client",) and isinstance(o.value, Mapping):
+            keys.update(str(k) for k in o.value)
+    return keys
 
 
 #: the optimizer of a ``[client]`` table that names none
@@ -243,10 +265,12 @@ def _foreign_options(client: ClientConfig) -> tuple[tuple[str, ...], list[str]]:
 
 
 def unread_options(client: ClientConfig, overrides: Sequence[Override] = (),
-                   base: Mapping[str, Any] | None = None) -> list[Problem]:
-    """The optimizer options a written ``[client]`` table sets (its
-    ``model_fields_set``) that its optimizer does not read, each a problem
-    naming the key, the optimizer and the keys that optimizer reads.
+                   base: Mapping[str, Any] | None = None,
+                   written: Collection[str] | None = None) -> list[Problem]:
+    """The optimizer options a written ``[client]`` table sets (``written``,
+    by default its ``model_fields_set``) that its optimizer does not read,
+    each a problem naming the key, the optimizer and the keys that optimizer
+    reads.
 
     A key the file (``base``, the scenario before ``overrides``) sets for
     the file's own optimizer is no problem when an override chose another
@@ -261,8 +285,9 @@ def unread_options(client: ClientConfig, overrides: Sequence[Override] = (),
     # the options of the file's own optimizer, when an override chose another
     kept = OPTIMIZER_KEYS.get(own, ()) if isinstance(own, str) and own != opt else ()
     out: list[Problem] = []
+    set_keys = client.model_fields_set if written is None else written
     for key in foreign:
-        if key not in client.model_fields_set:
+        if key not in set_keys:
             continue
         loc = ("client", key)
         if key in kept and not any(o.key == loc[:len(o.key)] for o in overrides):
