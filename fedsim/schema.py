@@ -11,7 +11,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FiniteNonNeg", "FinitePos", "NonNeg", "Pos", "Prob", "SchemaModel"]
+__all__ = ["AtLeastOne", "FiniteNonNeg", "FinitePos", "NonNeg", "NonNegInt", "Pos", "Prob",
+           "SchemaModel"]
 
 
 class SchemaModel(BaseModel):
@@ -26,3 +27,6 @@ Prob = Annotated[float, Field(ge=0, le=1)]
 #: a rule's step sizes and bounds, where ``inf`` would make the model infinite or NaN
 FinitePos = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 FiniteNonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+#: a count of things that must be at least one (clients, steps, rounds, workers)
+AtLeastOne = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]

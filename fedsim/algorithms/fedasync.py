@@ -34,7 +34,7 @@ from fedsim.algorithms._kernels import check_async_update, lerp
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule, Concurrency
 from fedsim.algorithms.sgdclient import local_sgd_client
-from fedsim.schema import FiniteNonNeg, FinitePos, SchemaModel
+from fedsim.schema import FiniteNonNeg, FinitePos, NonNegInt, SchemaModel
 from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class StalenessKeys(SchemaModel):
     staleness: StalenessFn = "const"
     a: FinitePos = 0.5
     b: FiniteNonNeg = 4.0
-    max_staleness: Annotated[int, Field(ge=0)] | None = None
+    max_staleness: NonNegInt | None = None
 
 
 _STALENESS = StalenessKeys.model_fields

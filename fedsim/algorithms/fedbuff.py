@@ -25,9 +25,7 @@ sum (the only thing the step uses) plus one small record per update.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
-
-from pydantic import Field
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedsim.algorithms._kernels import check_async_update, check_shape, pack_tensor, unpack_tensor
 from fedsim.algorithms.api import AlgorithmSpec, ServerContext
@@ -35,7 +33,7 @@ from fedsim.algorithms.fedasync import StalenessFn, StalenessKeys, staleness_wei
 from fedsim.algorithms.flows import AsyncConfig, AsyncFlow, AsyncRule
 from fedsim.algorithms.sgdclient import local_sgd_client
 from fedsim.lazy import lazy_module
-from fedsim.schema import FinitePos
+from fedsim.schema import AtLeastOne, FinitePos
 from fedsim.wire.messages import Update
 
 if TYPE_CHECKING:
@@ -76,7 +74,7 @@ class FedBuffConfig(StalenessKeys, AsyncConfig):
 
     name: Literal["fedbuff"] = "fedbuff"
     staleness: StalenessFn = "poly"
-    buffer_size: Annotated[int, Field(ge=1)] = 4
+    buffer_size: AtLeastOne = 4
     server_lr: FinitePos = 1.0
 
 

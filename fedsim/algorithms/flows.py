@@ -33,7 +33,7 @@ from fedsim.algorithms.base import NonFiniteUpdate
 from fedsim.algorithms.robust import AggregatorKeys, GuardConfig, UpdateGuard, aggregate_models
 from fedsim.algorithms.scheduling import AsyncScheduler, RoundScheduler
 from fedsim.lazy import lazy_module
-from fedsim.schema import FiniteNonNeg, FinitePos, Pos
+from fedsim.schema import AtLeastOne, FiniteNonNeg, FinitePos, Pos
 from fedsim.wire.messages import LocalWork, Task, Update
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ Info = dict[str, Any]
 
 #: ``concurrency``'s type and bounds, declared once: an algorithm whose default
 #: differs (FedAsync's 4) declares the key again with this type and its own default
-Concurrency: TypeAlias = Annotated[int, Field(ge=1)] | None
+Concurrency: TypeAlias = AtLeastOne | None
 
 
 def _metrics(info: Info, drop: tuple[str, ...]) -> dict[str, Any]:
@@ -85,7 +85,7 @@ class RoundsConfig(AlgorithmConfig):
     """
 
     fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
-    min_clients: Annotated[int, Field(ge=1)] = 1
+    min_clients: AtLeastOne = 1
     over_selection: FiniteNonNeg = 0.0
     round_deadline: Pos | None = None
     server_lr: FinitePos = 1.0

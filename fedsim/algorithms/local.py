@@ -22,15 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from fedsim.algorithms._kernels import flatten
 from fedsim.algorithms._sgd import SGD
 from fedsim.algorithms.optim import OptimizerConfig, SGDOptions, make_optimizer
 from fedsim.lazy import lazy_module
-from fedsim.schema import Pos, SchemaModel
+from fedsim.schema import AtLeastOne, Pos, SchemaModel
 
 if TYPE_CHECKING:
     import torch
@@ -73,8 +73,8 @@ class LocalWorkKeys(SchemaModel):
     given, ``local_steps`` is :data:`DEFAULT_STEPS`.
     """
 
-    batch_size: Annotated[int, Field(ge=1)] = 32
-    local_steps: Annotated[int, Field(ge=1)] | None = None
+    batch_size: AtLeastOne = 32
+    local_steps: AtLeastOne | None = None
     local_epochs: Pos | None = None
 
     @model_validator(mode="before")

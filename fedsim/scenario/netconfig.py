@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from fedsim.schema import NonNeg, Pos, Prob, SchemaModel
+from fedsim.schema import AtLeastOne, NonNeg, NonNegInt, Pos, Prob, SchemaModel
 
 __all__ = [
     "AvailabilityConfig",
@@ -84,9 +84,9 @@ class LinkConfig(SchemaModel):
     correlation: Annotated[float, Field(ge=0, lt=1)] | None = None
     rate: Pos | Literal["unlimited"] | None = None
     trace: str | None = None
-    queue_limit: Annotated[int, Field(ge=1)] | None = None
-    mss: Annotated[int, Field(ge=1)] | None = None
-    overhead: Annotated[int, Field(ge=0)] | None = None
+    queue_limit: AtLeastOne | None = None
+    mss: AtLeastOne | None = None
+    overhead: NonNegInt | None = None
     loss: LossConfig | None = None
     loss_mode: Literal["tcp", "drop", "message"] | None = None
 
@@ -111,7 +111,7 @@ class GroupConfig(SchemaModel):
 
     name: str | None = None
     profile: ProfileName | None = None
-    clients: list[Annotated[int, Field(ge=0)]] | None = None
+    clients: list[NonNegInt] | None = None
     fraction: Prob | None = None
     rtt: NonNeg | None = None
     up: LinkConfig = LinkConfig()
@@ -144,7 +144,7 @@ class BottleneckConfig(SchemaModel):
     """A rate + queue shared by every client's link at the server."""
 
     rate: Pos
-    queue_limit: Annotated[int, Field(ge=1)] | None = None
+    queue_limit: AtLeastOne | None = None
 
 
 class NetworkConfig(SchemaModel):
@@ -207,7 +207,7 @@ class DevicesConfig(SchemaModel):
     within_cv: NonNeg = 0.0
     per: Literal["run", "step"] = "run"
     trace: str | None = None
-    steps_per_run: Annotated[int, Field(ge=1)] = 1
+    steps_per_run: AtLeastOne = 1
     host_step_time: Pos | None = None
 
     @model_validator(mode="after")

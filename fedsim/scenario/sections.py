@@ -25,7 +25,7 @@ from fedsim.algorithms.optim import (
     optimizer_config,
 )
 from fedsim.scenario import plugins
-from fedsim.schema import NonNeg, Pos, Prob, SchemaModel
+from fedsim.schema import AtLeastOne, NonNeg, NonNegInt, Pos, Prob, SchemaModel
 
 __all__ = [
     "DATASETS",
@@ -56,11 +56,11 @@ class DataConfig(SchemaModel):
     #: number, every user that many examples before the holdout (a paper that
     #: gives each client the same number of examples, as Delta-SGD's 500)
     synthetic_sizes: Literal["lognormal"] | Annotated[int, Field(ge=10)] = "lognormal"
-    max_samples_per_client: Annotated[int, Field(ge=1)] | None = None
+    max_samples_per_client: AtLeastOne | None = None
     dirichlet_alpha: Pos = 0.5
     dirichlet_recipe: Literal["hsu", "deltasgd_code", "feddyn_sequential"] = "hsu"
-    samples_per_client: Annotated[int, Field(ge=1)] | None = None
-    classes_per_client: Annotated[int, Field(ge=1)] = 2
+    samples_per_client: AtLeastOne | None = None
+    classes_per_client: AtLeastOne = 2
     test_fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
     path: str | None = None
     # keyword arguments of a plug-in dataset's loader
@@ -100,8 +100,8 @@ class ModelConfig(SchemaModel):
     """The torch model every client trains."""
 
     name: str = "mlp"
-    hidden: list[Annotated[int, Field(ge=1)]] = [200]
-    lstm_hidden: Annotated[int, Field(ge=1)] = 256
+    hidden: list[AtLeastOne] = [200]
+    lstm_hidden: AtLeastOne = 256
     # keyword arguments of a plug-in model's factory
     options: dict[str, Any] = {}
 
@@ -169,15 +169,15 @@ class RunConfig(SchemaModel):
     """When a run stops. Durations are emulated seconds."""
 
     time_budget: Pos | None = 60.0
-    max_updates: Annotated[int, Field(ge=1)] | None = None
-    max_rounds: Annotated[int, Field(ge=1)] | None = None
+    max_updates: AtLeastOne | None = None
+    max_rounds: AtLeastOne | None = None
     target_accuracy: Prob | None = None
     stop_at_target: bool = False
     dilation: Pos | Literal["auto"] = 1.0
     # the server checkpoints (model, algorithm state, counters, log offsets)
     # every this many aggregations (updates or rounds, as the algorithm
     # counts them) or real seconds, whichever comes first; 0 turns either off
-    checkpoint_every: Annotated[int, Field(ge=0)] = 50
+    checkpoint_every: NonNegInt = 50
     checkpoint_seconds: NonNeg = 30.0
 
     @model_validator(mode="after")
@@ -190,8 +190,8 @@ class RunConfig(SchemaModel):
 class EvalConfig(SchemaModel):
     """How often the global model is evaluated on the held-out test set."""
 
-    every_updates: Annotated[int, Field(ge=1)] | None = None
-    every_rounds: Annotated[int, Field(ge=1)] | None = 1
+    every_updates: AtLeastOne | None = None
+    every_rounds: AtLeastOne | None = 1
     every_seconds: Pos | None = None
 
 
@@ -199,7 +199,7 @@ class DeployConfig(SchemaModel):
     """Processes, sockets and limits (one host or many)."""
 
     # client-host processes of `fedsim run` (0: one per core)
-    hosts: Annotated[int, Field(ge=0)] = 0
+    hosts: NonNegInt = 0
     transport: Literal["ipc", "tcp"] = "ipc"
     loop: Literal["uvloop", "asyncio"] = "uvloop"
     # how `fedsim run` starts its torch workers (trainers, evaluator): "fork"
@@ -248,4 +248,4 @@ class DeployConfig(SchemaModel):
     max_host_cpu: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
     # rejections logged (and written to events.jsonl) per source and reason;
     # the rest are counted, and summarised once at the end
-    max_logged_rejects: Annotated[int, Field(ge=0)] = 10
+    max_logged_rejects: NonNegInt = 10
