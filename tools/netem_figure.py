@@ -50,6 +50,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
+from fedsim.results.plots import COLOURS as LANES
 from fedsim.results.plots import new_figure, save
 from netem.link import Link
 from netem.linkparams import LinkParams
@@ -67,7 +68,7 @@ IDLE = 5.0
 SEED = 0
 DIRECTIONS = ("down", "up")
 #: Okabe-Ito colours, as fedsim's timeline plot draws downloads and uploads.
-COLOURS = {"down": "#56B4E9", "up": "#CC79A7"}
+COLOURS = {"down": LANES["download"], "up": LANES["upload"]}
 DELAY_COLOUR = "#D55E00"
 
 
