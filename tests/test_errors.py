@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-import fedsim
+import fedsim.api
 from fedsim import cli
 from fedsim.errors import (
     DeployError,
@@ -258,6 +258,31 @@ def test_resume_errors_exit_2(tmp_path: Path) -> None:
     res = fedsim_cli("run", "--resume", str(tmp_path))
     assert res.exit_code == 2
     assert f"error: cannot resume: {tmp_path} is not a run directory" in res.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "server"])
+def test_a_completed_run_is_not_resumed_and_its_results_stay(tmp_path: Path,
+                                                             command: str) -> None:
+    """Resuming a run whose stop rule fired would run its tail again over its results:
+    refused (exit 2) before anything starts, the run directory untouched."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "scenario.json").write_text(json.dumps(resolved(load(QUICKSTART))))
+    summary = json.dumps({"status": "completed", "stop_reason": "time_budget", "updates": 96})
+    (run_dir / "summary.json").write_text(summary)
+    extra = ["--bind", "tcp://127.0.0.1:0"] if command == "server" else ["--no-progress"]
+    res = fedsim_cli(command, "--resume", str(run_dir), *extra)
+    assert res.exit_code == 2
+    assert (f"{run_dir}: the run completed (time_budget): nothing to "
+            "resume, and resuming would overwrite its results") in res.stderr
+    assert (run_dir / "summary.json").read_text() == summary
+    assert sorted(p.name for p in run_dir.iterdir()) == ["scenario.json", "summary.json"]
+    # an interrupted run (or one killed mid-way: "running") goes on to its checkpoint
+    for status in ("interrupted", "running"):
+        (run_dir / "summary.json").write_text(json.dumps({"status": status}))
+        res = fedsim_cli(command, "--resume", str(run_dir), *extra)
+        assert res.exit_code == 2
+        assert "the run wrote no checkpoint (nothing to resume)" in res.stderr
 
 
 class _Payload:

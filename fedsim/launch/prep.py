@@ -101,8 +101,24 @@ def prepare_resume(run_dir: str | Path) -> tuple[Scenario, Path, float, dict[str
     why = sc.algorithm.resumable()
     if why is not None:
         raise ResumeError(f"{path}: {why}")
+    _refuse_finished(path)
     _check_checkpoint(path / CHECKPOINT_FILE)
     return sc, path, float(data["run"]["dilation"]), data
+
+
+def _refuse_finished(run_dir: Path) -> None:
+    """A run that completed (its stop rule fired) has nothing to resume: resuming it
+    would run its tail again and overwrite its results. An interrupted, failed or
+    killed run (``running`` in a summary no one finished) is resumed."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # killed before its first summary: the checkpoint decides
+    if isinstance(summary, dict) and summary.get("status") == "completed":
+        raise ResumeError(
+            f"{run_dir}: the run completed ({summary.get('stop_reason') or 'its stop rule'}): "
+            "nothing to resume, and resuming would overwrite its results; a longer run "
+            "is a new one (fedsim run SCENARIO --set run.time_budget=...)")
 
 
 def _check_checkpoint(path: Path) -> None:
