@@ -112,14 +112,15 @@ def load(source: str | Path | Mapping[str, Any] | Scenario,
 
 def as_toml(scenario: Scenario) -> str:
     """The scenario with every default filled in, as ``fedsim check`` prints it
-    (keys the algorithm or model does not read are marked)."""
+    (keys the algorithm or model does not read are marked, and so are keys that
+    replace the named network profile's values)."""
     from fedsim.scenario import (  # lazy: api stays pydantic-free (test_api)
+        key_notes,
         resolved,
         to_toml,
-        unused_keys,
     )
 
-    return to_toml(resolved(scenario), unused_keys(scenario))
+    return to_toml(resolved(scenario), key_notes(scenario))
 
 
 def open_run(run_dir: str | Path) -> RunResult:

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from fedsim.errors import ScenarioError
-from fedsim.scenario import parse
+from fedsim.scenario import key_notes, load, parse, resolved, to_toml
 from fedsim.scenario.network import NetPlan, NetworkError
 from netem.profiles import profile
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.toml"
 
 
 def _plan(**sections) -> NetPlan:
@@ -167,3 +169,20 @@ def test_the_least_compute_is_the_devices_floor() -> None:
         assert plan.least_compute(c, 4) == pytest.approx(4 * plan.device(c).mean_step())
     noisy = _plan(devices={"step_time": 0.01, "within_cv": 0.5})
     assert 0.0 < noisy.least_compute(0, 4) < 0.05 * 4 * 0.01  # its log-normal's floor
+
+
+def test_fedsim_check_marks_the_keys_that_replace_the_profiles_values() -> None:
+    """A key set next to a named profile replaces its value: the quickstart's 50 ms
+    delays stay under ``--set network.profile=satellite-geo`` (a user took the run for a
+    satellite link); ``fedsim check`` (and a run's scenario.toml) say so next to each."""
+    sc = load(QUICKSTART, ["network.profile=satellite-geo"])
+    notes = key_notes(sc)
+    assert notes["network.up.delay"] == ("replaces profile satellite-geo's 0.3 (leave it out "
+                                         "to take it)")
+    assert notes["network.down.delay"].startswith("replaces profile satellite-geo's 0.3")
+    assert not any(k.startswith("network.") for k in key_notes(load(QUICKSTART)))
+    text = to_toml(resolved(sc), notes)
+    assert "delay = 0.05  # replaces profile satellite-geo's 0.3 (leave it out to take it)" in text
+    rtt = load(QUICKSTART, ["network.profile=4g", "network.rtt=0.1", "network.up.rate=1e6"])
+    assert key_notes(rtt)["network.rtt"].startswith("replaces profile 4g's ")
+    assert key_notes(rtt)["network.up.rate"].startswith("replaces profile 4g's ")

@@ -20,7 +20,7 @@ from fedsim.results.writer import (
     OLD_CHECKPOINT_HELP,
     write_json_atomic,
 )
-from fedsim.scenario import Scenario, parse, resolved, to_toml, unused_keys
+from fedsim.scenario import Scenario, key_notes, parse, resolved, to_toml
 from fedsim.scenario.network import NetPlan
 from fedsim.wire import statefile
 
@@ -74,8 +74,7 @@ def prepare(sc: Scenario, out: str | Path | None, dilation: float | str | None,
                 "which nothing can time before the run: give a number (2 to start with; a "
                 "run whose fidelity verdict fails names the one that passes)",
                 problems=["run.dilation: 'auto' cannot time a Flower app's ClientApp"])
-        choice = calibrate_dilation(sc, hosts, real_step)
-        log.info("dilation auto: %s", choice)
+        choice = calibrate_dilation(sc, hosts, real_step)  # logs its one line at INFO
     data["run"]["dilation"] = choice
     # one record per client: written on one line (start-up time at 10,000 clients)
     write_json_atomic(run_dir / "heterogeneity.json",
@@ -84,7 +83,7 @@ def prepare(sc: Scenario, out: str | Path | None, dilation: float | str | None,
     write_json_atomic(run_dir / "scenario.json", data)
     (run_dir / "scenario.toml").write_text(
         "# Resolved scenario: every default filled in (keys set to none are omitted).\n"
-        + to_toml(data, unused_keys(sc)))
+        + to_toml(data, key_notes(sc)))
     return sc, run_dir, float(choice), data
 
 

@@ -46,7 +46,12 @@ from fedsim.errors import OverrideError, PluginError, ScenarioError
 from fedsim.scenario import overrides as _overrides
 from fedsim.scenario import plugins
 from fedsim.scenario.explain import Problem, explain
-from fedsim.scenario.netconfig import AvailabilityConfig, DevicesConfig, NetworkConfig
+from fedsim.scenario.netconfig import (
+    AvailabilityConfig,
+    DevicesConfig,
+    LinkConfig,
+    NetworkConfig,
+)
 from fedsim.scenario.overrides import Override
 from fedsim.scenario.sections import (
     OPTIMIZER_KEYS,
@@ -59,13 +64,16 @@ from fedsim.scenario.sections import (
     RunConfig,
 )
 from fedsim.schema import SchemaModel
+from netem.profiles import PROFILES
 
 __all__ = [
     "DEFAULT_ALGORITHM",
     "Scenario",
     "apply_overrides",
+    "key_notes",
     "load",
     "parse",
+    "profile_replacements",
     "resolved",
     "scenario_hash",
     "to_toml",
@@ -372,6 +380,43 @@ def unused_keys(scenario: Scenario) -> dict[str, str]:
     out.update(unread_task_keys(scenario.data.dataset, scenario.data.partition,
                                 scenario.model.name))
     return out
+
+
+def profile_replacements(scenario: Scenario) -> dict[str, str]:
+    """The ``[network]`` keys set next to a named profile, each with the profile's value
+    it replaces (``network.up.delay``: ``replaces profile satellite-geo's 0.3``).
+
+    A key left out keeps the profile's value, one set replaces it: a scenario
+    that sets its delays keeps them under ``--set network.profile=...``, and
+    ``fedsim check`` says so next to each.
+    """
+    net = scenario.network
+    if net.profile is None:
+        return {}
+    prof = PROFILES[net.profile]
+    why = f"replaces profile {net.profile}'s"
+    out: dict[str, str] = {}
+    if net.rtt is not None:
+        out["network.rtt"] = f"{why} {prof.rtt:g} (leave it out to take it)"
+    for direction in ("up", "down"):
+        link: LinkConfig = getattr(net, direction)
+        rate = getattr(prof, direction)
+        theirs: dict[str, object] = {
+            "delay": f"{prof.rtt / 2:g}", "jitter": f"{prof.jitter:g}",
+            "distribution": prof.distribution, "correlation": f"{prof.correlation:g}",
+            "rate": "unlimited" if rate is None else f"{rate:g}",
+            "loss": "loss model" if prof.loss is not None else None}
+        for key, value in theirs.items():
+            if value is not None and getattr(link, key) is not None:
+                out[f"network.{direction}.{key}"] = f"{why} {value} (leave it out to take it)"
+    return out
+
+
+def key_notes(scenario: Scenario) -> dict[str, str]:
+    """The comments ``fedsim check`` writes next to resolved keys: those nothing reads
+    (:func:`unused_keys`) and those that replace the named profile's values
+    (:func:`profile_replacements`)."""
+    return {**profile_replacements(scenario), **unused_keys(scenario)}
 
 
 def unread_task_keys(dataset: str, partition: str, model: str) -> dict[str, str]:
