@@ -95,10 +95,10 @@ def load(source: str | Path | Mapping[str, Any] | Scenario,
     if isinstance(source, Scenario):
         label = f"scenario {source.name!r}"
         raw = resolved(source)
-        sc = parse(_overrides.apply(raw, ovs), label, ovs, base=raw, refuse_unread=True)
+        sc = parse(_overrides.apply(raw, ovs), label, ovs, base=raw, to_run=True)
     elif isinstance(source, Mapping):
         label = "scenario"
-        sc = parse(_overrides.apply(source, ovs), label, ovs, base=source, refuse_unread=True)
+        sc = parse(_overrides.apply(source, ovs), label, ovs, base=source, to_run=True)
     else:
         label = str(source)
         sc = load_file(source, ovs)

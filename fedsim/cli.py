@@ -228,6 +228,10 @@ def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: 
     from fedsim import api  # lazy: fedsim --help stays fast
 
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
+    # the dilation --dilation auto chose (one line) shows without -v
+    auto_log = logging.getLogger("fedsim.launch.dilation")
+    if auto_log.getEffectiveLevel() > logging.INFO:
+        auto_log.setLevel(logging.INFO)
     progress = ProgressLine(not no_progress)
     # a failed or interrupted run prints its summary, as one that ended by itself
     with _exits_on(FedsimError, KeyboardInterrupt, Exception, close=progress.close,

@@ -27,7 +27,7 @@ from fedsim.errors import (
     ScenarioError,
 )
 from fedsim.results.values import RunResult
-from fedsim.scenario import load, resolved
+from fedsim.scenario import load, parse, resolved
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "scenarios" / "quickstart.toml")
@@ -140,6 +140,105 @@ def test_errors_say_the_key_the_value_and_what_is_allowed(tmp_path: Path, toml: 
     assert expected in res.stderr, res.stderr
     for internal in ("Input tag", "found using", "constrained-", "function-after", "literal["):
         assert internal not in res.stderr
+
+
+MNIST_READS = ("dataset 'mnist' reads a directory holding the four MNIST IDX files, or their "
+               "raw/ directory")
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_dataset_without_a_partition_or_path_it_takes_is_refused_on_load(
+        tmp_path: Path, command: str) -> None:
+    """The run would fail on them (exit 3, a half-written run directory): refused
+    on load instead, naming the key and what is allowed, and nothing is written."""
+    path = tmp_path / "s.toml"
+    path.write_text('[data]\ndataset = "mnist"\n')
+    out = tmp_path / "run"
+    res = fedsim_cli(command, str(path), *(["--out", str(out)] if command == "run" else []))
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [
+        f"error: {path}: invalid scenario",
+        "  data.partition: not set, and the default 'natural' is not a partition of dataset "
+        "'mnist' (allowed: iid, dirichlet, shards)",
+        "  data.path: not set, but dataset 'mnist' reads its files from it (a directory "
+        "holding the four MNIST IDX files, or their raw/ directory)",
+    ]
+    assert res.stdout == ""
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ('dataset = "mnist"\npath = "/nope"\n',
+         "data.partition: not set, and the default 'natural' is not a partition of dataset "
+         "'mnist' (allowed: iid, dirichlet, shards)"),
+        ('dataset = "mnist"\npartition = "natural"\npath = "/nope"\n',
+         "data.partition: 'natural' is not a partition of dataset 'mnist' "
+         "(allowed: iid, dirichlet, shards)"),
+        ('dataset = "mnist"\npartition = "iid"\npath = "/nope"\n',
+         f"data.path: '/nope' does not exist ({MNIST_READS})"),
+        ('dataset = "cifar10"\npartition = "iid"\npath = "/nope"\n',
+         "data.path: '/nope' does not exist (dataset 'cifar10' reads a directory holding "
+         "the CIFAR-10 python batches, or their cifar-10-batches-py directory)"),
+        ('dataset = "synthetic"\npartition = "iid"\n',
+         "data.partition: 'iid' is not a partition of dataset 'synthetic' (allowed: natural)"),
+        ('dataset = "leaf"\npartition = "shards"\npath = "/nope"\n',
+         "data.partition: 'shards' is not a partition of dataset 'leaf' (allowed: natural)"),
+        ('dataset = "leaf"\npath = "/nope.json"\n',
+         "data.path: '/nope.json' does not exist (dataset 'leaf' reads a LEAF .json file "
+         "or a directory of them)"),
+        ('dataset = "digits"\npartition = "iid"\npath = "/tmp"\n',
+         "data.path: set to '/tmp', but dataset 'digits' reads no files "
+         "(path is for leaf, mnist, cifar10)"),
+    ],
+)
+def test_a_built_in_datasets_partition_and_path_are_checked_on_load(
+        tmp_path: Path, data: str, expected: str) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(f"[data]\n{data}")
+    res = fedsim_cli("check", str(path))
+    assert res.exit_code == 2
+    assert f"  {expected}" in res.stderr.splitlines(), res.stderr
+
+
+def test_a_data_path_is_relative_to_the_current_directory_as_the_loader_reads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not to the scenario file's: the loader opens it from where the run starts."""
+    (tmp_path / "scenarios").mkdir()
+    path = tmp_path / "scenarios" / "s.toml"
+    path.write_text('[data]\ndataset = "mnist"\npartition = "iid"\npath = "mnist"\n')
+    (tmp_path / "scenarios" / "mnist").mkdir()  # next to the file: not where it is read
+    monkeypatch.chdir(tmp_path)
+    res = fedsim_cli("check", str(path))
+    assert res.exit_code == 2
+    assert (f"  data.path: 'mnist' ({tmp_path / 'mnist'}) does not exist ({MNIST_READS})"
+            in res.stderr.splitlines()), res.stderr
+    (tmp_path / "mnist").write_text("")
+    res = fedsim_cli("check", str(path))
+    assert res.exit_code == 2
+    assert (f"  data.path: 'mnist' ({tmp_path / 'mnist'}) is not a directory ({MNIST_READS})"
+            in res.stderr.splitlines()), res.stderr
+    (tmp_path / "mnist").unlink()
+    (tmp_path / "mnist").mkdir()  # the files in it are the loader's to find
+    res = fedsim_cli("check", str(path))
+    assert res.exit_code == 0, res.stderr
+    assert 'path = "mnist"' in res.stdout
+
+
+def test_a_data_path_an_override_sets_is_blamed_on_it(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('[data]\ndataset = "mnist"\npartition = "iid"\n'
+                    f'path = "{tmp_path}"\n')
+    assert fedsim_cli("check", str(path)).exit_code == 0
+    res = fedsim_cli("check", str(path), "--set", 'data.path="/nope"')
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [
+        f"error: invalid override from the command line (not in {path})",
+        f"  data.path: '/nope' does not exist ({MNIST_READS}) (from --set data.path=\"/nope\")",
+    ]
+    with pytest.raises(ScenarioError, match=r"data\.partition: 'natural' is not a partition"):
+        fedsim.load({"data": {"dataset": "digits", "partition": "natural"}})
 
 
 def test_a_set_value_that_is_not_toml_is_an_error_not_a_string() -> None:
@@ -336,3 +435,12 @@ def test_nothing_in_the_library_calls_sys_exit() -> None:
                     and id(node) not in allowed):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
+
+
+def test_a_scenario_read_back_needs_no_data_here() -> None:
+    """A run's scenario.json, read by its hosts or on another machine (RunResult.scenario,
+    fedsim compare), parses without the data path; a scenario given to run is refused."""
+    raw = {"data": {"dataset": "mnist", "partition": "iid", "path": "/nope"}}
+    assert parse(raw).data.path == "/nope"
+    with pytest.raises(ScenarioError, match=r"data\.path: '/nope' does not exist"):
+        parse(raw, to_run=True)

@@ -190,5 +190,5 @@ def test_a_resolved_scenario_file_loads_and_only_its_overrides_are_held_to_the_r
     written = dict(resolved(sc)["client"])
     del written["lr"]
     with pytest.raises(ScenarioError, match=r"client\.momentum: set to 0\.5"):
-        parse({"client": written}, refuse_unread=True)
+        parse({"client": written}, to_run=True)
 

@@ -37,7 +37,7 @@ def test_format_summary_gives_the_lines_the_terminal_shows() -> None:
         "message (57 KB; configured one-way delay down 50 ms, up 80 ms)",
         "  fidelity         fail: lateness p50 0.100 ms, p99 0.500 ms; 0 compute overruns",
         "    fail: lateness p99 0.5 ms",
-        "    suggested dilation 2.0 (fedsim run --dilation X, or --dilation auto)",
+        "    suggested dilation 2.0 (fedsim run --dilation 2)",
         "  lost work        2 client run(s) failed (error 1, non_finite 1); dropped: "
         "client(s) 0,5; see summary.json lost_work",
         "  where time went  p50 / p99 / n (real time unless marked emulated)",

@@ -1088,3 +1088,20 @@ def test_a_crowding_episode_shrinks_the_share_once_and_only_runs_at_the_cap_rais
     sched.finished(0.9, "pass", at=2)
     sched.finished(0.9, "pass", at=2)
     assert sched.cap == 3
+
+
+def test_a_quantity_every_run_shares_is_drawn_flat_without_an_offset() -> None:
+    """Runs that stop at run.time_budget end within microseconds of it: the figure shows
+    the flat line, not microseconds stretched over the axis under a ``1e-6+5`` offset."""
+    s = sw.sweep_from_scenario(QUICK, grid=["network.up.delay=0.0,0.1"])
+    s.plot = {"y": ["emulated_seconds"]}
+    agg = [{"variant": "", "network.up.delay": d, "n": 1, "emulated_seconds_mean": m,
+            "emulated_seconds_ci95": None} for d, m in ((0.0, 5.000058), (0.1, 5.000066))]
+    (ax,) = sw.sweep_figures(s, agg)["emulated_seconds"].axes
+    lo, hi = ax.get_ylim()
+    assert lo == pytest.approx(5.000058 - 0.25) and hi == pytest.approx(5.000066 + 0.25)
+    assert ax.yaxis.get_major_formatter().get_useOffset() is False
+    # values that differ keep matplotlib's own limits
+    agg[1]["emulated_seconds_mean"] = 7.5
+    (ax,) = sw.sweep_figures(s, agg)["emulated_seconds"].axes
+    assert ax.get_ylim()[1] < 8.0

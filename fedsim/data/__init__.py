@@ -14,7 +14,13 @@ Entry point: :func:`build_federated`. The generator, loaders and
 partitioners are public too, as pure functions.
 """
 
-from fedsim.data._build import DATASETS, PARTITIONS, build_federated
+from fedsim.data._build import (
+    DATASETS,
+    PARTITIONS,
+    build_federated,
+    dataset_partitions,
+    path_problem,
+)
 from fedsim.data._cifar import load_cifar10, load_cifar_batch
 from fedsim.data._common import make_rng
 from fedsim.data._digits import load_digits_arrays
@@ -52,6 +58,7 @@ __all__ = [
     "SyntheticUsers",
     "build_federated",
     "chars_to_indices",
+    "dataset_partitions",
     "federate",
     "generate_synthetic",
     "holdout_global",
@@ -65,5 +72,6 @@ __all__ = [
     "partition_dirichlet",
     "partition_iid",
     "partition_shards",
+    "path_problem",
     "read_idx",
 ]

@@ -39,7 +39,7 @@ from fedsim.data._partition import (
 from fedsim.data._synthetic import SYNTHETIC_CLASSES, generate_synthetic
 from fedsim.data._types import ClientShard, FederatedData
 
-__all__ = ["DATASETS", "PARTITIONS", "build_federated"]
+__all__ = ["DATASETS", "PARTITIONS", "build_federated", "dataset_partitions", "path_problem"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,57 @@ _PARTITION_OPTIONS: dict[str, dict[str, Any]] = {
     "shards": {"classes_per_client": 2, "distinct_classes": True},
 }
 
+#: what the loaders of the datasets that read files (a ``path`` option) need there:
+#: a directory (or a file or directory, LEAF's JSON), and what it holds, in words
+_PATHS: dict[str, tuple[bool, str]] = {
+    "leaf": (False, "a LEAF .json file or a directory of them"),
+    "mnist": (True, "a directory holding the four MNIST IDX files, or their raw/ directory"),
+    "cifar10": (True, "a directory holding the CIFAR-10 python batches, or their "
+                "cifar-10-batches-py directory"),
+}
+
 Arrays = tuple[list[np.ndarray], list[np.ndarray], np.ndarray, np.ndarray]
+
+
+def dataset_partitions(dataset: str) -> tuple[str, ...]:
+    """The partitions a built-in ``dataset`` takes (:func:`build_federated` refuses the rest).
+
+    ``natural`` for the datasets that come partitioned, a client per user
+    (``synthetic``, ``leaf``); ``iid``, ``dirichlet`` or ``shards`` for the
+    others, whose pooled examples fedsim splits among the clients.
+    """
+    dataset = check_choice("dataset", dataset, DATASETS)
+    return ("natural",) if dataset in NATURAL else tuple(p for p in PARTITIONS
+                                                         if p != "natural")
+
+
+def path_problem(dataset: str, path: str | os.PathLike[str] | None) -> str | None:
+    """What is wrong with ``path`` as a built-in ``dataset``'s ``path`` option, or None.
+
+    Cheap, and reads no data: only whether the path is set (``leaf``,
+    ``mnist`` and ``cifar10`` need one, the others read no files), exists,
+    and is a directory where the loader needs one; a loader still names a
+    file missing inside it. A relative path is relative to the current
+    directory, where the loaders open it.
+    """
+    dataset = check_choice("dataset", dataset, DATASETS)
+    if "path" not in _DATASET_OPTIONS[dataset]:
+        if path is None:
+            return None
+        readers = ", ".join(_PATHS)
+        return (f"set to {os.fspath(path)!r}, but dataset {dataset!r} reads no files "
+                f"(path is for {readers})")
+    directory, what = _PATHS[dataset]
+    if path is None or not os.fspath(path):
+        return f"not set, but dataset {dataset!r} reads its files from it ({what})"
+    text = os.fspath(path)
+    # a relative path with the absolute one it stands for here
+    shown = repr(text) if os.path.isabs(text) else f"{text!r} ({os.path.abspath(text)})"
+    if not os.path.exists(text):
+        return f"{shown} does not exist (dataset {dataset!r} reads {what})"
+    if directory and not os.path.isdir(text):
+        return f"{shown} is not a directory (dataset {dataset!r} reads {what})"
+    return None
 
 
 def _resolve(
@@ -338,11 +388,11 @@ def build_federated(
     partition = check_choice("partition", partition, PARTITIONS)
     num_clients = check_int("num_clients", num_clients, 1)
     seed = check_seed(seed)
-    if (dataset in NATURAL) != (partition == "natural"):
-        allowed = "natural" if dataset in NATURAL else "iid, dirichlet, shards"
+    allowed = dataset_partitions(dataset)
+    if partition not in allowed:
         raise ValueError(
             f"Invalid partition: {partition!r} for dataset {dataset!r} "
-            f"(allowed: {allowed})"
+            f"(allowed: {', '.join(allowed)})"
         )
     opts = _resolve(dataset, partition, options)
     if dataset in NATURAL:

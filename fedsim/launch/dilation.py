@@ -2,9 +2,10 @@
 
 Dilation is real seconds per emulated second. :func:`calibrate_dilation`
 picks the smallest power of two at which this host's real work (local
-steps, the longest task, a round's message turnaround) fits inside what the
-scenario emulates; :func:`measure_step_time` times a few real local steps
-of the scenario's model. ``fedsim run`` calls them from
+steps, the longest task, a round's message turnaround, the burst of work a
+loop does at one emulated instant) fits inside what the scenario emulates;
+:func:`measure_step_time` times a few real local steps of the scenario's
+model. ``fedsim run`` calls them from
 :func:`fedsim.launch.prep.prepare`.
 """
 
@@ -19,12 +20,13 @@ from typing import Any
 
 from fedsim.actors.setup import build_data, build_model, local_config, model_shapes
 from fedsim.algorithms import flatten, local_train
+from fedsim.algorithms.flows import RoundsConfig
 from fedsim.launch._turnaround import measure_turnaround
 from fedsim.scenario import Scenario
 from fedsim.scenario.network import NetPlan
 from fedsim.wire.tensors import TensorSpec
 
-__all__ = ["calibrate_dilation", "measure_step_time", "task_spec"]
+__all__ = ["at_once", "calibrate_dilation", "measure_step_time", "task_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,21 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
       core: ``q = (hosts + 1) / cores``. With fourfold headroom, ``4 q
       turnaround <= dilation x (d + a)``. Links with tens of milliseconds
       of delay hide the turnaround (the bound asks for less than 1).
+    * **round burst**: a link's delay hides a message's way, not the work
+      its loop does at one emulated instant. When a synchronous round
+      closes, the server aggregates and encodes and sends the next round's
+      ``m`` = ``n`` tasks (:func:`at_once`) at that instant, and the round's
+      other updates, due at the same instant, wait for it; the hosts then
+      take the tasks, all due at one instant, in turn. So, with fourfold
+      headroom, ``4 q turnaround x m / n <= dilation x a``, whatever the
+      delay; an asynchronous server answers an update with one task (``m =
+      1``). Measured on this 2-core machine (fedprox-digits, 50 ms links,
+      8 tasks a round, a turnaround of 1.6 ms): the late timers were
+      updates due at the instant the server aggregated and sent the next
+      round (and tasks due at a host while the other took its own), 2.7-5
+      ms late at dilation 1 (34 of 449 over 2.5 ms) and 4-6 real ms at 2
+      (13 of 457 over 2.5 ms; it passes at 2 only on some runs): up to 2.4 q
+      turnaround; the bound asks for 4.
 
     With no delay and instant devices the dilation costs nothing in real
     time: such a run takes as long at any dilation (nothing waits for
@@ -110,6 +127,9 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
     measures. Seed 3 has a shard of 37,900 examples (1184 steps): 512.
     Every such run passed its verdict on the idle machine
     (docs/measurements.md#fidelity-under-load).
+
+    The choice is logged at INFO in one line (``fedsim run`` shows it without
+    ``-v``) with the measurements and what each bound asks for.
     """
     plan = NetPlan(sc, host_step_time=sc.devices.host_step_time)
     step_times = [plan.device(c).mean_step() for c in range(sc.data.num_clients)]
@@ -144,13 +164,26 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
         typical = 4.0 * w * mean_steps * real_step / allowed
         tail = 2.0 * (longest + (w - 1) * mean_steps) * real_step / allowed
     cores = cores or len(os.sched_getaffinity(0))
-    network = 4.0 * max(1.0, (hosts + 1) / cores) * turnaround / (delay + allowed)
-    log.info("dilation auto: compute needs %.3g (%.3g ms per step), its longest task %.3g; "
-             "a turnaround of %.3g ms over %.3g ms of link delay and allowed lateness needs "
-             "%.3g", typical, real_step * 1e3, tail, turnaround * 1e3,
-             (delay + allowed) * 1e3, network)
-    need = max(typical, tail, network)
-    return float(2 ** max(0, math.ceil(math.log2(need)))) if need > 1 else 1.0
+    q = max(1.0, (hosts + 1) / cores)
+    network = 4.0 * q * turnaround / (delay + allowed)
+    # the messages one loop handles at one emulated instant: a round's tasks, or one
+    burst = 4.0 * q * turnaround * (at_once(sc) / n) / allowed
+    need = max(typical, tail, network, burst)
+    choice = float(2 ** max(0, math.ceil(math.log2(need)))) if need > 1 else 1.0
+    bounds = {"compute": typical, "longest task": tail, "turnaround": network,
+              "round burst": burst}
+    log.info("dilation auto: %g (measured %.3g ms per local step, a turnaround of %.3g ms "
+             "for %d tasks; needs: %s)", choice, real_step * 1e3, turnaround * 1e3, n,
+             ", ".join(f"{k} {v:.3g}" for k, v in bounds.items()))
+    return choice
+
+
+def at_once(sc: Scenario) -> int:
+    """How many task messages the server sends at one emulated instant: a synchronous
+    round's tasks all leave when the round opens; an asynchronous server answers one
+    update with one task."""
+    return sc.algorithm.tasks_at_once(sc.data.num_clients) if isinstance(
+        sc.algorithm, RoundsConfig) else 1
 
 
 def task_spec(sc: Scenario, data: Any) -> Any:

@@ -127,8 +127,12 @@ def _fidelity_lines(s: Summary) -> list[str]:
              f"{compute.get('overruns', 0)} compute overruns{overruns}"]
     lines += [f"    fail: {reason}" for reason in fid.get("reasons", [])]
     if s.fidelity == "fail":
-        lines.append(f"    suggested dilation {fid.get('suggested_dilation')} "
-                     "(fedsim run --dilation X, or --dilation auto)")
+        # the number, not --dilation auto again: it is measured from this run's own
+        # lateness, which auto (timed before the run) may just have under-estimated
+        suggested = fid.get("suggested_dilation")
+        if suggested is not None:  # None: no verdict was computed (the run never started)
+            lines.append(f"    suggested dilation {suggested} (fedsim run --dilation "
+                         f"{format_value(suggested, 'g')})")
     return lines
 
 

@@ -42,6 +42,7 @@ from pydantic import (
 
 from fedsim import algorithms
 from fedsim.algorithms import AlgorithmConfig, AlgorithmSpec
+from fedsim.data import path_problem
 from fedsim.errors import OverrideError, PluginError, ScenarioError
 from fedsim.scenario import overrides as _overrides
 from fedsim.scenario import plugins
@@ -54,6 +55,7 @@ from fedsim.scenario.netconfig import (
 )
 from fedsim.scenario.overrides import Override
 from fedsim.scenario.sections import (
+    DATASETS,
     OPTIMIZER_KEYS,
     OPTIMIZER_OPTIONS,
     ClientConfig,
@@ -208,7 +210,7 @@ def _error(source: str, problems: list[Problem], overrides: Sequence[Override],
 
 def parse(raw: dict[str, Any], source: str = "scenario",
           overrides: Sequence[Override] = (), *,
-          base: Mapping[str, Any] | None = None, refuse_unread: bool = False) -> Scenario:
+          base: Mapping[str, Any] | None = None, to_run: bool = False) -> Scenario:
     """Validate a raw mapping into a :class:`Scenario`.
 
     The ``[algorithm]`` table is validated with its algorithm's config
@@ -218,14 +220,18 @@ def parse(raw: dict[str, Any], source: str = "scenario",
     is an error at a table one of them made where ``base`` (``raw`` before
     the overrides) has none (``--set netwrk.up.delay=0.1``'s ``netwrk``).
 
-    ``refuse_unread``: ``raw`` is a scenario as a person wrote it (a file),
-    whose keys are those it sets, not a resolved one, which holds every key:
-    a client optimizer option it sets that the chosen optimizer does not
-    read is an error too (:func:`unread_options`). A ``[client]`` table that
-    holds every key a resolved one does (``fedsim check``'s output, a run's
-    ``scenario.toml`` or ``scenario.json``, a scenario derived from another)
-    was filled in, not written: only the keys ``overrides`` set are held to
-    that rule.
+    ``to_run``: ``raw`` is a scenario given to ``fedsim check``, ``fedsim
+    run`` or :func:`fedsim.load` to run here, not one read back (a run's
+    ``scenario.json``, read by its hosts or by a reader on another machine).
+    Two more rules hold then:
+
+    * a client optimizer option it sets that the chosen optimizer does not
+      read is an error (:func:`unread_options`). A ``[client]`` table that
+      holds every key a resolved one does (``fedsim check``'s output, a
+      run's ``scenario.toml``, a scenario derived from another) was filled
+      in, not written: only the keys ``overrides`` set are held to it;
+    * a built-in dataset's ``data.path`` must be there, as its loader needs
+      it (:func:`fedsim.data.path_problem`; no data is read).
     """
     problems: list[Problem] = []
     alg = raw.get("algorithm", {})
@@ -237,12 +243,28 @@ def parse(raw: dict[str, Any], source: str = "scenario",
     except ValidationError as exc:
         problems += explain(exc, Scenario)
     else:
-        if refuse_unread:
+        if to_run:
             problems += unread_options(sc.client, overrides, base,
                                        _written_client_keys(raw, sc, overrides))
+    if to_run and not any(p.loc[:2] == ("data", "path") for p in problems):
+        problems += _data_path(raw)
     if problems:
         raise _error(source, problems, overrides, base) from None
     return sc
+
+
+def _data_path(raw: Mapping[str, Any]) -> list[Problem]:
+    """``data.path`` as a built-in dataset's loader needs it here (none for a plug-in).
+
+    Read from ``raw``, so that it is reported with the scenario's other problems."""
+    data = raw.get("data")
+    data = data if isinstance(data, Mapping) else {}
+    dataset = data.get("dataset", DataConfig.model_fields["dataset"].default)
+    path = data.get("path")
+    if dataset not in DATASETS or not isinstance(path, str | None):
+        return []  # a plug-in, or a path of a wrong type (its own error)
+    why = path_problem(dataset, path)
+    return [] if why is None else [Problem(("data", "path"), why)]
 
 
 def _written_client_keys(raw: Mapping[str, Any], sc: Scenario,
@@ -345,7 +367,7 @@ def load(path: str | Path,
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: not valid TOML: {exc}", source=str(p)) from None
     with plugins.searching(p.parent):
-        return parse(_overrides.apply(raw, ovs), str(p), ovs, base=raw, refuse_unread=True)
+        return parse(_overrides.apply(raw, ovs), str(p), ovs, base=raw, to_run=True)
 
 
 def unused_keys(scenario: Scenario) -> dict[str, str]:

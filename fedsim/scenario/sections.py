@@ -4,13 +4,17 @@ algorithm's in each algorithm's home).
 
 ``data.dataset`` and ``model.name`` are a built-in name or a plug-in
 (:mod:`fedsim.scenario.plugins`), whose ``options`` are checked against its signature.
+A built-in dataset's ``partition`` is held to :mod:`fedsim.data`'s own rule
+(:func:`~fedsim.data.dataset_partitions`) here, so that ``fedsim check`` refuses what
+the run would fail on.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from fedsim.algorithms.local import LocalWorkKeys
 from fedsim.algorithms.optim import (
@@ -24,6 +28,7 @@ from fedsim.algorithms.optim import (
     SPSKeys,
     optimizer_config,
 )
+from fedsim.data import dataset_partitions
 from fedsim.scenario import plugins
 from fedsim.schema import AtLeastOne, NonNeg, NonNegInt, Pos, Prob, SchemaModel
 
@@ -94,6 +99,42 @@ class DataConfig(SchemaModel):
                                      f"datasets; the plug-in {self.dataset!r} takes its own in "
                                      "data.options")
         return self
+
+    @model_validator(mode="after")
+    def _built_in_dataset_fits(self) -> DataConfig:
+        """A built-in dataset's partition, as an error at its own key.
+
+        The run would fail on it (:func:`fedsim.data.build_federated`): the
+        partition must be one the dataset takes (the default, ``natural``, fits
+        only ``synthetic`` and ``leaf``: no other dataset has one of its own). A
+        plug-in's loader says what it returns only when it runs. (``data.path``
+        is checked where a scenario is given to run, not read back:
+        :func:`fedsim.scenario.parse`'s ``to_run``.)
+        """
+        if self.dataset not in DATASETS:
+            return self
+        problems: dict[str, str] = {}
+        allowed = dataset_partitions(self.dataset)
+        if self.partition not in allowed:
+            unset = "" if "partition" in self.model_fields_set else "not set, and the default "
+            problems["partition"] = (f"{unset}{self.partition!r} is not a partition of dataset "
+                                     f"{self.dataset!r} (allowed: {', '.join(allowed)})")
+        if problems:
+            raise _key_errors(self, problems)
+        return self
+
+
+def _key_errors(model: SchemaModel, problems: dict[str, str]) -> ValidationError:
+    """A rule of a whole table broken at these keys, as errors at each key.
+
+    A validator that raises a ``ValidationError`` adds its errors' locations
+    to its own (pydantic-core), so :mod:`fedsim.scenario.explain` names the key
+    (``data.partition: ...``), as for an error of the key's own type.
+    """
+    return ValidationError.from_exception_data(type(model).__name__, [
+        InitErrorDetails(type=PydanticCustomError("value_error", text), loc=(key,),
+                         input=getattr(model, key))
+        for key, text in problems.items()])
 
 
 class ModelConfig(SchemaModel):

@@ -134,6 +134,8 @@ def sweep_figures(sweep: Sweep, agg: list[dict[str, Any]]) -> dict[str, Figure]:
                 ax.set_xscale("log")
         else:
             _categories(ax, lines, ticks, scale)
+        _flat_axis(ax, [(p[1] - p[2]) / scale for pts in lines.values() for p in pts]
+                   + [(p[1] + p[2]) / scale for pts in lines.values() for p in pts])
         ax.set_xlabel(x)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, which="both", axis="both" if numeric else "y")
@@ -202,6 +204,21 @@ def _why_empty(y: str, agg: list[dict[str, Any]]) -> str:
 
 #: the figures ``plot.normalize`` divides (times: a ratio reads as a speedup)
 _TIMES = ("emulated_seconds", "time_to_target_s", "real_seconds")
+
+
+def _flat_axis(ax: Any, values: list[float]) -> None:
+    """When the drawn values (means and their bars) all agree to a ten-thousandth, show
+    them as the flat line they are: every run stopped at ``run.time_budget`` ends within
+    microseconds of it, which the y axis would otherwise stretch into a pattern under
+    an offset label (``1e-6+5``)."""
+    if not values:
+        return
+    lo, hi = min(values), max(values)
+    if hi - lo > 1e-4 * max(abs(hi), abs(lo), 1e-12):
+        return
+    pad = max(abs(hi), 1.0) * 0.05
+    ax.set_ylim(lo - pad, hi + pad)
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
 
 
 def _is_num(v: Any) -> bool:

@@ -180,6 +180,8 @@ def test_workers_die_with_the_zygote(zygote: Zygote) -> None:
 
 
 def test_data_the_zygote_cannot_build_is_the_users_error(tmp_path: Path) -> None:
+    # a directory without the MNIST files: a path that is not there is refused on load
+    (tmp_path / "missing").mkdir()
     raw = {**SCENARIO, "data": {"dataset": "mnist", "num_clients": 4, "partition": "iid",
                                 "path": str(tmp_path / "missing")}}
     z = Zygote.start(_name(), _write(tmp_path, raw))

@@ -61,6 +61,8 @@ def test_hosts_started_before_the_data_go_when_the_data_cannot_be_built(tmp_path
     import psutil
 
     path = write_scenario(tmp_path, "")
+    # a directory without the MNIST files (a path that is not there is refused on load)
+    (tmp_path / "no-mnist").mkdir()
     text = path.read_text().replace(
         'dataset = "synthetic"',
         f'dataset = "mnist"\npartition = "iid"\npath = "{tmp_path / "no-mnist"}"')
@@ -68,7 +70,7 @@ def test_hosts_started_before_the_data_go_when_the_data_cannot_be_built(tmp_path
     proc = fedsim("run", str(path), "--out", str(tmp_path / "run"))
     code, _, err = finish(proc)
     assert code == 3, err
-    assert "no-mnist is not a directory" in err, err
+    assert f"not found under {tmp_path / 'no-mnist'}" in err, err
     hosts = [p for p in psutil.process_iter(["cmdline"])
              if "fedsim.actors.host" in " ".join(p.info["cmdline"] or [])
              and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
