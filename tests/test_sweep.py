@@ -1099,7 +1099,8 @@ def test_a_quantity_every_run_shares_is_drawn_flat_without_an_offset() -> None:
             "emulated_seconds_ci95": None} for d, m in ((0.0, 5.000058), (0.1, 5.000066))]
     (ax,) = sw.sweep_figures(s, agg)["emulated_seconds"].axes
     lo, hi = ax.get_ylim()
-    assert lo == pytest.approx(5.000058 - 0.25) and hi == pytest.approx(5.000066 + 0.25)
+    assert lo == pytest.approx(5.000058 - 0.25)
+    assert hi == pytest.approx(5.000066 + 0.25)
     assert ax.yaxis.get_major_formatter().get_useOffset() is False
     # values that differ keep matplotlib's own limits
     agg[1]["emulated_seconds_mean"] = 7.5
