@@ -68,3 +68,15 @@ def test_values_and_durations_are_formatted_in_the_unit_that_suits_them() -> Non
         "-", "0.2500", "1.23"]
     assert [format_duration(v) for v in (None, 2.1e-5, 0.0153, 4.567, 150.0)] == [
         "-", "21 us", "15.3 ms", "4.57 s", "150 s"]
+
+
+def test_staleness_quantiles_read_as_the_figure_and_compare_give_them() -> None:
+    """p99 of whole staleness values is interpolated (8.09): shown so, not rounded to 8;
+    a whole one stays whole. A failing verdict with no suggestion (no verdict computed)
+    has no suggestion line."""
+    s = {**SUMMARY, "staleness": {"mean": 6.5, "p50": 7.0, "p99": 8.09, "max": 11, "count": 9},
+         "fidelity": {"verdict": "fail", "lateness_ms": {}, "reasons": []}}
+    lines = format_summary(s)
+    assert "  staleness        mean 6.50  p50 7  p99 8.09  max 11  (as it really occurred)" \
+        in lines
+    assert not any("suggested dilation" in line for line in lines)

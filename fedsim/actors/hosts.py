@@ -140,7 +140,9 @@ class HostTable:
                     f"{self.fedsim_version}")
         if msg.scenario_hash != self.scenario_hash:
             return (f"resolved scenario hash {msg.scenario_hash[:12]} differs from the "
-                    f"server's {self.scenario_hash[:12]}")
+                    f"server's {self.scenario_hash[:12]}: the server and every host must "
+                    "load the same scenario with the same --set (fedsim check FILE --set ... "
+                    "on each prints what it resolves to)")
         if len(msg.samples) != len(msg.clients):
             return f"{len(msg.clients)} clients but {len(msg.samples)} sample counts"
         old = self.hosts.get(msg.host)
