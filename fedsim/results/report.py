@@ -33,9 +33,9 @@ def format_value(v: Any, spec: str = ".4f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _quantile(v: float) -> str:
+def _quantile(v: float | None) -> str:
     """An interpolated quantile of whole numbers: two decimals, none when it is whole."""
-    return f"{v:.2f}".rstrip("0").rstrip(".")
+    return "-" if v is None else f"{v:.2f}".rstrip("0").rstrip(".")
 
 
 def _ms(v: float | None) -> str:
