@@ -138,7 +138,8 @@ class ProgressLine:
             return
         budget = f"/{p.budget:.0f}" if p.budget else ""
         line = (f"t={p.t:7.2f}{budget} s (emulated)  real={p.real:6.1f} s  "
-                f"updates={p.updates}  rounds={p.rounds}  in flight={p.in_flight}  "
+                f"updates={p.updates}  {f'rounds={p.rounds}  ' if p.rounds else ''}"
+                f"in flight={p.in_flight}  "
                 f"acc={format_value(p.accuracy)}  "
                 f"staleness={format_value(p.staleness_mean, '.2f')}")
         if self.live is not None:
@@ -529,9 +530,10 @@ def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | No
         raise click.UsageError("give --clients N or --scenario FILE")
     with _exits_on(FedsimError, ValueError):
         made = make_keys(directory, hosts, num_clients, list(ranges) or None)
-    click.echo(f"wrote {directory}/server.key(_secret) and allowed.toml")
+    where = Path(directory)  # keys/ and keys name one directory: no keys//server.key
+    click.echo(f"wrote {where / 'server.key'}(_secret) and {where / 'allowed.toml'}")
     for h in made:
-        click.echo(f"  {h.name}: clients {format_ids(h.ids)}  ({directory}/{h.name}.key_secret)")
+        click.echo(f"  {h.name}: clients {format_ids(h.ids)}  ({where / h.name}.key_secret)")
 
 
 @cli.command()
