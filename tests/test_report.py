@@ -80,3 +80,5 @@ def test_staleness_quantiles_read_as_the_figure_and_compare_give_them() -> None:
     assert "  staleness        mean 6.50  p50 7  p99 8.09  max 11  (as it really occurred)" \
         in lines
     assert not any("suggested dilation" in line for line in lines)
+    rounds = format_summary({**SUMMARY, "algorithm": "dga", "updates": 152, "rounds": 19})
+    assert "  updates          152 (19 rounds) in 3.0 emulated s (6.2 real s)" in rounds

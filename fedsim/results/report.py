@@ -184,7 +184,8 @@ def format_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None
     lines = [f"{s.algorithm} on {s.clients} clients: {s.status}{why}",
              f"  final accuracy   {format_value(s.final_accuracy)}  "
              f"(best {format_value(s.best_accuracy)})",
-             f"  updates          {s.updates} in {s.emulated_seconds:.1f} emulated s "
+             f"  updates          {s.updates}{f' ({s.rounds} rounds)' if s.rounds else ''}"
+             f" in {s.emulated_seconds:.1f} emulated s "
              f"({s.real_seconds:.1f} real s)"]
     if st.count:
         # quantiles as the staleness figure and fedsim compare give them (8.09, not 8)
