@@ -51,7 +51,8 @@ ProgressArg = Callable[["Progress"], None] | bool | None
 
 
 def load(source: str | Path | Mapping[str, Any] | Scenario,
-         overrides: Overrides | Sequence[Override] | None = None) -> Scenario:
+         overrides: Overrides | Sequence[Override] | None = None, *,
+         runs_here: bool = True) -> Scenario:
     """A validated scenario, as ``fedsim check`` validates it.
 
     Parameters
@@ -65,6 +66,10 @@ def load(source: str | Path | Mapping[str, Any] | Scenario,
         (``{"run.time_budget": 5, "model.hidden": [64, 32]}``; a mapping
         value sets the keys under it), or ``"key=value"`` strings in the
         command line's syntax.
+    runs_here
+        False for a scenario that runs on other machines (a batch script
+        written on a login node): a built-in dataset's ``data.path`` is not
+        looked for here.
 
     Raises
     ------
@@ -95,13 +100,15 @@ def load(source: str | Path | Mapping[str, Any] | Scenario,
     if isinstance(source, Scenario):
         label = f"scenario {source.name!r}"
         raw = resolved(source)
-        sc = parse(_overrides.apply(raw, ovs), label, ovs, base=raw, to_run=True)
+        sc = parse(_overrides.apply(raw, ovs), label, ovs, base=raw, written=True,
+                   runs_here=runs_here)
     elif isinstance(source, Mapping):
         label = "scenario"
-        sc = parse(_overrides.apply(source, ovs), label, ovs, base=source, to_run=True)
+        sc = parse(_overrides.apply(source, ovs), label, ovs, base=source, written=True,
+                   runs_here=runs_here)
     else:
         label = str(source)
-        sc = load_file(source, ovs)
+        sc = load_file(source, ovs, runs_here=runs_here)
     try:
         NetPlan(sc).check()
     except NetworkError as exc:

@@ -186,12 +186,17 @@ def _scenario_or_resume(scenario: str | None, resume: str | None, sets: tuple[st
     return _load(scenario, sets, dilation)
 
 
-def _load(path: str, sets: tuple[str, ...], dilation: str | None = None) -> Scenario:
-    """The validated scenario (``fedsim.load``); exit 2 naming what is wrong."""
+def _load(path: str, sets: tuple[str, ...], dilation: str | None = None, *,
+          runs_here: bool = True) -> Scenario:
+    """The validated scenario (``fedsim.load``); exit 2 naming what is wrong.
+
+    ``runs_here=False``: a command that runs nothing here (``fedsim keys``,
+    ``fedsim slurm`` on a login node) does not look for ``data.path``.
+    """
     from fedsim.api import load  # lazy: fedsim --help stays fast
 
     with _exits_on(ScenarioError):
-        return load(path, _overrides.from_cli(sets, dilation))
+        return load(path, _overrides.from_cli(sets, dilation), runs_here=runs_here)
 
 
 def _report(result: Any) -> None:
@@ -525,7 +530,7 @@ def keys(directory: str, hosts: int, num_clients: int | None, scenario: str | No
     from fedsim.deploy.keys import make_keys  # lazy: fedsim --help stays fast
 
     if scenario is not None:
-        num_clients = _load(scenario, ()).data.num_clients
+        num_clients = _load(scenario, (), runs_here=False).data.num_clients
     if num_clients is None:
         raise click.UsageError("give --clients N or --scenario FILE")
     with _exits_on(FedsimError, ValueError):
@@ -555,7 +560,7 @@ def slurm(scenario: str, hosts: int, run_dir: str, out_file: str | None, port: i
           time_limit: str | None, partition: str | None, python: str | None,
           sets: tuple[str, ...]) -> None:
     """Write an sbatch script running SCENARIO as one Slurm job: a server and HOSTS hosts."""
-    sc = _load(scenario, sets)
+    sc = _load(scenario, sets, runs_here=False)  # the job's nodes read the data
     text = job_script(scenario, hosts=min(hosts, sc.data.num_clients),
                       num_clients=sc.data.num_clients, run_dir=run_dir, port=port, sets=sets,
                       time=time_limit, partition=partition, python=python)

@@ -95,6 +95,8 @@ def test_an_asynchronous_server_sends_one_task_at_an_instant() -> None:
                    devices={"step_time": 0.005})
     assert at_once(sc) == 1
     assert at_once(_scenario()) == 10
+    # DGA's server sends a closed round's average to every client at that instant
+    assert at_once(_scenario(algorithm={"name": "dga"})) == 100   # its 100 clients
     # burst: 4 x 1.5 x 1.8 ms x 1/8 over 2.5 ms = 0.54; compute 4 x 4 x 0.2 / 5 = 0.64
     assert _auto(sc) == 1.0
 

@@ -443,4 +443,19 @@ def test_a_scenario_read_back_needs_no_data_here() -> None:
     raw = {"data": {"dataset": "mnist", "partition": "iid", "path": "/nope"}}
     assert parse(raw).data.path == "/nope"
     with pytest.raises(ScenarioError, match=r"data\.path: '/nope' does not exist"):
-        parse(raw, to_run=True)
+        parse(raw, written=True, runs_here=True)
+
+
+def test_a_command_that_runs_nothing_here_does_not_look_for_the_data(tmp_path: Path) -> None:
+    """``fedsim slurm`` on a login node, and ``fedsim keys --scenario``: the job's nodes
+    read data.path, so it is not looked for here (``fedsim check`` does look)."""
+    path = tmp_path / "s.toml"
+    path.write_text('[data]\ndataset = "mnist"\npartition = "iid"\npath = "/nope"\n'
+                    "num_clients = 4\n")
+    assert fedsim_cli("check", str(path)).exit_code == 2
+    res = fedsim_cli("slurm", str(path), "--hosts", "2", "--run-dir", str(tmp_path / "run"))
+    assert res.exit_code == 0, res.stderr
+    assert "#SBATCH" in res.stdout
+    res = fedsim_cli("keys", str(tmp_path / "keys"), "--hosts", "2", "--scenario", str(path))
+    assert res.exit_code == 0, res.stderr
+    assert fedsim.api.load(path, runs_here=False).data.path == "/nope"

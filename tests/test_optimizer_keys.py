@@ -154,7 +154,7 @@ def test_a_resolved_scenario_holds_every_key_and_parses() -> None:
 
 
 def test_pythons_load_holds_a_mapping_and_a_derived_scenarios_overrides_to_the_rule(
-        tmp_path: Path) -> None:
+        ) -> None:
     """``fedsim.load`` of a mapping is a scenario as a person wrote it; of a scenario,
     only the keys its overrides set were written (the rest is resolved)."""
     import fedsim  # lazy: the public entry point under test
@@ -190,5 +190,4 @@ def test_a_resolved_scenario_file_loads_and_only_its_overrides_are_held_to_the_r
     written = dict(resolved(sc)["client"])
     del written["lr"]
     with pytest.raises(ScenarioError, match=r"client\.momentum: set to 0\.5"):
-        parse({"client": written}, to_run=True)
-
+        parse({"client": written}, written=True, runs_here=True)

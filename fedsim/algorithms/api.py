@@ -112,6 +112,11 @@ class AlgorithmConfig(SchemaModel):
         """How many clients train at the same time (sizes ``--dilation auto``)."""
         return num_clients
 
+    def sent_at_once(self, num_clients: int) -> int:
+        """How many model messages the server sends at one emulated instant (sizes
+        ``--dilation auto``'s round burst): one task per update it applies."""
+        return 1
+
     def local_work(self) -> str | None:
         """What sets a task's local work, when ``[client]`` ``local_steps`` and
         ``local_epochs`` do not (None: they do). ``fedsim check`` prints it."""

@@ -96,6 +96,10 @@ class RoundsConfig(AlgorithmConfig):
         m = max(self.min_clients, math.ceil(self.fraction * num_clients - 1e-9))
         return min(num_clients, math.ceil(m * (1 + self.over_selection) - 1e-9))
 
+    def sent_at_once(self, num_clients: int) -> int:
+        """A round's tasks all leave when the round opens."""
+        return self.tasks_at_once(num_clients)
+
 
 class AsyncRule(ABC):
     """An asynchronous server rule: one update in, maybe a new model out.

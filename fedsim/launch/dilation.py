@@ -20,7 +20,6 @@ from typing import Any
 
 from fedsim.actors.setup import build_data, build_model, local_config, model_shapes
 from fedsim.algorithms import flatten, local_train
-from fedsim.algorithms.flows import RoundsConfig
 from fedsim.launch._turnaround import measure_turnaround
 from fedsim.scenario import Scenario
 from fedsim.scenario.network import NetPlan
@@ -104,8 +103,9 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
       other updates, due at the same instant, wait for it; the hosts then
       take the tasks, all due at one instant, in turn. So, with fourfold
       headroom, ``4 q turnaround x m / n <= dilation x a``, whatever the
-      delay; an asynchronous server answers an update with one task (``m =
-      1``). Measured on this 2-core machine (fedprox-digits, 50 ms links,
+      delay; DGA sends a closed round's average to every client at once
+      (``m`` = the clients); an asynchronous server answers an update with
+      one task (``m = 1``). Measured on this 2-core machine (fedprox-digits, 50 ms links,
       8 tasks a round, a turnaround of 1.6 ms): the late timers were
       updates due at the instant the server aggregated and sent the next
       round (and tasks due at a host while the other took its own), 2.7-5
@@ -179,11 +179,11 @@ def calibrate_dilation(sc: Scenario, hosts: int, real_step: float | None = None,
 
 
 def at_once(sc: Scenario) -> int:
-    """How many task messages the server sends at one emulated instant: a synchronous
-    round's tasks all leave when the round opens; an asynchronous server answers one
-    update with one task."""
-    return sc.algorithm.tasks_at_once(sc.data.num_clients) if isinstance(
-        sc.algorithm, RoundsConfig) else 1
+    """How many model messages the server sends at one emulated instant: a synchronous
+    round's tasks when it opens, DGA's average to every client when a round closes,
+    one task per update for an asynchronous server
+    (:meth:`~fedsim.algorithms.AlgorithmConfig.sent_at_once`)."""
+    return sc.algorithm.sent_at_once(sc.data.num_clients)
 
 
 def task_spec(sc: Scenario, data: Any) -> Any:

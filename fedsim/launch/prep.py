@@ -14,6 +14,7 @@ from typing import Any
 
 from fedsim.errors import ResumeError, ScenarioError
 from fedsim.launch.dilation import calibrate_dilation, measure_step_time
+from fedsim.results.values import Summary
 from fedsim.results.writer import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
@@ -113,7 +114,7 @@ def _refuse_finished(run_dir: Path) -> None:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, json.JSONDecodeError):
         return  # killed before its first summary: the checkpoint decides
-    if isinstance(summary, dict) and summary.get("status") == "completed":
+    if isinstance(summary, dict) and Summary(summary).completed:
         raise ResumeError(
             f"{run_dir}: the run completed ({summary.get('stop_reason') or 'its stop rule'}): "
             "nothing to resume, and resuming would overwrite its results; a longer run "

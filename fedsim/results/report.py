@@ -33,11 +33,6 @@ def format_value(v: Any, spec: str = ".4f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _quantile(v: float | None) -> str:
-    """An interpolated quantile of whole numbers: two decimals, none when it is whole."""
-    return "-" if v is None else f"{v:.2f}".rstrip("0").rstrip(".")
-
-
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f} ms"
 
@@ -189,8 +184,8 @@ def format_summary(summary: Mapping[str, Any], run_dir: str | Path | None = None
              f"({s.real_seconds:.1f} real s)"]
     if st.count:
         # quantiles as the staleness figure and fedsim compare give them (8.09, not 8)
-        lines.append(f"  staleness        mean {st.mean:.2f}  p50 {_quantile(st.p50)}  "
-                     f"p99 {_quantile(st.p99)}  max {st.max}  (as it really occurred)")
+        lines.append(f"  staleness        mean {st.mean:.2f}  p50 {format_value(st.p50, 'g')}  "
+                     f"p99 {format_value(st.p99, 'g')}  max {st.max}  (as it really occurred)")
     transfer = _transfer_line(s)
     if transfer is not None:
         lines.append(transfer)

@@ -210,7 +210,8 @@ def _error(source: str, problems: list[Problem], overrides: Sequence[Override],
 
 def parse(raw: dict[str, Any], source: str = "scenario",
           overrides: Sequence[Override] = (), *,
-          base: Mapping[str, Any] | None = None, to_run: bool = False) -> Scenario:
+          base: Mapping[str, Any] | None = None, written: bool = False,
+          runs_here: bool = False) -> Scenario:
     """Validate a raw mapping into a :class:`Scenario`.
 
     The ``[algorithm]`` table is validated with its algorithm's config
@@ -220,18 +221,19 @@ def parse(raw: dict[str, Any], source: str = "scenario",
     is an error at a table one of them made where ``base`` (``raw`` before
     the overrides) has none (``--set netwrk.up.delay=0.1``'s ``netwrk``).
 
-    ``to_run``: ``raw`` is a scenario given to ``fedsim check``, ``fedsim
-    run`` or :func:`fedsim.load` to run here, not one read back (a run's
-    ``scenario.json``, read by its hosts or by a reader on another machine).
-    Two more rules hold then:
+    ``written``: ``raw`` is a scenario as a person gave it (a file, a
+    mapping, a scenario derived through overrides), not one read back (a
+    run's ``scenario.json``, read by its hosts or by a reader on another
+    machine): a client optimizer option it sets that the chosen optimizer
+    does not read is an error (:func:`unread_options`). A ``[client]`` table
+    that holds every key a resolved one does (``fedsim check``'s output, a
+    run's ``scenario.toml``, a scenario derived from another) was filled in,
+    not written: only the keys ``overrides`` set are held to that rule.
 
-    * a client optimizer option it sets that the chosen optimizer does not
-      read is an error (:func:`unread_options`). A ``[client]`` table that
-      holds every key a resolved one does (``fedsim check``'s output, a
-      run's ``scenario.toml``, a scenario derived from another) was filled
-      in, not written: only the keys ``overrides`` set are held to it;
-    * a built-in dataset's ``data.path`` must be there, as its loader needs
-      it (:func:`fedsim.data.path_problem`; no data is read).
+    ``runs_here``: the scenario is to run on this machine (``fedsim check``,
+    ``fedsim run``, :func:`fedsim.load`; not ``fedsim slurm`` on a login
+    node): a built-in dataset's ``data.path`` must be there, as its loader
+    needs it (:func:`fedsim.data.path_problem`; no data is read).
     """
     problems: list[Problem] = []
     alg = raw.get("algorithm", {})
@@ -243,10 +245,10 @@ def parse(raw: dict[str, Any], source: str = "scenario",
     except ValidationError as exc:
         problems += explain(exc, Scenario)
     else:
-        if to_run:
+        if written:
             problems += unread_options(sc.client, overrides, base,
                                        _written_client_keys(raw, sc, overrides))
-    if to_run and not any(p.loc[:2] == ("data", "path") for p in problems):
+    if runs_here and not any(p.loc[:2] == ("data", "path") for p in problems):
         problems += _data_path(raw)
     if problems:
         raise _error(source, problems, overrides, base) from None
@@ -347,9 +349,13 @@ def _as_overrides(overrides: Sequence[str] | Sequence[Override] | Mapping[str, A
 
 
 def load(path: str | Path,
-         overrides: Sequence[str] | Sequence[Override] | Mapping[str, Any] | None = None
-         ) -> Scenario:
+         overrides: Sequence[str] | Sequence[Override] | Mapping[str, Any] | None = None,
+         *, runs_here: bool = True) -> Scenario:
     """Load, override and validate a scenario file.
+
+    ``runs_here=False`` for a command that runs nothing here (``fedsim keys``,
+    ``fedsim slurm`` on a login node): ``data.path`` is not looked at (see
+    :func:`parse`).
 
     ``overrides``: ``"dotted.key=value"`` strings (command-line syntax, TOML
     values), :class:`~fedsim.scenario.overrides.Override` values, or a mapping of
@@ -367,7 +373,8 @@ def load(path: str | Path,
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{p}: not valid TOML: {exc}", source=str(p)) from None
     with plugins.searching(p.parent):
-        return parse(_overrides.apply(raw, ovs), str(p), ovs, base=raw, to_run=True)
+        return parse(_overrides.apply(raw, ovs), str(p), ovs, base=raw, written=True,
+                     runs_here=runs_here)
 
 
 def unused_keys(scenario: Scenario) -> dict[str, str]:

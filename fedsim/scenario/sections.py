@@ -109,7 +109,7 @@ class DataConfig(SchemaModel):
         only ``synthetic`` and ``leaf``: no other dataset has one of its own). A
         plug-in's loader says what it returns only when it runs. (``data.path``
         is checked where a scenario is given to run, not read back:
-        :func:`fedsim.scenario.parse`'s ``to_run``.)
+        :func:`fedsim.scenario.parse`'s ``runs_here``.)
         """
         if self.dataset not in DATASETS:
             return self

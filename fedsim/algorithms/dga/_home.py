@@ -72,6 +72,10 @@ class DGAScenarioConfig(DGAKeys, AlgorithmConfig):
     name: Literal["dga"]
     chunk_steps: Annotated[StrictInt, Field(ge=1)] = 1
 
+    def sent_at_once(self, num_clients: int) -> int:
+        """A closed round's average goes to every client at that instant."""
+        return num_clients
+
     def local_work(self) -> str:
         return (f"algorithm.local_steps = {self.local_steps} local steps per round (K); a DGA "
                 "client steps without end until the run stops")
