@@ -165,12 +165,13 @@ def cli(verbose: int) -> None:
     os.environ.setdefault("FEDSIM_LOG", logging.getLevelName(level))
 
 
-def _services_say_info() -> None:
-    """``fedsim server`` and ``fedsim clients`` run unattended on other machines: their
-    own INFO lines (listening, each phase of a host) show without ``-v``."""
-    fedsim_log = logging.getLogger("fedsim")
-    if fedsim_log.getEffectiveLevel() > logging.INFO:
-        fedsim_log.setLevel(logging.INFO)
+def _say_info(logger: str = "fedsim") -> None:
+    """Show ``logger``'s INFO lines without ``-v``: all of fedsim's for ``fedsim server``
+    and ``fedsim clients``, which run unattended on other machines (listening, each phase
+    of a host); ``--dilation auto``'s one line for ``fedsim run``."""
+    log_ = logging.getLogger(logger)
+    if log_.getEffectiveLevel() > logging.INFO:
+        log_.setLevel(logging.INFO)
 
 
 def _scenario_or_resume(scenario: str | None, resume: str | None, sets: tuple[str, ...],
@@ -234,10 +235,7 @@ def run(scenario: str | None, out: str | None, sets: tuple[str, ...], dilation: 
     from fedsim import api  # lazy: fedsim --help stays fast
 
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
-    # the dilation --dilation auto chose (one line) shows without -v
-    auto_log = logging.getLogger("fedsim.launch.dilation")
-    if auto_log.getEffectiveLevel() > logging.INFO:
-        auto_log.setLevel(logging.INFO)
+    _say_info("fedsim.launch.dilation")  # the dilation --dilation auto chose
     progress = ProgressLine(not no_progress)
     # a failed or interrupted run prints its summary, as one that ended by itself
     with _exits_on(FedsimError, KeyboardInterrupt, Exception, close=progress.close,
@@ -458,7 +456,7 @@ def server(scenario: str | None, bind: str, keys_dir: str | None, insecure: bool
     """
     from fedsim.deploy.run import run_server  # lazy: fedsim --help stays fast
 
-    _services_say_info()
+    _say_info()
     sc = _scenario_or_resume(scenario, resume, sets, dilation, out)
     progress = ProgressLine(not no_progress)
     # unlike `run`: a RunFailed prints its message, not a summary, and a
@@ -497,7 +495,7 @@ def clients(scenario: str, connect: str, ids: str, name: str | None, keys_dir: s
     """
     from fedsim.deploy.run import run_clients  # lazy: fedsim --help stays fast
 
-    _services_say_info()
+    _say_info()
     sc = _load(scenario, sets)
     try:
         id_list = parse_ids(ids, sc.data.num_clients)

@@ -6,6 +6,7 @@ A scenario file is validated on load into frozen pydantic models
 algorithm's ``[algorithm]`` table in its home under :mod:`fedsim.algorithms`).
 :mod:`~fedsim.scenario.overrides` applies ``--set`` and ``overrides=``,
 :mod:`~fedsim.scenario.explain` words pydantic's errors,
+:mod:`~fedsim.scenario.notes` says what ``fedsim check`` marks beside a key,
 :mod:`~fedsim.scenario.plugins` finds a user's algorithm, model or dataset,
 :mod:`~fedsim.scenario.ids` reads and writes client-id ranges, and
 :mod:`~fedsim.scenario.network` builds netem's links and devices from a
@@ -27,15 +28,13 @@ if TYPE_CHECKING:
         DEFAULT_ALGORITHM,
         Scenario,
         apply_overrides,
-        key_notes,
         load,
         parse,
         resolved,
         scenario_hash,
         to_toml,
-        unread_task_keys,
-        unused_keys,
     )
+    from fedsim.scenario.notes import key_notes, unread_task_keys, unused_keys
 
 __all__ = [
     "DEFAULT_ALGORITHM",
@@ -52,10 +51,15 @@ __all__ = [
 ]
 
 
+#: the names :mod:`fedsim.scenario.notes` holds (the others: :mod:`fedsim.scenario.file`)
+_NOTES = ("key_notes", "unread_task_keys", "unused_keys")
+
+
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'fedsim.scenario' has no attribute {name!r}")
-    value = getattr(importlib.import_module("fedsim.scenario.file"), name)
+    home = "notes" if name in _NOTES else "file"
+    value = getattr(importlib.import_module(f"fedsim.scenario.{home}"), name)
     globals()[name] = value
     return value
 

@@ -8,8 +8,8 @@ Overrides (``--set dotted.key=value``, ``overrides=`` of :func:`fedsim.load`)
 go through the same validation, and an error they cause is blamed on them
 (:class:`~fedsim.errors.OverrideError` when only they are wrong).
 :func:`resolved` gives the scenario with every default filled in, which each
-run writes to its directory; :func:`unused_keys` says which of those keys the
-chosen algorithm or model does not read. A scenario file that sets a client
+run writes to its directory (:mod:`fedsim.scenario.notes` says which of those
+keys nothing reads, or replace a profile's). A scenario file that sets a client
 optimizer option the chosen optimizer does not read is refused on load
 (:func:`load`).
 
@@ -47,41 +47,31 @@ from fedsim.errors import OverrideError, PluginError, ScenarioError
 from fedsim.scenario import overrides as _overrides
 from fedsim.scenario import plugins
 from fedsim.scenario.explain import Problem, explain
-from fedsim.scenario.netconfig import (
-    AvailabilityConfig,
-    DevicesConfig,
-    LinkConfig,
-    NetworkConfig,
-)
+from fedsim.scenario.netconfig import AvailabilityConfig, DevicesConfig, NetworkConfig
 from fedsim.scenario.overrides import Override
 from fedsim.scenario.sections import (
     DATASETS,
     OPTIMIZER_KEYS,
-    OPTIMIZER_OPTIONS,
     ClientConfig,
     DataConfig,
     DeployConfig,
     EvalConfig,
     ModelConfig,
     RunConfig,
+    optimizer_options,
 )
 from fedsim.schema import SchemaModel
-from netem.profiles import PROFILES
 
 __all__ = [
     "DEFAULT_ALGORITHM",
     "Scenario",
     "apply_overrides",
-    "key_notes",
     "load",
     "parse",
-    "profile_replacements",
     "resolved",
     "scenario_hash",
     "to_toml",
     "unread_options",
-    "unread_task_keys",
-    "unused_keys",
 ]
 
 #: The algorithm of an ``[algorithm]`` table without a ``name``.
@@ -290,12 +280,6 @@ def _written_client_keys(raw: Mapping[str, Any], sc: Scenario,
 _DEFAULT_OPTIMIZER: str = ClientConfig.model_fields["optimizer"].default
 
 
-def _foreign_options(client: ClientConfig) -> tuple[tuple[str, ...], list[str]]:
-    """The options the client's optimizer reads, and the other optimizers' options."""
-    reads = OPTIMIZER_KEYS[client.optimizer]
-    return reads, [key for key in OPTIMIZER_OPTIONS if key not in reads]
-
-
 def unread_options(client: ClientConfig, overrides: Sequence[Override] = (),
                    base: Mapping[str, Any] | None = None,
                    written: Collection[str] | None = None) -> list[Problem]:
@@ -311,7 +295,7 @@ def unread_options(client: ClientConfig, overrides: Sequence[Override] = (),
     held to the optimizer chosen.
     """
     opt = client.optimizer
-    reads, foreign = _foreign_options(client)
+    reads, foreign = optimizer_options(client)
     table = base.get("client") if base is not None else None
     own = table.get("optimizer", _DEFAULT_OPTIMIZER) if isinstance(table, Mapping) else None
     # the options of the file's own optimizer, when an override chose another
@@ -375,101 +359,6 @@ def load(path: str | Path,
     with plugins.searching(p.parent):
         return parse(_overrides.apply(raw, ovs), str(p), ovs, base=raw, written=True,
                      runs_here=runs_here)
-
-
-def unused_keys(scenario: Scenario) -> dict[str, str]:
-    """Resolved keys the scenario's optimizer, algorithm or model does not read, and why.
-
-    ``resolved`` fills every default in, so ``client.local_steps = 10``
-    appears under DGA, whose clients take ``algorithm.local_steps`` per
-    round: ``fedsim check`` marks such keys with these reasons. (An
-    optimizer option a scenario file sets for another optimizer is refused
-    by :func:`load`; the ones marked here were left at their defaults, or
-    set for the file's own optimizer that an override replaced.)
-    """
-    out: dict[str, str] = {}
-    reads, foreign = _foreign_options(scenario.client)
-    for key in foreign:
-        if getattr(scenario.client, key) is not None:
-            out[f"client.{key}"] = (f"not used by optimizer {scenario.client.optimizer} (it "
-                                    f"reads {', '.join(reads)})")
-    own = scenario.algorithm.client_table()
-    if own is not None:
-        for key in sorted(type(scenario.client).model_fields):
-            out[f"client.{key}"] = f"not used by {scenario.algorithm.name}: {own}"
-        out.update(unread_task_keys(scenario.data.dataset, scenario.data.partition,
-                                    scenario.model.name))
-        return out
-    work = scenario.algorithm.local_work()
-    if work is not None:
-        why = f"not used by {scenario.algorithm.name}: {work}"
-        for key in ("local_steps", "local_epochs"):
-            if getattr(scenario.client, key) is not None:
-                out[f"client.{key}"] = why
-    out.update(unread_task_keys(scenario.data.dataset, scenario.data.partition,
-                                scenario.model.name))
-    return out
-
-
-def profile_replacements(scenario: Scenario) -> dict[str, str]:
-    """The ``[network]`` keys set next to a named profile, each with the profile's value
-    it replaces (``network.up.delay``: ``replaces profile satellite-geo's 0.3``).
-
-    A key left out keeps the profile's value, one set replaces it: a scenario
-    that sets its delays keeps them under ``--set network.profile=...``, and
-    ``fedsim check`` says so next to each.
-    """
-    net = scenario.network
-    if net.profile is None:
-        return {}
-    prof = PROFILES[net.profile]
-    why = f"replaces profile {net.profile}'s"
-    out: dict[str, str] = {}
-    if net.rtt is not None:
-        out["network.rtt"] = f"{why} {prof.rtt:g} (leave it out to take it)"
-    for direction in ("up", "down"):
-        link: LinkConfig = getattr(net, direction)
-        rate = getattr(prof, direction)
-        theirs: dict[str, object] = {
-            "delay": f"{prof.rtt / 2:g}", "jitter": f"{prof.jitter:g}",
-            "distribution": prof.distribution, "correlation": f"{prof.correlation:g}",
-            "rate": "unlimited" if rate is None else f"{rate:g}",
-            "loss": "loss model" if prof.loss is not None else None}
-        for key, value in theirs.items():
-            if value is not None and getattr(link, key) is not None:
-                out[f"network.{direction}.{key}"] = f"{why} {value} (leave it out to take it)"
-    return out
-
-
-def key_notes(scenario: Scenario) -> dict[str, str]:
-    """The comments ``fedsim check`` writes next to resolved keys: those nothing reads
-    (:func:`unused_keys`) and those that replace the named profile's values
-    (:func:`profile_replacements`)."""
-    return {**profile_replacements(scenario), **unused_keys(scenario)}
-
-
-def unread_task_keys(dataset: str, partition: str, model: str) -> dict[str, str]:
-    """The ``model.*`` and ``data.*`` keys this model, dataset and partition do not read, and why.
-
-    Plain names in, so that a run directory's ``scenario.json`` is read the
-    same way (:func:`fedsim.results.compare.task_differences`).
-    """
-    out: dict[str, str] = {}
-    reads = {"mlp": ("hidden",), "char_lstm": ("lstm_hidden",)}.get(model, ())
-    for key in ("hidden", "lstm_hidden"):
-        if key not in reads:
-            out[f"model.{key}"] = f"not used by model {model}"
-    for keys, used, why in (
-            (("synthetic_alpha", "synthetic_beta", "synthetic_iid", "synthetic_sizes"),
-             dataset == "synthetic",
-             f"not used by dataset {dataset}"),
-            (("dirichlet_alpha", "dirichlet_recipe"), partition == "dirichlet",
-             f"not used by partition {partition}"),
-            (("classes_per_client",), partition == "shards",
-             f"not used by partition {partition}")):
-        if not used:
-            out.update({f"data.{k}": why for k in keys})
-    return out
 
 
 #: Resolved keys the server settles at run time and sends to every host in

@@ -28,7 +28,7 @@ from fedsim.algorithms.optim import (
     SPSKeys,
     optimizer_config,
 )
-from fedsim.data import dataset_partitions
+from fedsim.data import DATASETS, dataset_partitions
 from fedsim.scenario import plugins
 from fedsim.schema import AtLeastOne, NonNeg, NonNegInt, Pos, Prob, SchemaModel
 
@@ -41,10 +41,11 @@ __all__ = [
     "EvalConfig",
     "ModelConfig",
     "RunConfig",
+    "optimizer_options",
 ]
 
-#: Built-in ``data.dataset`` and ``model.name`` values (anything else is a plug-in).
-DATASETS = ("synthetic", "digits", "leaf", "mnist", "cifar10")
+#: Built-in ``model.name`` values (anything else is a plug-in; the built-in datasets
+#: are :data:`fedsim.data.DATASETS`).
 MODELS = ("mlp", "cnn", "cnn_mnist", "char_lstm")
 
 
@@ -113,28 +114,24 @@ class DataConfig(SchemaModel):
         """
         if self.dataset not in DATASETS:
             return self
-        problems: dict[str, str] = {}
         allowed = dataset_partitions(self.dataset)
         if self.partition not in allowed:
             unset = "" if "partition" in self.model_fields_set else "not set, and the default "
-            problems["partition"] = (f"{unset}{self.partition!r} is not a partition of dataset "
-                                     f"{self.dataset!r} (allowed: {', '.join(allowed)})")
-        if problems:
-            raise _key_errors(self, problems)
+            raise _key_error(self, "partition", (
+                f"{unset}{self.partition!r} is not a partition of dataset {self.dataset!r} "
+                f"(allowed: {', '.join(allowed)})"))
         return self
 
 
-def _key_errors(model: SchemaModel, problems: dict[str, str]) -> ValidationError:
-    """A rule of a whole table broken at these keys, as errors at each key.
+def _key_error(model: SchemaModel, key: str, text: str) -> ValidationError:
+    """A rule of a whole table broken at ``key``, as an error at that key.
 
     A validator that raises a ``ValidationError`` adds its errors' locations
     to its own (pydantic-core), so :mod:`fedsim.scenario.explain` names the key
     (``data.partition: ...``), as for an error of the key's own type.
     """
-    return ValidationError.from_exception_data(type(model).__name__, [
-        InitErrorDetails(type=PydanticCustomError("value_error", text), loc=(key,),
-                         input=getattr(model, key))
-        for key, text in problems.items()])
+    return ValidationError.from_exception_data(type(model).__name__, [InitErrorDetails(
+        type=PydanticCustomError("value_error", text), loc=(key,), input=getattr(model, key))])
 
 
 class ModelConfig(SchemaModel):
@@ -290,3 +287,9 @@ class DeployConfig(SchemaModel):
     # rejections logged (and written to events.jsonl) per source and reason;
     # the rest are counted, and summarised once at the end
     max_logged_rejects: NonNegInt = 10
+
+
+def optimizer_options(client: ClientConfig) -> tuple[tuple[str, ...], list[str]]:
+    """The options the client's optimizer reads, and the other optimizers' options."""
+    reads = OPTIMIZER_KEYS[client.optimizer]
+    return reads, [key for key in OPTIMIZER_OPTIONS if key not in reads]
